@@ -1,2 +1,12 @@
 //! The backend interface the model is written against, and the CPU reference backend (f32, the
 //! oracle every other backend is tested against).
+
+pub mod backend;
+pub mod cpu;
+pub mod error;
+
+pub use backend::{
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Varlen,
+};
+pub use cpu::CpuBackend;
+pub use error::KernelError;

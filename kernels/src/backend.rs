@@ -1,0 +1,365 @@
+//! The backend interface: every op the Qwen3.5 text forward pass needs, over buffers the backend
+//! owns.
+//!
+//! Conventions shared by all ops:
+//! - Activations are row-major `[rows, width]` f32 buffers; a "row" is one token of the packed batch.
+//! - Linear weights are `[out, in]` (PyTorch layout) and ops compute `y = x Wᵀ`.
+//! - Sequences are packed back to back with no padding. Their boundaries live in a backend index
+//!   buffer (`cu_seqlens`, `num_seqs + 1` entries, starting at 0), so a device backend can replay
+//!   one captured launch sequence for any batch that fits the sizes it was captured for.
+//! - Buffers are allocated once (weights uploaded once, activations sized for the largest batch)
+//!   and may be longer than an op needs; an op touches only the prefix it is asked for.
+//! - Ops never allocate caller-visible memory; a backend may keep its own scratch.
+
+use crate::error::KernelError;
+
+/// Result of a backend call.
+pub type KernelResult<T> = Result<T, KernelError>;
+
+/// The packed sequences of one batch: `cu_seqlens[s]..cu_seqlens[s + 1]` are the rows of
+/// sequence `s`. Only the first `num_seqs + 1` entries of the buffer are read.
+pub struct Varlen<'a, I> {
+    pub cu_seqlens: &'a I,
+    pub num_seqs: usize,
+}
+
+impl<I> Clone for Varlen<'_, I> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<I> Copy for Varlen<'_, I> {}
+
+/// Where the heads of a per-head op sit inside each row: head `h` of row `t` starts at
+/// `t * row_stride + offset + h * head_stride` and spans `head_dim` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadLayout {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub head_stride: usize,
+    pub row_stride: usize,
+    pub offset: usize,
+}
+
+impl HeadLayout {
+    /// Heads stored back to back, filling the row.
+    pub fn dense(heads: usize, head_dim: usize) -> Self {
+        Self {
+            heads,
+            head_dim,
+            head_stride: head_dim,
+            row_stride: heads * head_dim,
+            offset: 0,
+        }
+    }
+
+    /// Length a buffer needs to hold `rows` rows of this layout.
+    pub fn required_len(&self, rows: usize) -> usize {
+        if rows == 0 || self.heads == 0 {
+            return 0;
+        }
+        (rows - 1) * self.row_stride
+            + self.offset
+            + (self.heads - 1) * self.head_stride
+            + self.head_dim
+    }
+}
+
+/// Partial multi-axis rotary embedding (M-RoPE) of the full-attention layers.
+///
+/// The first `rotary_dim` values of every head rotate; the rest pass through. Rotation pairs are
+/// `(d, d + rotary_dim/2)` ("rotate half"). Frequency `j` (of `rotary_dim/2`) is
+/// `theta^(-2j/rotary_dim)` and is driven by the position of axis `axis(j)`:
+/// - `interleaved` (Qwen3.5): axis 1 if `j % 3 == 1 && j < 3·section[1]`, axis 2 if
+///   `j % 3 == 2 && j < 3·section[2]`, otherwise axis 0;
+/// - contiguous (Qwen2-VL): the first `section[0]` frequencies use axis 0, the next `section[1]`
+///   axis 1, the rest axis 2.
+///
+/// With all three axes equal (text) this is plain 1-D RoPE.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub rotary_dim: usize,
+    pub theta: f64,
+    pub section: [usize; 3],
+    pub interleaved: bool,
+}
+
+impl Rope {
+    /// Which position axis (0 = temporal, 1 = height, 2 = width) drives frequency `j`.
+    pub fn axis(&self, j: usize) -> usize {
+        if self.interleaved {
+            if j % 3 == 1 && j < 3 * self.section[1] {
+                1
+            } else if j % 3 == 2 && j < 3 * self.section[2] {
+                2
+            } else {
+                0
+            }
+        } else if j < self.section[0] {
+            0
+        } else if j < self.section[0] + self.section[1] {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Inverse frequency of pair `j`, computed in f32 the way PyTorch does
+    /// (`1 / theta^(f32(2j) / f32(rotary_dim))`).
+    pub fn inv_freq(&self, j: usize) -> f32 {
+        let exponent = (2 * j) as f32 / self.rotary_dim as f32;
+        1.0 / (self.theta as f32).powf(exponent)
+    }
+}
+
+/// Shapes of gated causal GQA attention.
+///
+/// `qg` rows are `[q_heads][2·head_dim]`: per head the query, then its sigmoid output gate. `k` and
+/// `v` rows are `[kv_heads][head_dim]`. Query head `h` reads kv head `h / (q_heads / kv_heads)`.
+/// The output row is `[q_heads][head_dim]`, already multiplied by `sigmoid(gate)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionDims {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Score scale, `head_dim^-0.5` for Qwen3.5.
+    pub scale: f32,
+}
+
+/// Shapes of the gated delta rule.
+///
+/// `qkv` rows are `[q: k_heads·k_dim][k: k_heads·k_dim][v: v_heads·v_dim]` (the conv output of a
+/// Gated DeltaNet layer); q and k must already be L2-normalised (see [`Backend::l2_norm`]); the op
+/// scales q by `k_dim^-0.5` itself. Value head `h` reads q/k head `h / (v_heads / k_heads)`.
+/// `beta` and `g` are `[rows, v_heads]`; the output is `[rows, v_heads·v_dim]`. States are f32
+/// `[num_seqs, v_heads, k_dim, v_dim]` (`S[k][v]`, so `o = Sᵀ q`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaDims {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+}
+
+impl DeltaDims {
+    /// Width of a `qkv` row.
+    pub fn qkv_width(&self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+
+    /// Values in one sequence's recurrent state.
+    pub fn state_len(&self) -> usize {
+        self.v_heads * self.k_dim * self.v_dim
+    }
+}
+
+/// Recurrent state passed into and out of [`Backend::gated_delta_rule_chunked`] and
+/// [`Backend::gated_delta_rule_recurrent`]. Either may be absent: no initial state means zeros.
+pub struct DeltaState<'a, B: Buffers + ?Sized> {
+    pub initial: Option<&'a B::Buf>,
+    pub final_out: Option<&'a mut B::Buf>,
+}
+
+/// The buffer types of a backend (split from [`Backend`] so helper structs can name them).
+pub trait Buffers {
+    /// A buffer of f32 values.
+    type Buf;
+    /// A buffer of u32 values (token ids, positions, `cu_seqlens`).
+    type Idx;
+}
+
+/// Everything the model needs from a compute backend. See the module docs for the conventions.
+#[allow(clippy::too_many_arguments)]
+pub trait Backend: Buffers {
+    /// A short name for logs (`"cpu"`, `"cuda:0"`).
+    fn name(&self) -> String;
+
+    // ---- memory -------------------------------------------------------------------------------
+
+    /// A zeroed f32 buffer of `len` values.
+    fn alloc(&self, len: usize) -> KernelResult<Self::Buf>;
+    /// A zeroed u32 buffer of `len` values.
+    fn alloc_idx(&self, len: usize) -> KernelResult<Self::Idx>;
+    /// A new buffer holding `data` (weights are uploaded once with this).
+    fn upload(&self, data: &[f32]) -> KernelResult<Self::Buf>;
+    /// Copies `data` into the start of `dst`.
+    fn write(&self, dst: &mut Self::Buf, data: &[f32]) -> KernelResult<()>;
+    /// Copies `data` into the start of `dst`.
+    fn write_idx(&self, dst: &mut Self::Idx, data: &[u32]) -> KernelResult<()>;
+    /// The first `len` values of `src`, on the host.
+    fn read(&self, src: &Self::Buf, len: usize) -> KernelResult<Vec<f32>>;
+
+    // ---- ops ----------------------------------------------------------------------------------
+
+    /// `out[t] = table[ids[t]]` for `t < rows`; `table` is `[vocab, dim]`.
+    fn embedding(
+        &self,
+        table: &Self::Buf,
+        vocab: usize,
+        ids: &Self::Idx,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Zero-centred RMSNorm: `out = x / sqrt(mean(x²) + eps) · (1 + w)` per row of `dim`.
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        weight: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `residual += delta`, then `out = rms_norm(residual)` (zero-centred, as [`Self::rms_norm`]).
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Buf,
+        delta: &Self::Buf,
+        weight: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `y = x Wᵀ` with `x: [rows, in_dim]`, `w: [out_dim, in_dim]`, `y: [rows, out_dim]`.
+    fn gemm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Zero-centred RMSNorm of every head in place (q/k norm): `(1 + w)` with `w: [head_dim]`.
+    fn head_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        weight: &Self::Buf,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()>;
+
+    /// Rotary embedding in place on every head. `positions` is `[rows, 3]` (temporal, height,
+    /// width; equal for text).
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        layout: HeadLayout,
+        positions: &Self::Idx,
+        rows: usize,
+        rope: &Rope,
+    ) -> KernelResult<()>;
+
+    /// Causal GQA attention within each sequence, with the sigmoid output gate (see
+    /// [`AttentionDims`] for the row layouts).
+    fn attention(
+        &self,
+        qg: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Causal depthwise conv1d (no bias) then SiLU, per sequence: `out_t[c] = silu(Σ_i w[c][i] ·
+    /// x_{t-kernel+1+i}[c])`, `w: [channels, kernel]`. Inputs before a sequence's start are zero,
+    /// or come from `window_in` (`[num_seqs, kernel-1, channels]`, oldest first: the last pre-conv
+    /// rows before the sequence). `window_out`, if given, receives the same layout for the end of
+    /// each sequence (for resuming it later).
+    fn conv1d_silu(
+        &self,
+        x: &Self::Buf,
+        weight: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        channels: usize,
+        kernel: usize,
+        window_in: Option<&Self::Buf>,
+        window_out: Option<&mut Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// L2 norm of every head in place: `x · 1/sqrt(Σx² + eps)`.
+    fn l2_norm(
+        &self,
+        x: &mut Self::Buf,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()>;
+
+    /// Gated DeltaNet gates in place over `[rows, heads]`: `b ← sigmoid(b)` (β) and
+    /// `a ← −exp(a_log) · softplus(a + dt_bias)` (g, log decay; softplus returns its input above 20).
+    fn delta_gates(
+        &self,
+        b: &mut Self::Buf,
+        a: &mut Self::Buf,
+        a_log: &Self::Buf,
+        dt_bias: &Self::Buf,
+        rows: usize,
+        heads: usize,
+    ) -> KernelResult<()>;
+
+    /// Gated delta rule over each sequence, chunked (64 tokens, chunk grid starting at each
+    /// sequence start). Same result as [`Self::gated_delta_rule_recurrent`] up to rounding.
+    fn gated_delta_rule_chunked(
+        &self,
+        qkv: &Self::Buf,
+        beta: &Self::Buf,
+        g: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.
+    fn gated_delta_rule_recurrent(
+        &self,
+        qkv: &Self::Buf,
+        beta: &Self::Buf,
+        g: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Gated RMSNorm in place over `rows` rows of `dim`: `x ← w · x / sqrt(mean(x²) + eps) ·
+    /// silu(z)` (plain `w`, shared by all heads; a head is a row here).
+    fn gated_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        z: &Self::Buf,
+        weight: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> KernelResult<()>;
+
+    /// SwiGLU: `out[t][i] = silu(gate_up[t][i]) · gate_up[t][inter + i]` with `gate_up:
+    /// [rows, 2·inter]`.
+    fn swiglu(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        inter: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `out[s] = x[cu_seqlens[s + 1] − 1]` (each sequence's last row), `[num_seqs, dim]`.
+    fn gather_last(
+        &self,
+        x: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+}

@@ -1,0 +1,70 @@
+//! Causal depthwise conv1d + SiLU per packed sequence, with an optional carried window.
+
+use super::{check_len, seq_ranges, silu};
+use crate::backend::{KernelResult, Varlen};
+use crate::error::KernelError;
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn causal_conv1d_silu(
+    x: &[f32],
+    weight: &[f32],
+    batch: Varlen<'_, Vec<u32>>,
+    channels: usize,
+    kernel: usize,
+    window_in: Option<&[f32]>,
+    window_out: Option<&mut [f32]>,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "conv1d_silu";
+    if kernel == 0 || channels == 0 {
+        return Err(KernelError::invalid(OP, "kernel and channels must be > 0"));
+    }
+    let ranges = seq_ranges(OP, batch, x.len() / channels)?;
+    let rows = ranges.last().map_or(0, |r| r.end);
+    let hist = kernel - 1;
+    let win_len = ranges.len() * hist * channels;
+    check_len(OP, "weight", weight, channels * kernel)?;
+    check_len(OP, "out", out, rows * channels)?;
+    if let Some(w) = window_in {
+        check_len(OP, "window_in", w, win_len)?;
+    }
+    let mut window_out = window_out;
+    if let Some(w) = window_out.as_deref() {
+        check_len(OP, "window_out", w, win_len)?;
+    }
+
+    for (s, r) in ranges.iter().enumerate() {
+        let len = r.len();
+        // Pre-conv input at sequence-local time `t`, where t < 0 reads the carried window.
+        let input = |t: isize, c: usize| -> f32 {
+            if t >= 0 {
+                x[(r.start + t as usize) * channels + c]
+            } else {
+                let back = (-t) as usize; // 1 = the newest window row
+                if back > hist {
+                    return 0.0;
+                }
+                window_in.map_or(0.0, |w| w[(s * hist + hist - back) * channels + c])
+            }
+        };
+        for t in 0..len {
+            for c in 0..channels {
+                let mut acc = 0.0f32;
+                for i in 0..kernel {
+                    let src = t as isize - hist as isize + i as isize;
+                    acc += weight[c * kernel + i] * input(src, c);
+                }
+                out[(r.start + t) * channels + c] = silu(acc);
+            }
+        }
+        if let Some(w) = window_out.as_deref_mut() {
+            for i in 0..hist {
+                let t = len as isize - hist as isize + i as isize;
+                for c in 0..channels {
+                    w[(s * hist + i) * channels + c] = input(t, c);
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
+
+use super::{check_layout, check_len, seq_ranges, sigmoid, silu};
+use crate::backend::{HeadLayout, KernelResult, Varlen};
+use crate::error::KernelError;
+
+pub(super) fn embedding(
+    table: &[f32],
+    vocab: usize,
+    ids: &[u32],
+    rows: usize,
+    dim: usize,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "embedding";
+    check_len(OP, "table", table, vocab * dim)?;
+    check_len(OP, "ids", ids, rows)?;
+    check_len(OP, "out", out, rows * dim)?;
+    for (t, &id) in ids[..rows].iter().enumerate() {
+        let id = id as usize;
+        if id >= vocab {
+            return Err(KernelError::invalid(
+                OP,
+                format!("token id {id} at row {t} >= vocab {vocab}"),
+            ));
+        }
+        out[t * dim..(t + 1) * dim].copy_from_slice(&table[id * dim..(id + 1) * dim]);
+    }
+    Ok(())
+}
+
+/// `1 / sqrt(mean(x²) + eps)`, the sum accumulated in f64.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+fn norm_row_zero_centred(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let inv = inv_rms(x, eps);
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = (v * inv) * (1.0 + w);
+    }
+}
+
+pub(super) fn rms_norm(
+    x: &[f32],
+    weight: &[f32],
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "rms_norm";
+    check_len(OP, "x", x, rows * dim)?;
+    check_len(OP, "weight", weight, dim)?;
+    check_len(OP, "out", out, rows * dim)?;
+    for t in 0..rows {
+        let r = t * dim..(t + 1) * dim;
+        norm_row_zero_centred(&x[r.clone()], &weight[..dim], eps, &mut out[r]);
+    }
+    Ok(())
+}
+
+pub(super) fn add_rms_norm(
+    residual: &mut [f32],
+    delta: &[f32],
+    weight: &[f32],
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "add_rms_norm";
+    check_len(OP, "residual", residual, rows * dim)?;
+    check_len(OP, "delta", delta, rows * dim)?;
+    check_len(OP, "weight", weight, dim)?;
+    check_len(OP, "out", out, rows * dim)?;
+    for (r, d) in residual[..rows * dim].iter_mut().zip(&delta[..rows * dim]) {
+        *r += d;
+    }
+    for t in 0..rows {
+        let r = t * dim..(t + 1) * dim;
+        norm_row_zero_centred(&residual[r.clone()], &weight[..dim], eps, &mut out[r]);
+    }
+    Ok(())
+}
+
+pub(super) fn gemm(
+    x: &[f32],
+    w: &[f32],
+    rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+    y: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "gemm";
+    check_len(OP, "x", x, rows * in_dim)?;
+    check_len(OP, "w", w, out_dim * in_dim)?;
+    check_len(OP, "y", y, rows * out_dim)?;
+    if rows == 0 || out_dim == 0 {
+        return Ok(());
+    }
+    if in_dim == 0 {
+        y[..rows * out_dim].fill(0.0);
+        return Ok(());
+    }
+    // SAFETY: the length checks above guarantee every index matrixmultiply touches is in bounds:
+    // x is rows×in_dim (row stride in_dim), Wᵀ is read as in_dim×out_dim with row stride 1 and
+    // column stride in_dim, y is rows×out_dim (row stride out_dim). y does not alias x or w.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            in_dim,
+            out_dim,
+            1.0,
+            x.as_ptr(),
+            in_dim as isize,
+            1,
+            w.as_ptr(),
+            1,
+            in_dim as isize,
+            0.0,
+            y.as_mut_ptr(),
+            out_dim as isize,
+            1,
+        );
+    }
+    Ok(())
+}
+
+/// Calls `f` on every head slice of the first `rows` rows.
+fn for_each_head(
+    x: &mut [f32],
+    layout: HeadLayout,
+    rows: usize,
+    mut f: impl FnMut(usize, usize, &mut [f32]),
+) {
+    for t in 0..rows {
+        for h in 0..layout.heads {
+            let start = t * layout.row_stride + layout.offset + h * layout.head_stride;
+            f(t, h, &mut x[start..start + layout.head_dim]);
+        }
+    }
+}
+
+pub(super) fn head_rms_norm(
+    x: &mut [f32],
+    weight: &[f32],
+    layout: HeadLayout,
+    rows: usize,
+    eps: f32,
+) -> KernelResult<()> {
+    const OP: &str = "head_rms_norm";
+    check_layout(OP, layout, x.len(), rows)?;
+    check_len(OP, "weight", weight, layout.head_dim)?;
+    let mut tmp = vec![0.0f32; layout.head_dim];
+    for_each_head(x, layout, rows, |_, _, head| {
+        norm_row_zero_centred(head, weight, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    });
+    Ok(())
+}
+
+pub(super) fn l2_norm(
+    x: &mut [f32],
+    layout: HeadLayout,
+    rows: usize,
+    eps: f32,
+) -> KernelResult<()> {
+    check_layout("l2_norm", layout, x.len(), rows)?;
+    for_each_head(x, layout, rows, |_, _, head| {
+        let ss: f64 = head.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let inv = 1.0 / (ss as f32 + eps).sqrt();
+        head.iter_mut().for_each(|v| *v *= inv);
+    });
+    Ok(())
+}
+
+/// PyTorch's softplus (beta 1, threshold 20): the input itself above the threshold.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+pub(super) fn delta_gates(
+    b: &mut [f32],
+    a: &mut [f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    rows: usize,
+    heads: usize,
+) -> KernelResult<()> {
+    const OP: &str = "delta_gates";
+    check_len(OP, "b", b, rows * heads)?;
+    check_len(OP, "a", a, rows * heads)?;
+    check_len(OP, "a_log", a_log, heads)?;
+    check_len(OP, "dt_bias", dt_bias, heads)?;
+    for v in &mut b[..rows * heads] {
+        *v = sigmoid(*v);
+    }
+    for (i, v) in a[..rows * heads].iter_mut().enumerate() {
+        let h = i % heads;
+        *v = -a_log[h].exp() * softplus(*v + dt_bias[h]);
+    }
+    Ok(())
+}
+
+pub(super) fn gated_rms_norm(
+    x: &mut [f32],
+    z: &[f32],
+    weight: &[f32],
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> KernelResult<()> {
+    const OP: &str = "gated_rms_norm";
+    check_len(OP, "x", x, rows * dim)?;
+    check_len(OP, "z", z, rows * dim)?;
+    check_len(OP, "weight", weight, dim)?;
+    for t in 0..rows {
+        let row = &mut x[t * dim..(t + 1) * dim];
+        let inv = inv_rms(row, eps);
+        let gate = &z[t * dim..(t + 1) * dim];
+        for ((v, &w), &zg) in row.iter_mut().zip(weight).zip(gate) {
+            *v = w * (*v * inv) * silu(zg);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn swiglu(
+    gate_up: &[f32],
+    rows: usize,
+    inter: usize,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "swiglu";
+    check_len(OP, "gate_up", gate_up, rows * 2 * inter)?;
+    check_len(OP, "out", out, rows * inter)?;
+    for t in 0..rows {
+        let gu = &gate_up[t * 2 * inter..(t + 1) * 2 * inter];
+        let (gate, up) = gu.split_at(inter);
+        for ((o, &g), &u) in out[t * inter..(t + 1) * inter].iter_mut().zip(gate).zip(up) {
+            *o = silu(g) * u;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn gather_last(
+    x: &[f32],
+    batch: Varlen<'_, Vec<u32>>,
+    dim: usize,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "gather_last";
+    let ranges = seq_ranges(OP, batch, x.len() / dim.max(1))?;
+    check_len(OP, "out", out, ranges.len() * dim)?;
+    for (s, r) in ranges.iter().enumerate() {
+        if r.is_empty() {
+            return Err(KernelError::invalid(OP, format!("sequence {s} is empty")));
+        }
+        let last = r.end - 1;
+        out[s * dim..(s + 1) * dim].copy_from_slice(&x[last * dim..(last + 1) * dim]);
+    }
+    Ok(())
+}

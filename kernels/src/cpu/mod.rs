@@ -1,0 +1,339 @@
+//! The CPU reference backend: plain f32 ops over `Vec<f32>` / `Vec<u32>`, written for clarity and
+//! exactness first. Every other backend is tested against it.
+
+mod attention;
+mod conv;
+mod delta;
+mod dense;
+mod rope;
+
+use std::ops::Range;
+
+use crate::backend::{
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Varlen,
+};
+use crate::error::KernelError;
+
+/// The CPU backend. Stateless; buffers are ordinary vectors.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+/// Fails unless `buf` holds at least `need` values.
+pub(crate) fn check_len<T>(
+    op: &'static str,
+    what: &str,
+    buf: &[T],
+    need: usize,
+) -> KernelResult<()> {
+    if buf.len() < need {
+        return Err(KernelError::invalid(
+            op,
+            format!("{what} holds {} values, needs {need}", buf.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// The row ranges of each sequence, checked: starts at 0, never decreases, ends within `rows_cap`.
+pub(crate) fn seq_ranges(
+    op: &'static str,
+    batch: Varlen<'_, Vec<u32>>,
+    rows_cap: usize,
+) -> KernelResult<Vec<Range<usize>>> {
+    let cu = batch.cu_seqlens;
+    check_len(op, "cu_seqlens", cu, batch.num_seqs + 1)?;
+    if cu[0] != 0 {
+        return Err(KernelError::invalid(
+            op,
+            format!("cu_seqlens starts at {}, not 0", cu[0]),
+        ));
+    }
+    let mut ranges = Vec::with_capacity(batch.num_seqs);
+    for s in 0..batch.num_seqs {
+        let (a, b) = (cu[s] as usize, cu[s + 1] as usize);
+        if b < a {
+            return Err(KernelError::invalid(
+                op,
+                format!("cu_seqlens decreases at sequence {s}"),
+            ));
+        }
+        ranges.push(a..b);
+    }
+    let total = cu[batch.num_seqs] as usize;
+    if total > rows_cap {
+        return Err(KernelError::invalid(
+            op,
+            format!("cu_seqlens covers {total} rows, buffers hold {rows_cap}"),
+        ));
+    }
+    Ok(ranges)
+}
+
+/// Fails unless `layout` fits in a buffer of `len` for `rows` rows.
+pub(crate) fn check_layout(
+    op: &'static str,
+    layout: HeadLayout,
+    len: usize,
+    rows: usize,
+) -> KernelResult<()> {
+    if layout.head_dim == 0 {
+        return Err(KernelError::invalid(op, "head_dim is 0"));
+    }
+    let need = layout.required_len(rows);
+    if len < need {
+        return Err(KernelError::invalid(
+            op,
+            format!("buffer holds {len} values, layout needs {need}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Buffers for CpuBackend {
+    type Buf = Vec<f32>;
+    type Idx = Vec<u32>;
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn alloc(&self, len: usize) -> KernelResult<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn alloc_idx(&self, len: usize) -> KernelResult<Vec<u32>> {
+        Ok(vec![0; len])
+    }
+
+    fn upload(&self, data: &[f32]) -> KernelResult<Vec<f32>> {
+        Ok(data.to_vec())
+    }
+
+    fn write(&self, dst: &mut Vec<f32>, data: &[f32]) -> KernelResult<()> {
+        check_len("write", "destination", dst, data.len())?;
+        dst[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn write_idx(&self, dst: &mut Vec<u32>, data: &[u32]) -> KernelResult<()> {
+        check_len("write_idx", "destination", dst, data.len())?;
+        dst[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&self, src: &Vec<f32>, len: usize) -> KernelResult<Vec<f32>> {
+        check_len("read", "source", src, len)?;
+        Ok(src[..len].to_vec())
+    }
+
+    fn embedding(
+        &self,
+        table: &Vec<f32>,
+        vocab: usize,
+        ids: &Vec<u32>,
+        rows: usize,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::embedding(table, vocab, ids, rows, dim, out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::rms_norm(x, weight, rows, dim, eps, out)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut Vec<f32>,
+        delta: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::add_rms_norm(residual, delta, weight, rows, dim, eps, out)
+    }
+
+    fn gemm(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        y: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::gemm(x, w, rows, in_dim, out_dim, y)
+    }
+
+    fn head_rms_norm(
+        &self,
+        x: &mut Vec<f32>,
+        weight: &Vec<f32>,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        dense::head_rms_norm(x, weight, layout, rows, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        layout: HeadLayout,
+        positions: &Vec<u32>,
+        rows: usize,
+        rope: &Rope,
+    ) -> KernelResult<()> {
+        rope::apply(x, layout, positions, rows, rope)
+    }
+
+    fn attention(
+        &self,
+        qg: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: AttentionDims,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        attention::gated_causal_gqa(qg, k, v, batch, dims, out)
+    }
+
+    fn conv1d_silu(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        channels: usize,
+        kernel: usize,
+        window_in: Option<&Vec<f32>>,
+        window_out: Option<&mut Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        conv::causal_conv1d_silu(
+            x,
+            weight,
+            batch,
+            channels,
+            kernel,
+            window_in.map(|w| w.as_slice()),
+            window_out.map(|w| w.as_mut_slice()),
+            out,
+        )
+    }
+
+    fn l2_norm(
+        &self,
+        x: &mut Vec<f32>,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        dense::l2_norm(x, layout, rows, eps)
+    }
+
+    fn delta_gates(
+        &self,
+        b: &mut Vec<f32>,
+        a: &mut Vec<f32>,
+        a_log: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        rows: usize,
+        heads: usize,
+    ) -> KernelResult<()> {
+        dense::delta_gates(b, a, a_log, dt_bias, rows, heads)
+    }
+
+    fn gated_delta_rule_chunked(
+        &self,
+        qkv: &Vec<f32>,
+        beta: &Vec<f32>,
+        g: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        delta::run(delta::Mode::Chunked, qkv, beta, g, batch, dims, state, out)
+    }
+
+    fn gated_delta_rule_recurrent(
+        &self,
+        qkv: &Vec<f32>,
+        beta: &Vec<f32>,
+        g: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        delta::run(
+            delta::Mode::Recurrent,
+            qkv,
+            beta,
+            g,
+            batch,
+            dims,
+            state,
+            out,
+        )
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &mut Vec<f32>,
+        z: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        dense::gated_rms_norm(x, z, weight, rows, dim, eps)
+    }
+
+    fn swiglu(
+        &self,
+        gate_up: &Vec<f32>,
+        rows: usize,
+        inter: usize,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::swiglu(gate_up, rows, inter, out)
+    }
+
+    fn gather_last(
+        &self,
+        x: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::gather_last(x, batch, dim, out)
+    }
+}
