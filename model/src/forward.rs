@@ -1,0 +1,687 @@
+//! The Qwen3.5 text forward pass, written once over the [`Backend`] interface.
+//!
+//! A [`TextModel`] uploads the weights once and allocates every activation buffer once, for the
+//! largest batch it will see ([`BatchLimits`]). [`TextModel::forward_last`] runs a packed batch of
+//! sequences (no padding) and returns, per sequence, the final-normed hidden state at its last
+//! position: the input of the letter readout.
+//!
+//! Layer skeleton (pre-norm): `h += mixer(norm₁(h)); h += mlp(norm₂(h))`, with the mixer a Gated
+//! DeltaNet or gated full attention as `layer_types` says; then the final norm.
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use instinct_kernels::{
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, Rope, Varlen,
+};
+
+use crate::config::{LayerKind, TextConfig};
+use crate::weights::{HostTensor, LayerWeights, MixerWeights, TextWeights};
+
+/// The largest batch a model's buffers are sized for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Total tokens over all sequences of one batch.
+    pub max_tokens: usize,
+    /// Sequences in one batch.
+    pub max_seqs: usize,
+}
+
+/// One sequence of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceInput<'a> {
+    pub token_ids: &'a [u32],
+    /// Per-token M-RoPE positions (temporal, height, width). `None` means text: `p, p, p` for
+    /// `p = 0..len`.
+    pub positions: Option<&'a [[u32; 3]]>,
+}
+
+impl<'a> SequenceInput<'a> {
+    /// A text-only sequence.
+    pub fn text(token_ids: &'a [u32]) -> Self {
+        Self {
+            token_ids,
+            positions: None,
+        }
+    }
+}
+
+/// L2-norm epsilon of the DeltaNet q/k (fixed in transformers, not `rms_norm_eps`).
+const L2_NORM_EPS: f32 = 1e-6;
+
+/// Sizes derived from the config, checked once.
+#[derive(Clone, Debug)]
+struct Dims {
+    vocab: usize,
+    hidden: usize,
+    inter: usize,
+    eps: f32,
+    attn: AttentionDims,
+    delta: DeltaDims,
+    conv_kernel: usize,
+    rope: Rope,
+}
+
+impl Dims {
+    fn from_config(cfg: &TextConfig) -> Result<Self> {
+        ensure!(
+            cfg.layer_types.len() == cfg.num_hidden_layers,
+            "layer_types has {} entries, num_hidden_layers is {}",
+            cfg.layer_types.len(),
+            cfg.num_hidden_layers
+        );
+        ensure!(cfg.num_key_value_heads > 0, "num_key_value_heads is 0");
+        ensure!(
+            cfg.num_attention_heads
+                .is_multiple_of(cfg.num_key_value_heads),
+            "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads
+        );
+        ensure!(cfg.linear_num_key_heads > 0, "linear_num_key_heads is 0");
+        ensure!(
+            cfg.linear_num_value_heads
+                .is_multiple_of(cfg.linear_num_key_heads),
+            "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+            cfg.linear_num_value_heads,
+            cfg.linear_num_key_heads
+        );
+        ensure!(
+            cfg.linear_conv_kernel_dim > 0,
+            "linear_conv_kernel_dim is 0"
+        );
+        let rotary_dim = cfg.rotary_dim();
+        ensure!(
+            rotary_dim.is_multiple_of(2) && rotary_dim <= cfg.head_dim,
+            "rotary dim {rotary_dim} must be even and at most head_dim {}",
+            cfg.head_dim
+        );
+        // transformers' Qwen3.5 always recomposes the frequencies interleaved, with
+        // [11, 11, 10] when the config names no section.
+        let section = match cfg.rope_parameters.mrope_section.as_slice() {
+            [] => [11, 11, 10],
+            [t, h, w] => [*t, *h, *w],
+            other => bail!("mrope_section must have 3 entries, got {other:?}"),
+        };
+        Ok(Self {
+            vocab: cfg.vocab_size,
+            hidden: cfg.hidden_size,
+            inter: cfg.intermediate_size,
+            eps: cfg.rms_norm_eps as f32,
+            attn: AttentionDims {
+                q_heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim,
+                scale: (cfg.head_dim as f64).powf(-0.5) as f32,
+            },
+            delta: DeltaDims {
+                k_heads: cfg.linear_num_key_heads,
+                v_heads: cfg.linear_num_value_heads,
+                k_dim: cfg.linear_key_head_dim,
+                v_dim: cfg.linear_value_head_dim,
+            },
+            conv_kernel: cfg.linear_conv_kernel_dim,
+            rope: Rope {
+                rotary_dim,
+                theta: cfg.rope_parameters.rope_theta,
+                section,
+                interleaved: true,
+            },
+        })
+    }
+
+    fn q_gate_width(&self) -> usize {
+        2 * self.attn.q_heads * self.attn.head_dim
+    }
+
+    fn attn_out_width(&self) -> usize {
+        self.attn.q_heads * self.attn.head_dim
+    }
+
+    fn kv_width(&self) -> usize {
+        self.attn.kv_heads * self.attn.head_dim
+    }
+
+    fn value_width(&self) -> usize {
+        self.delta.v_heads * self.delta.v_dim
+    }
+
+    /// Where the queries sit inside a `q_proj` output row (per head: D query, then D gate).
+    fn q_layout(&self) -> HeadLayout {
+        let d = self.attn.head_dim;
+        HeadLayout {
+            heads: self.attn.q_heads,
+            head_dim: d,
+            head_stride: 2 * d,
+            row_stride: 2 * d * self.attn.q_heads,
+            offset: 0,
+        }
+    }
+
+    /// The q and k blocks of a DeltaNet conv output row, as `2·k_heads` heads.
+    fn delta_qk_layout(&self) -> HeadLayout {
+        let dk = self.delta.k_dim;
+        HeadLayout {
+            heads: 2 * self.delta.k_heads,
+            head_dim: dk,
+            head_stride: dk,
+            row_stride: self.delta.qkv_width(),
+            offset: 0,
+        }
+    }
+}
+
+/// Weights of one Gated DeltaNet mixer on the backend.
+struct DeltaNetBufs<B: Buffers> {
+    in_proj_qkv: B::Buf,
+    in_proj_z: B::Buf,
+    in_proj_b: B::Buf,
+    in_proj_a: B::Buf,
+    conv1d: B::Buf,
+    dt_bias: B::Buf,
+    a_log: B::Buf,
+    norm: B::Buf,
+    out_proj: B::Buf,
+}
+
+/// Weights of one gated attention mixer on the backend.
+struct AttentionBufs<B: Buffers> {
+    q_proj: B::Buf,
+    k_proj: B::Buf,
+    v_proj: B::Buf,
+    o_proj: B::Buf,
+    q_norm: B::Buf,
+    k_norm: B::Buf,
+}
+
+enum MixerBufs<B: Buffers> {
+    Linear(DeltaNetBufs<B>),
+    Full(AttentionBufs<B>),
+}
+
+struct LayerBufs<B: Buffers> {
+    input_norm: B::Buf,
+    post_norm: B::Buf,
+    mixer: MixerBufs<B>,
+    /// `[2·inter, hidden]`: gate_proj rows then up_proj rows, so one GEMM feeds SwiGLU.
+    gate_up: B::Buf,
+    down: B::Buf,
+}
+
+/// Activation buffers, sized once for [`BatchLimits`].
+struct Workspace<B: Buffers> {
+    ids: B::Idx,
+    positions: B::Idx,
+    cu_seqlens: B::Idx,
+    /// Residual stream `[T, hidden]`.
+    residual: B::Buf,
+    /// Normed input of the current sub-block `[T, hidden]`.
+    normed: B::Buf,
+    /// Output of the current sub-block `[T, hidden]`.
+    block_out: B::Buf,
+    /// Widest projection: DeltaNet qkv, attention q|gate, or MLP gate|up.
+    proj: B::Buf,
+    /// DeltaNet conv output `[T, qkv]`.
+    conv: B::Buf,
+    /// DeltaNet z `[T, Hv·Dv]`.
+    z: B::Buf,
+    /// DeltaNet β (after the gates) `[T, Hv]`.
+    beta: B::Buf,
+    /// DeltaNet g (after the gates) `[T, Hv]`.
+    decay: B::Buf,
+    /// Attention k and v `[T, Hkv·D]`.
+    k: B::Buf,
+    v: B::Buf,
+    /// Mixer core output or MLP activation.
+    core: B::Buf,
+    /// Final hidden state at each sequence's last position `[S, hidden]`.
+    last: B::Buf,
+}
+
+/// The Qwen3.5 text model on a backend.
+pub struct TextModel<B: Backend> {
+    backend: B,
+    dims: Dims,
+    limits: BatchLimits,
+    embed: B::Buf,
+    final_norm: B::Buf,
+    layers: Vec<LayerBufs<B>>,
+    ws: Workspace<B>,
+}
+
+fn check_shape(name: &str, t: &HostTensor, want: &[usize]) -> Result<()> {
+    ensure!(
+        t.shape == want,
+        "{name}: shape {:?}, expected {want:?}",
+        t.shape
+    );
+    ensure!(
+        t.data.len() == want.iter().product::<usize>(),
+        "{name}: data length {} does not match its shape",
+        t.data.len()
+    );
+    Ok(())
+}
+
+impl<B: Backend> TextModel<B> {
+    /// Checks every weight against `config`, uploads them to `backend`, and allocates the
+    /// activation buffers for `limits`.
+    pub fn new(
+        backend: B,
+        config: &TextConfig,
+        weights: &TextWeights,
+        limits: BatchLimits,
+    ) -> Result<Self> {
+        let dims = Dims::from_config(config)?;
+        ensure!(
+            limits.max_tokens > 0 && limits.max_seqs > 0,
+            "batch limits must be positive: {limits:?}"
+        );
+        ensure!(
+            weights.layers.len() == config.num_hidden_layers,
+            "weights have {} layers, config says {}",
+            weights.layers.len(),
+            config.num_hidden_layers
+        );
+        let up = |t: &HostTensor| backend.upload(&t.data).map_err(|e| anyhow!(e));
+        check_shape(
+            "embed_tokens",
+            &weights.embed_tokens,
+            &[dims.vocab, dims.hidden],
+        )?;
+        check_shape("norm", &weights.norm, &[dims.hidden])?;
+        let embed = up(&weights.embed_tokens)?;
+        let final_norm = up(&weights.norm)?;
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for (i, (lw, kind)) in weights.layers.iter().zip(&config.layer_types).enumerate() {
+            layers.push(
+                Self::upload_layer(&backend, &dims, lw, *kind)
+                    .with_context(|| format!("layer {i}"))?,
+            );
+        }
+        let ws = Self::allocate(&backend, &dims, limits)?;
+        Ok(Self {
+            backend,
+            dims,
+            limits,
+            embed,
+            final_norm,
+            layers,
+            ws,
+        })
+    }
+
+    fn upload_layer(
+        backend: &B,
+        d: &Dims,
+        lw: &LayerWeights,
+        kind: LayerKind,
+    ) -> Result<LayerBufs<B>> {
+        let up = |t: &HostTensor| backend.upload(&t.data).map_err(|e| anyhow!(e));
+        let h = d.hidden;
+        check_shape("input_layernorm", &lw.input_layernorm, &[h])?;
+        check_shape(
+            "post_attention_layernorm",
+            &lw.post_attention_layernorm,
+            &[h],
+        )?;
+        check_shape("mlp.gate_proj", &lw.mlp.gate_proj, &[d.inter, h])?;
+        check_shape("mlp.up_proj", &lw.mlp.up_proj, &[d.inter, h])?;
+        check_shape("mlp.down_proj", &lw.mlp.down_proj, &[h, d.inter])?;
+        let mixer = match (&lw.mixer, kind) {
+            (MixerWeights::Linear(w), LayerKind::LinearAttention) => {
+                let (qkv, vw, hv) = (d.delta.qkv_width(), d.value_width(), d.delta.v_heads);
+                check_shape("linear_attn.in_proj_qkv", &w.in_proj_qkv, &[qkv, h])?;
+                check_shape("linear_attn.in_proj_z", &w.in_proj_z, &[vw, h])?;
+                check_shape("linear_attn.in_proj_b", &w.in_proj_b, &[hv, h])?;
+                check_shape("linear_attn.in_proj_a", &w.in_proj_a, &[hv, h])?;
+                check_shape("linear_attn.conv1d", &w.conv1d, &[qkv, d.conv_kernel])?;
+                check_shape("linear_attn.dt_bias", &w.dt_bias, &[hv])?;
+                check_shape("linear_attn.A_log", &w.a_log, &[hv])?;
+                check_shape("linear_attn.norm", &w.norm, &[d.delta.v_dim])?;
+                check_shape("linear_attn.out_proj", &w.out_proj, &[h, vw])?;
+                MixerBufs::Linear(DeltaNetBufs {
+                    in_proj_qkv: up(&w.in_proj_qkv)?,
+                    in_proj_z: up(&w.in_proj_z)?,
+                    in_proj_b: up(&w.in_proj_b)?,
+                    in_proj_a: up(&w.in_proj_a)?,
+                    conv1d: up(&w.conv1d)?,
+                    dt_bias: up(&w.dt_bias)?,
+                    a_log: up(&w.a_log)?,
+                    norm: up(&w.norm)?,
+                    out_proj: up(&w.out_proj)?,
+                })
+            }
+            (MixerWeights::Full(w), LayerKind::FullAttention) => {
+                let hd = d.attn.head_dim;
+                check_shape("self_attn.q_proj", &w.q_proj, &[d.q_gate_width(), h])?;
+                check_shape("self_attn.k_proj", &w.k_proj, &[d.kv_width(), h])?;
+                check_shape("self_attn.v_proj", &w.v_proj, &[d.kv_width(), h])?;
+                check_shape("self_attn.o_proj", &w.o_proj, &[h, d.attn_out_width()])?;
+                check_shape("self_attn.q_norm", &w.q_norm, &[hd])?;
+                check_shape("self_attn.k_norm", &w.k_norm, &[hd])?;
+                MixerBufs::Full(AttentionBufs {
+                    q_proj: up(&w.q_proj)?,
+                    k_proj: up(&w.k_proj)?,
+                    v_proj: up(&w.v_proj)?,
+                    o_proj: up(&w.o_proj)?,
+                    q_norm: up(&w.q_norm)?,
+                    k_norm: up(&w.k_norm)?,
+                })
+            }
+            (_, kind) => bail!("mixer weights do not match layer type {kind:?}"),
+        };
+        let mut gate_up = Vec::with_capacity(2 * d.inter * h);
+        gate_up.extend_from_slice(&lw.mlp.gate_proj.data);
+        gate_up.extend_from_slice(&lw.mlp.up_proj.data);
+        Ok(LayerBufs {
+            input_norm: up(&lw.input_layernorm)?,
+            post_norm: up(&lw.post_attention_layernorm)?,
+            mixer,
+            gate_up: backend.upload(&gate_up).map_err(|e| anyhow!(e))?,
+            down: up(&lw.mlp.down_proj)?,
+        })
+    }
+
+    fn allocate(backend: &B, d: &Dims, limits: BatchLimits) -> Result<Workspace<B>> {
+        let t = limits.max_tokens;
+        let f = |width: usize| backend.alloc(t * width).map_err(|e| anyhow!(e));
+        let proj_w = d.delta.qkv_width().max(d.q_gate_width()).max(2 * d.inter);
+        let core_w = d.value_width().max(d.attn_out_width()).max(d.inter);
+        Ok(Workspace {
+            ids: backend.alloc_idx(t).map_err(|e| anyhow!(e))?,
+            positions: backend.alloc_idx(3 * t).map_err(|e| anyhow!(e))?,
+            cu_seqlens: backend
+                .alloc_idx(limits.max_seqs + 1)
+                .map_err(|e| anyhow!(e))?,
+            residual: f(d.hidden)?,
+            normed: f(d.hidden)?,
+            block_out: f(d.hidden)?,
+            proj: f(proj_w)?,
+            conv: f(d.delta.qkv_width())?,
+            z: f(d.value_width())?,
+            beta: f(d.delta.v_heads)?,
+            decay: f(d.delta.v_heads)?,
+            k: f(d.kv_width())?,
+            v: f(d.kv_width())?,
+            core: f(core_w)?,
+            last: backend
+                .alloc(limits.max_seqs * d.hidden)
+                .map_err(|e| anyhow!(e))?,
+        })
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The batch limits the buffers were sized for.
+    pub fn limits(&self) -> BatchLimits {
+        self.limits
+    }
+
+    /// Width of the hidden states [`Self::forward_last`] returns.
+    pub fn hidden_size(&self) -> usize {
+        self.dims.hidden
+    }
+
+    /// Runs `seqs` as one packed batch and returns, per sequence (in order), the final-normed
+    /// hidden state at its last token (`hidden_size` values each).
+    ///
+    /// Errors: an empty batch or sequence, a batch over the limits, a token id out of the
+    /// vocabulary, positions of the wrong length.
+    pub fn forward_last(&mut self, seqs: &[SequenceInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        let (n, rows) = self.stage_inputs(seqs)?;
+        let Self {
+            backend: be,
+            dims: d,
+            limits: _,
+            embed,
+            final_norm,
+            layers,
+            ws,
+        } = self;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let h = d.hidden;
+
+        be.embedding(embed, d.vocab, &ws.ids, rows, h, &mut ws.residual)
+            .map_err(e)?;
+        be.rms_norm(
+            &ws.residual,
+            &layers[0].input_norm,
+            rows,
+            h,
+            d.eps,
+            &mut ws.normed,
+        )
+        .map_err(e)?;
+        for i in 0..layers.len() {
+            let layer = &layers[i];
+            match &layer.mixer {
+                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, n, rows),
+                MixerBufs::Full(w) => Self::attention(be, d, w, ws, n, rows),
+            }
+            .with_context(|| format!("layer {i} mixer"))?;
+            be.add_rms_norm(
+                &mut ws.residual,
+                &ws.block_out,
+                &layer.post_norm,
+                rows,
+                h,
+                d.eps,
+                &mut ws.normed,
+            )
+            .map_err(e)?;
+            // SwiGLU MLP.
+            be.gemm(
+                &ws.normed,
+                &layer.gate_up,
+                rows,
+                h,
+                2 * d.inter,
+                &mut ws.proj,
+            )
+            .map_err(e)?;
+            be.swiglu(&ws.proj, rows, d.inter, &mut ws.core)
+                .map_err(e)?;
+            be.gemm(&ws.core, &layer.down, rows, d.inter, h, &mut ws.block_out)
+                .map_err(e)?;
+            let next_norm = layers.get(i + 1).map_or(&*final_norm, |l| &l.input_norm);
+            be.add_rms_norm(
+                &mut ws.residual,
+                &ws.block_out,
+                next_norm,
+                rows,
+                h,
+                d.eps,
+                &mut ws.normed,
+            )
+            .map_err(e)?;
+        }
+        let batch = Varlen {
+            cu_seqlens: &ws.cu_seqlens,
+            num_seqs: n,
+        };
+        be.gather_last(&ws.normed, batch, h, &mut ws.last)
+            .map_err(e)?;
+        let flat = be.read(&ws.last, n * h).map_err(e)?;
+        Ok(flat.chunks_exact(h).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Validates the batch and writes ids, positions and `cu_seqlens` to the backend. Returns
+    /// (sequences, tokens).
+    fn stage_inputs(&mut self, seqs: &[SequenceInput<'_>]) -> Result<(usize, usize)> {
+        ensure!(!seqs.is_empty(), "empty batch");
+        ensure!(
+            seqs.len() <= self.limits.max_seqs,
+            "batch has {} sequences, the model is sized for {}",
+            seqs.len(),
+            self.limits.max_seqs
+        );
+        let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
+        ensure!(
+            rows <= self.limits.max_tokens,
+            "batch has {rows} tokens, the model is sized for {}",
+            self.limits.max_tokens
+        );
+        let mut ids = Vec::with_capacity(rows);
+        let mut positions = Vec::with_capacity(3 * rows);
+        let mut cu = Vec::with_capacity(seqs.len() + 1);
+        cu.push(0u32);
+        for (s, seq) in seqs.iter().enumerate() {
+            let len = seq.token_ids.len();
+            ensure!(len > 0, "sequence {s} is empty");
+            if let Some(&bad) = seq
+                .token_ids
+                .iter()
+                .find(|&&id| id as usize >= self.dims.vocab)
+            {
+                bail!(
+                    "sequence {s}: token id {bad} is outside the vocabulary ({})",
+                    self.dims.vocab
+                );
+            }
+            ids.extend_from_slice(seq.token_ids);
+            match seq.positions {
+                Some(p) => {
+                    ensure!(
+                        p.len() == len,
+                        "sequence {s}: {} positions for {len} tokens",
+                        p.len()
+                    );
+                    positions.extend(p.iter().flatten());
+                }
+                None => positions.extend((0..len as u32).flat_map(|p| [p, p, p])),
+            }
+            cu.push((ids.len()) as u32);
+        }
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        be.write_idx(&mut self.ws.ids, &ids).map_err(e)?;
+        be.write_idx(&mut self.ws.positions, &positions)
+            .map_err(e)?;
+        be.write_idx(&mut self.ws.cu_seqlens, &cu).map_err(e)?;
+        Ok((seqs.len(), rows))
+    }
+
+    /// Gated DeltaNet: `normed` → `block_out`.
+    fn delta_net(
+        be: &B,
+        d: &Dims,
+        w: &DeltaNetBufs<B>,
+        ws: &mut Workspace<B>,
+        n: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let batch = Varlen {
+            cu_seqlens: &ws.cu_seqlens,
+            num_seqs: n,
+        };
+        let (h, qkv, vw, hv) = (
+            d.hidden,
+            d.delta.qkv_width(),
+            d.value_width(),
+            d.delta.v_heads,
+        );
+        be.gemm(&ws.normed, &w.in_proj_qkv, rows, h, qkv, &mut ws.proj)
+            .map_err(e)?;
+        be.gemm(&ws.normed, &w.in_proj_z, rows, h, vw, &mut ws.z)
+            .map_err(e)?;
+        be.gemm(&ws.normed, &w.in_proj_b, rows, h, hv, &mut ws.beta)
+            .map_err(e)?;
+        be.gemm(&ws.normed, &w.in_proj_a, rows, h, hv, &mut ws.decay)
+            .map_err(e)?;
+        be.conv1d_silu(
+            &ws.proj,
+            &w.conv1d,
+            batch,
+            qkv,
+            d.conv_kernel,
+            None,
+            None,
+            &mut ws.conv,
+        )
+        .map_err(e)?;
+        be.l2_norm(&mut ws.conv, d.delta_qk_layout(), rows, L2_NORM_EPS)
+            .map_err(e)?;
+        be.delta_gates(&mut ws.beta, &mut ws.decay, &w.a_log, &w.dt_bias, rows, hv)
+            .map_err(e)?;
+        let state = DeltaState {
+            initial: None,
+            final_out: None,
+        };
+        be.gated_delta_rule_chunked(
+            &ws.conv,
+            &ws.beta,
+            &ws.decay,
+            batch,
+            d.delta,
+            state,
+            &mut ws.core,
+        )
+        .map_err(e)?;
+        be.gated_rms_norm(
+            &mut ws.core,
+            &ws.z,
+            &w.norm,
+            rows * hv,
+            d.delta.v_dim,
+            d.eps,
+        )
+        .map_err(e)?;
+        be.gemm(&ws.core, &w.out_proj, rows, vw, h, &mut ws.block_out)
+            .map_err(e)?;
+        Ok(())
+    }
+
+    /// Gated full attention: `normed` → `block_out`.
+    fn attention(
+        be: &B,
+        d: &Dims,
+        w: &AttentionBufs<B>,
+        ws: &mut Workspace<B>,
+        n: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let (h, kv) = (d.hidden, d.kv_width());
+        let kv_layout = HeadLayout::dense(d.attn.kv_heads, d.attn.head_dim);
+        be.gemm(
+            &ws.normed,
+            &w.q_proj,
+            rows,
+            h,
+            d.q_gate_width(),
+            &mut ws.proj,
+        )
+        .map_err(e)?;
+        be.gemm(&ws.normed, &w.k_proj, rows, h, kv, &mut ws.k)
+            .map_err(e)?;
+        be.gemm(&ws.normed, &w.v_proj, rows, h, kv, &mut ws.v)
+            .map_err(e)?;
+        be.head_rms_norm(&mut ws.proj, &w.q_norm, d.q_layout(), rows, d.eps)
+            .map_err(e)?;
+        be.head_rms_norm(&mut ws.k, &w.k_norm, kv_layout, rows, d.eps)
+            .map_err(e)?;
+        be.rope(&mut ws.proj, d.q_layout(), &ws.positions, rows, &d.rope)
+            .map_err(e)?;
+        be.rope(&mut ws.k, kv_layout, &ws.positions, rows, &d.rope)
+            .map_err(e)?;
+        let batch = Varlen {
+            cu_seqlens: &ws.cu_seqlens,
+            num_seqs: n,
+        };
+        be.attention(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
+            .map_err(e)?;
+        be.gemm(
+            &ws.core,
+            &w.o_proj,
+            rows,
+            d.attn_out_width(),
+            h,
+            &mut ws.block_out,
+        )
+        .map_err(e)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,262 @@
+//! Memory-mapped safetensors files behind one name → tensor index: a single file, or a sharded
+//! set tied together by a `*.safetensors.index.json` (`weight_map`). Tensors are read on demand
+//! and converted to f32 (`HostTensor`); bf16, f16, f32 and f64 are accepted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+use memmap2::Mmap;
+pub use safetensors::Dtype;
+use safetensors::SafeTensors;
+use serde::Deserialize;
+
+use crate::weights::HostTensor;
+
+/// File name of an unsharded checkpoint.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// File name of the shard index of a sharded checkpoint.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// One mapped safetensors file.
+struct MappedFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Byte offset of the data section (8-byte length prefix + JSON header).
+    data_start: usize,
+}
+
+/// Where one tensor lives.
+struct TensorEntry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range inside the file's data section.
+    begin: usize,
+    end: usize,
+}
+
+/// A read-only set of named tensors backed by memory-mapped safetensors files.
+pub struct TensorStore {
+    files: Vec<MappedFile>,
+    tensors: BTreeMap<String, TensorEntry>,
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl TensorStore {
+    /// Maps one safetensors file.
+    pub fn open_file(path: impl AsRef<Path>) -> Result<Self> {
+        let mut store = Self {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        let names = store.add_file(path.as_ref())?;
+        for (name, entry) in names {
+            store.tensors.insert(name, entry);
+        }
+        Ok(store)
+    }
+
+    /// Maps the weights of a snapshot directory as transformers saves them: `model.safetensors`
+    /// when present (transformers looks for it first), otherwise `model.safetensors.index.json`
+    /// and the shards its `weight_map` names.
+    pub fn open_snapshot_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let single = dir.join(SINGLE_FILE);
+        if single.is_file() {
+            return Self::open_file(&single);
+        }
+        let index = dir.join(INDEX_FILE);
+        if index.is_file() {
+            return Self::open_sharded(&index);
+        }
+        bail!(
+            "{}: neither {SINGLE_FILE} nor {INDEX_FILE} found (only safetensors checkpoints are supported)",
+            dir.display()
+        )
+    }
+
+    /// Maps the shards listed by an index file. Every tensor of the `weight_map` must be in the
+    /// shard it names, and every tensor of a shard must be listed, so a stale or mixed-up index
+    /// is caught here rather than as a wrong weight later.
+    pub fn open_sharded(index_path: impl AsRef<Path>) -> Result<Self> {
+        let index_path = index_path.as_ref();
+        let text = std::fs::read_to_string(index_path)
+            .with_context(|| format!("reading {}", index_path.display()))?;
+        let index: ShardIndex = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", index_path.display()))?;
+        let dir = index_path.parent().unwrap_or(Path::new("."));
+
+        let mut store = Self {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        let shard_names: BTreeSet<&String> = index.weight_map.values().collect();
+        for shard in shard_names {
+            ensure_plain_relative(shard).with_context(|| {
+                format!("{}: weight_map names shard {shard:?}", index_path.display())
+            })?;
+            let shard_path = dir.join(shard);
+            let entries = store.add_file(&shard_path)?;
+            for (name, entry) in entries {
+                match index.weight_map.get(&name) {
+                    Some(listed) if listed == shard => {}
+                    Some(listed) => bail!(
+                        "{}: tensor `{name}` is in shard {shard} but weight_map says {listed}",
+                        index_path.display()
+                    ),
+                    None => bail!(
+                        "{}: tensor `{name}` of shard {shard} is not listed in weight_map",
+                        index_path.display()
+                    ),
+                }
+                if store.tensors.insert(name.clone(), entry).is_some() {
+                    bail!("tensor `{name}` is stored in more than one shard");
+                }
+            }
+        }
+        for (name, shard) in &index.weight_map {
+            ensure!(
+                store.tensors.contains_key(name),
+                "{}: weight_map puts tensor `{name}` in {shard}, which does not contain it",
+                index_path.display()
+            );
+        }
+        Ok(store)
+    }
+
+    /// Maps `path`, checks its header and returns its tensors (not yet inserted).
+    fn add_file(&mut self, path: &Path) -> Result<Vec<(String, TensorEntry)>> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: the mapping is read-only; like every mmap-based loader we rely on the
+        // checkpoint file not being truncated or rewritten while the process runs.
+        let mmap = unsafe { Mmap::map(&file) }
+            .with_context(|| format!("memory-mapping {}", path.display()))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap)
+            .map_err(|e| anyhow::anyhow!("{}: invalid safetensors file: {e}", path.display()))?;
+        let file_index = self.files.len();
+        let entries = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| {
+                let (begin, end) = info.data_offsets;
+                let entry = TensorEntry {
+                    file: file_index,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    begin,
+                    end,
+                };
+                (name, entry)
+            })
+            .collect();
+        self.files.push(MappedFile {
+            path: path.to_path_buf(),
+            mmap,
+            data_start: 8 + header_len,
+        });
+        Ok(entries)
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Shape as stored in the file.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|e| e.shape.as_slice())
+    }
+
+    /// Element type as stored in the file.
+    pub fn dtype(&self, name: &str) -> Option<Dtype> {
+        self.tensors.get(name).map(|e| e.dtype)
+    }
+
+    /// The file a tensor is stored in.
+    pub fn file_of(&self, name: &str) -> Option<&Path> {
+        self.tensors
+            .get(name)
+            .map(|e| self.files[e.file].path.as_path())
+    }
+
+    /// Reads a tensor with the shape it has in the file, converted to f32.
+    pub fn read_f32(&self, name: &str) -> Result<HostTensor> {
+        let entry = self
+            .tensors
+            .get(name)
+            .with_context(|| format!("tensor `{name}` is missing"))?;
+        let file = &self.files[entry.file];
+        let bytes = &file.mmap[file.data_start + entry.begin..file.data_start + entry.end];
+        let data = to_f32(bytes, entry.dtype)
+            .with_context(|| format!("tensor `{name}` in {}", file.path.display()))?;
+        Ok(HostTensor::new(entry.shape.clone(), data))
+    }
+
+    /// Reads a tensor that must have exactly `expected` as its shape.
+    pub fn read_f32_expect(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
+        let Some(found) = self.shape(name) else {
+            bail!("tensor `{name}` is missing (expected shape {expected:?})");
+        };
+        ensure!(
+            found == expected,
+            "tensor `{name}` has shape {found:?}, expected {expected:?}"
+        );
+        self.read_f32(name)
+    }
+}
+
+/// Shard names must stay inside the snapshot directory.
+fn ensure_plain_relative(name: &str) -> Result<()> {
+    let path = Path::new(name);
+    ensure!(
+        !name.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_))),
+        "not a plain relative file name"
+    );
+    Ok(())
+}
+
+/// Little-endian element bytes to f32. safetensors validated that the byte length matches the
+/// shape and dtype; byte-wise decoding avoids any alignment assumption on the mapping.
+fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                f64::from_le_bytes(b) as f32
+            })
+            .collect(),
+        other => bail!("unsupported dtype {other:?} (expected BF16, F16, F32 or F64)"),
+    })
+}
