@@ -1,0 +1,150 @@
+//! The tokenizer: a snapshot's `tokenizer.json` loaded with Hugging Face `tokenizers` (the library
+//! transformers runs), plus what Cua-S1 needs from it: plain encoding with no added special tokens,
+//! the ids of the option letters, and the ids of the vision markers.
+//!
+//! `build_qwen35_tokenizer` makes the Qwen3.5 `tokenizer.json` from the public vocabulary for
+//! checkpoints that come without one.
+
+mod byte_level;
+mod qwen35;
+mod tiktoken;
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+
+pub use qwen35::{
+    build_qwen35_tokenizer, QWEN35_ADDED_TOKENS, QWEN35_FIRST_ADDED_ID, QWEN35_PRETOKENIZER_PATTERN,
+};
+
+/// The most options a prompt can letter (A..Z).
+pub const MAX_LETTERS: usize = 26;
+
+/// Ids of the chat and vision marker tokens, where the vocabulary has them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarkerIds {
+    pub endoftext: Option<u32>,
+    pub im_start: Option<u32>,
+    pub im_end: Option<u32>,
+    pub vision_start: Option<u32>,
+    pub vision_end: Option<u32>,
+    pub image_pad: Option<u32>,
+    pub video_pad: Option<u32>,
+    pub think: Option<u32>,
+    pub think_end: Option<u32>,
+}
+
+/// A loaded tokenizer with the option-letter ids resolved.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    letter_ids: [u32; MAX_LETTERS],
+    markers: MarkerIds,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("letter_ids", &self.letter_ids)
+            .field("markers", &self.markers)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from a snapshot directory.
+    pub fn from_snapshot(dir: &Path) -> Result<Self> {
+        Self::from_file(&dir.join("tokenizer.json"))
+    }
+
+    /// Loads a `tokenizer.json` file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| anyhow!("loading tokenizer {}: {e}", path.display()))?;
+        Self::new(inner).with_context(|| format!("tokenizer {}", path.display()))
+    }
+
+    /// Wraps a `tokenizers::Tokenizer`. Fails unless each of "A".."Z" encodes to exactly one
+    /// token, since the readout reads one logit per option letter.
+    pub fn new(inner: tokenizers::Tokenizer) -> Result<Self> {
+        let mut letter_ids = [0u32; MAX_LETTERS];
+        for (slot, letter) in letter_ids.iter_mut().zip('A'..='Z') {
+            let ids = encode_plain(&inner, &letter.to_string())?;
+            let [id] = ids[..] else {
+                bail!(
+                    "option letter {letter:?} encodes to {} tokens {ids:?}; the readout needs exactly one",
+                    ids.len()
+                );
+            };
+            *slot = id;
+        }
+        let id = |token: &str| inner.token_to_id(token);
+        let markers = MarkerIds {
+            endoftext: id("<|endoftext|>"),
+            im_start: id("<|im_start|>"),
+            im_end: id("<|im_end|>"),
+            vision_start: id("<|vision_start|>"),
+            vision_end: id("<|vision_end|>"),
+            image_pad: id("<|image_pad|>"),
+            video_pad: id("<|video_pad|>"),
+            think: id("<think>"),
+            think_end: id("</think>"),
+        };
+        Ok(Self {
+            inner,
+            letter_ids,
+            markers,
+        })
+    }
+
+    /// Token ids of `text`, adding no special tokens. Special-token text inside `text` (for
+    /// example `<|im_end|>`) becomes that token, as in transformers.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        encode_plain(&self.inner, text)
+    }
+
+    /// Text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| anyhow!("decoding {} ids: {e}", ids.len()))
+    }
+
+    /// Ids of the first `n` option letters A, B, … (`n` ≤ 26).
+    pub fn letter_ids(&self, n: usize) -> Result<&[u32]> {
+        ensure!(
+            n <= MAX_LETTERS,
+            "{n} options, but only {MAX_LETTERS} letters (A..Z) exist"
+        );
+        Ok(&self.letter_ids[..n])
+    }
+
+    /// Ids of the chat and vision markers.
+    pub fn markers(&self) -> &MarkerIds {
+        &self.markers
+    }
+
+    /// Id of one token given by its text (added tokens by their content, BPE tokens in the
+    /// byte-level alphabet).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+fn encode_plain(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let encoding = tokenizer
+        .encode(text, false)
+        .map_err(|e| anyhow!("encoding {} bytes of text: {e}", text.len()))?;
+    Ok(encoding.get_ids().to_vec())
+}
