@@ -87,7 +87,10 @@ impl ModelConfig {
     /// bare `Qwen3_5TextConfig`.
     pub fn from_json(text: &str) -> anyhow::Result<Self> {
         let root: serde_json::Value = serde_json::from_str(text)?;
-        let text_value = root.get("text_config").cloned().unwrap_or_else(|| root.clone());
+        let text_value = root
+            .get("text_config")
+            .cloned()
+            .unwrap_or_else(|| root.clone());
         let text: TextConfig = serde_json::from_value(text_value)
             .map_err(|e| anyhow::anyhow!("config.json: text config: {e}"))?;
         anyhow::ensure!(

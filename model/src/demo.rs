@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 macro_rules! asset {
     ($name:literal) => {
-        ($name, include_bytes!(concat!("../assets/tiny/", $name)) as &[u8])
+        (
+            $name,
+            include_bytes!(concat!("../assets/tiny/", $name)) as &[u8],
+        )
     };
 }
 
@@ -79,7 +82,11 @@ mod tests {
         let root = std::env::temp_dir().join(format!("instinct-demo-test-{}", std::process::id()));
         let snap = materialize(&root).unwrap();
         for (name, bytes) in FILES {
-            assert_eq!(std::fs::read(snap.model_dir.join(name)).unwrap(), *bytes, "{name}");
+            assert_eq!(
+                std::fs::read(snap.model_dir.join(name)).unwrap(),
+                *bytes,
+                "{name}"
+            );
         }
         assert!(snap.text_adapter_dir.join("adapter_config.json").is_file());
         // A second call finds everything in place.

@@ -3,5 +3,15 @@
 //! letter readout.
 
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
+pub mod decider;
+pub mod demo;
+pub mod forward;
+pub mod lora;
+pub mod prompt;
+pub mod pyjson;
+pub mod readout;
+pub mod tensor_store;
+pub mod tokenizer;
 pub mod weights;

@@ -11,7 +11,11 @@ pub struct HostTensor {
 
 impl HostTensor {
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape {shape:?}");
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape {shape:?}"
+        );
         Self { shape, data }
     }
 }

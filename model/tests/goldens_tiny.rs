@@ -39,20 +39,18 @@ fn load(with_adapter: bool, letter_ids: &[u32]) -> Loaded {
     if with_adapter {
         let adapter = LoraAdapter::open(tiny_dir().join("adapter-text")).unwrap();
         let report = adapter.merge_into_text_only(&mut weights).unwrap();
-        assert_eq!(report.merged.len(), 32, "the text adapter targets 32 modules");
+        assert_eq!(
+            report.merged.len(),
+            32,
+            "the text adapter targets 32 modules"
+        );
     }
     let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids).unwrap();
     let limits = BatchLimits {
         max_tokens: 1024,
         max_seqs: 8,
     };
-    let model = TextModel::new(
-        CpuBackend::new(),
-        &snap.config().text,
-        &weights,
-        limits,
-    )
-    .unwrap();
+    let model = TextModel::new(CpuBackend::new(), &snap.config().text, &weights, limits).unwrap();
     Loaded { model, readout }
 }
 

@@ -31,7 +31,7 @@ pub const CG_PREFIX: &str = "model.language_model.";
 pub const CAUSAL_PREFIX: &str = "model.";
 
 pub fn is_full_attention(layer: usize) -> bool {
-    (layer + 1) % 4 == 0
+    (layer + 1).is_multiple_of(4)
 }
 
 fn text_config_value(tie: bool) -> serde_json::Value {

@@ -1,0 +1,8 @@
+//! The instinct server: HTTP API, request validation, configuration and subcommands.
+
+pub mod cli;
+pub mod contract;
+pub mod engine;
+pub mod problem;
+pub mod serve;
+pub mod server;
