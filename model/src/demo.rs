@@ -3,6 +3,7 @@
 //! `instinct serve` works with no download. Its answers are meaningless; it exists to try the API.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::path::{Path, PathBuf};
 
 macro_rules! asset {
@@ -27,6 +28,8 @@ const FILES: &[(&str, &[u8])] = &[
     asset!("adapter-text/adapter_model.safetensors"),
 ];
 
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
 /// Where the demo snapshot lives once written out.
 pub struct DemoSnapshot {
     /// The base snapshot directory.
@@ -47,7 +50,9 @@ pub fn materialize(root: &Path) -> std::io::Result<DemoSnapshot> {
         }
         let parent = path.parent().expect("asset paths have a parent");
         std::fs::create_dir_all(parent)?;
-        let tmp = parent.join(format!(".{}.{}.tmp", std::process::id(), file_name(name)));
+        // Unique per writer (process and call), so concurrent writers never share a temporary file.
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = parent.join(format!(".{}.{n}.{}.tmp", std::process::id(), file_name(name)));
         std::fs::File::create(&tmp)?.write_all(bytes)?;
         std::fs::rename(&tmp, &path)?;
     }

@@ -304,10 +304,7 @@ fn problem_body_is_rfc9457_json() {
     let body: serde_json::Value =
         serde_json::from_slice(&Problem::body_not_object().to_json()).unwrap();
     assert_eq!(body.as_object().unwrap().len(), 5);
-    assert_eq!(
-        body["type"],
-        "urn:instinct:problem:body_not_object"
-    );
+    assert_eq!(body["type"], "urn:instinct:problem:body_not_object");
 }
 
 #[test]
