@@ -1,2 +1,62 @@
-//! Bounded admission, dynamic batching and the engine thread (issue 3). Not built yet: today the
-//! runtime calls the model directly, one request at a time.
+//! Bounded admission, backpressure, dynamic batching, cancellation, deadlines and one engine
+//! thread per device. Model-agnostic: a device is anything that implements [`Engine`].
+//!
+//! ```text
+//! let scheduler = Scheduler::start(config, vec![Box::new(cpu_engine)])?;
+//! match scheduler.submit(questions, deadline) {
+//!     Ok(ticket) => ticket.await,   // Result<Answer, Failure>; dropping the ticket cancels
+//!     Err(rejection) => /* 503 + Retry-After: rejection.retry_after */,
+//! }
+//! scheduler.drain(); scheduler.drained().await;   // or shutdown(grace)
+//! ```
+//!
+//! **Admission** ([`Scheduler::submit`]): a request is refused at once, never parked, when the
+//! queue holds `max_queue_requests` requests or its tokens would take the queue over
+//! `max_queue_tokens` (`Retry-After` = queued tokens / measured drain rate, clamped), when
+//! draining, when one question is longer than the largest bucket or the request alone exceeds
+//! `max_queue_tokens` (`TooLarge`: it could never run), or when it is empty (`Invalid`).
+//!
+//! **Batching** (engine threads): each question is one sequence. All engine threads pull from the
+//! one queue. The next batch is chosen FIFO with first-fit backfill under the bucket shapes (the
+//! `batching` module states the ageing guarantees: the oldest queued question is always in the
+//! next batch; younger questions only fill space no older one could use). A batch runs at
+//! once when it is full (a queued question was left out for lack of room) or when draining;
+//! otherwise when its oldest question has waited `max_wait`. Questions of one request may span
+//! batches and engines; answers are reassembled in order.
+//!
+//! **Failures**: a deadline passing while any question of the request is queued fails it with
+//! `DeadlineExceeded` (its queued questions never run); an engine error or panic fails exactly
+//! the requests of that batch. Every admitted request is replied to exactly once.
+
+mod batching;
+mod config;
+mod drain_rate;
+mod engine;
+mod outcome;
+mod queue;
+mod scheduler;
+mod stats;
+pub mod telemetry;
+mod ticket;
+mod worker;
+
+pub use config::{Bucket, Config, StartError};
+pub use engine::{Batch, Engine, SeqInput};
+pub use outcome::{Answer, Failure, Question, RejectReason, Rejection};
+pub use scheduler::Scheduler;
+pub use stats::{EngineStats, Stats};
+pub use ticket::Ticket;
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    #[test]
+    fn handles_can_cross_threads_and_tasks() {
+        send_sync::<super::Scheduler>();
+        send::<super::Ticket>();
+        send_sync::<super::Rejection>();
+        send_sync::<super::Failure>();
+    }
+}

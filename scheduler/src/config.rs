@@ -1,0 +1,184 @@
+//! Scheduler configuration and its validation.
+
+use std::time::Duration;
+
+/// A batch shape the engine is prepared for: at most `tokens` tokens in at most `seqs` sequences.
+///
+/// On CUDA one graph is captured per bucket; on CPU a bucket is only the admission shape. A batch
+/// is always assembled so that it fits at least one bucket, and it is labelled with the smallest
+/// bucket (fewest tokens, then fewest sequences) that holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Bucket {
+    pub tokens: usize,
+    pub seqs: usize,
+}
+
+impl Bucket {
+    pub const fn new(tokens: usize, seqs: usize) -> Self {
+        Self { tokens, seqs }
+    }
+
+    /// Whether a batch of `tokens` tokens in `seqs` sequences fits this bucket.
+    pub fn holds(&self, tokens: usize, seqs: usize) -> bool {
+        tokens <= self.tokens && seqs <= self.seqs
+    }
+}
+
+/// Everything the scheduler can be tuned with. `Config::default()` is a sane CPU setting; the
+/// runtime fills it from its command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Most requests waiting in the queue (a request counts while any of its questions is queued).
+    pub max_queue_requests: usize,
+    /// Most prompt tokens waiting in the queue, over all queued questions.
+    pub max_queue_tokens: usize,
+    /// Hard cap on the tokens of one batch (no bucket may exceed it).
+    pub max_batch_tokens: usize,
+    /// Hard cap on the sequences of one batch (no bucket may exceed it).
+    pub max_batch_seqs: usize,
+    /// Batch shapes. Empty means one bucket at `(max_batch_tokens, max_batch_seqs)`.
+    pub buckets: Vec<Bucket>,
+    /// Longest time the oldest queued question waits for its batch to fill. Under load batches
+    /// fill (or the oldest question has already waited this long) and nobody waits at all.
+    pub max_wait: Duration,
+    /// Deadline applied to requests submitted without one; `None` means no deadline.
+    pub default_deadline: Option<Duration>,
+    /// How many queued questions batch formation looks at (bounds the work done under the lock).
+    pub max_scan: usize,
+    /// How often an idle engine thread wakes to refresh its heartbeat.
+    pub heartbeat_interval: Duration,
+    /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
+    pub drain_rate_window: Duration,
+    /// `Retry-After` given before any batch has completed.
+    pub retry_after_default: Duration,
+    /// Bounds of every `Retry-After` given.
+    pub retry_after_min: Duration,
+    pub retry_after_max: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_queue_requests: 512,
+            max_queue_tokens: 262_144,
+            max_batch_tokens: 16_384,
+            max_batch_seqs: 32,
+            buckets: Vec::new(),
+            max_wait: Duration::from_micros(1_500),
+            default_deadline: None,
+            max_scan: 1_024,
+            heartbeat_interval: Duration::from_millis(100),
+            drain_rate_window: Duration::from_secs(10),
+            retry_after_default: Duration::from_secs(1),
+            retry_after_min: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why the scheduler did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid scheduler configuration: {0}")]
+    Config(String),
+    #[error("the scheduler needs at least one engine")]
+    NoEngines,
+    #[error("cannot start a scheduler thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// A checked configuration with its buckets sorted smallest first.
+#[derive(Clone, Debug)]
+pub(crate) struct Validated {
+    pub config: Config,
+    pub buckets: Vec<Bucket>,
+    /// Longest single question any batch can hold.
+    pub max_question_tokens: usize,
+    /// Most sequences any batch can hold.
+    pub max_seqs: usize,
+}
+
+impl Config {
+    pub(crate) fn validate(&self) -> Result<Validated, StartError> {
+        let bad = |msg: String| Err(StartError::Config(msg));
+        if self.max_queue_requests == 0 || self.max_queue_tokens == 0 {
+            return bad("max_queue_requests and max_queue_tokens must be positive".into());
+        }
+        if self.max_batch_tokens == 0 || self.max_batch_seqs == 0 {
+            return bad("max_batch_tokens and max_batch_seqs must be positive".into());
+        }
+        if self.max_scan == 0 {
+            return bad("max_scan must be positive".into());
+        }
+        if self.heartbeat_interval.is_zero() || self.drain_rate_window.is_zero() {
+            return bad("heartbeat_interval and drain_rate_window must be positive".into());
+        }
+        if self.retry_after_min > self.retry_after_max {
+            return bad("retry_after_min must not exceed retry_after_max".into());
+        }
+        let mut buckets = if self.buckets.is_empty() {
+            vec![Bucket::new(self.max_batch_tokens, self.max_batch_seqs)]
+        } else {
+            self.buckets.clone()
+        };
+        for b in &buckets {
+            if b.tokens == 0 || b.seqs == 0 {
+                return bad(format!("bucket {b:?} is empty"));
+            }
+            if b.tokens > self.max_batch_tokens || b.seqs > self.max_batch_seqs {
+                return bad(format!(
+                    "bucket {b:?} exceeds max_batch_tokens {} / max_batch_seqs {}",
+                    self.max_batch_tokens, self.max_batch_seqs
+                ));
+            }
+        }
+        buckets.sort();
+        buckets.dedup();
+        let max_question_tokens = buckets.iter().map(|b| b.tokens).max().unwrap_or(0);
+        let max_seqs = buckets.iter().map(|b| b.seqs).max().unwrap_or(0);
+        Ok(Validated {
+            config: self.clone(),
+            buckets,
+            max_question_tokens,
+            max_seqs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_buckets_mean_one_bucket_at_the_caps() {
+        let v = Config::default().validate().unwrap();
+        assert_eq!(v.buckets, vec![Bucket::new(16_384, 32)]);
+        assert_eq!(v.max_question_tokens, 16_384);
+        assert_eq!(v.max_seqs, 32);
+    }
+
+    #[test]
+    fn buckets_are_sorted_and_checked_against_the_caps() {
+        let cfg = Config {
+            max_batch_tokens: 4096,
+            max_batch_seqs: 8,
+            buckets: vec![Bucket::new(4096, 2), Bucket::new(1024, 8)],
+            ..Config::default()
+        };
+        let v = cfg.validate().unwrap();
+        assert_eq!(v.buckets, vec![Bucket::new(1024, 8), Bucket::new(4096, 2)]);
+        assert_eq!(v.max_question_tokens, 4096);
+        assert_eq!(v.max_seqs, 8);
+
+        let too_big = Config {
+            buckets: vec![Bucket::new(8192, 2)],
+            ..cfg.clone()
+        };
+        assert!(matches!(too_big.validate(), Err(StartError::Config(_))));
+        let zero = Config {
+            max_queue_tokens: 0,
+            ..cfg
+        };
+        assert!(matches!(zero.validate(), Err(StartError::Config(_))));
+    }
+}

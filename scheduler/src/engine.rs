@@ -1,0 +1,33 @@
+//! What the scheduler needs from a device: run one packed batch of sequences.
+
+use crate::config::Bucket;
+
+/// One sequence (one question) of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    /// Prompt token ids.
+    pub ids: &'a [u32],
+    /// How many answer options the question offers; the engine returns that many probabilities.
+    pub n_options: usize,
+}
+
+/// A batch as handed to an engine: its sequences in order, and the bucket chosen for it (the
+/// smallest configured bucket that holds it; the CUDA backend replays that bucket's graph).
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub seqs: &'a [SeqInput<'a>],
+    pub bucket: Bucket,
+    /// Total tokens over all sequences.
+    pub tokens: usize,
+}
+
+/// One device's model. One value per device is moved into its engine thread, so it may keep
+/// mutable scratch state (`&mut self`).
+///
+/// `run_batch` returns, per sequence and in order, the probabilities of its `n_options` options.
+/// An error, a panic, or a result of the wrong shape fails exactly the requests of that batch with
+/// [`Failure::Internal`](crate::Failure::Internal); the thread keeps serving. (Catching the panic
+/// needs `panic = "unwind"`, the default.)
+pub trait Engine: Send + 'static {
+    fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>>;
+}

@@ -1,0 +1,464 @@
+//! The admission queue and the table of admitted requests: one value behind one lock, shared by
+//! the submitters, the engine threads and the deadline thread. Every state change goes through a
+//! method here so the counters, the deadline index and the metrics stay consistent.
+//!
+//! Invariants: a request is in `requests` from admission until it is answered, failed or
+//! cancelled, and is replied to exactly once, when it leaves; a queued question's request is
+//! always in `requests`; `deadlines` holds exactly the requests that have a deadline and still
+//! have queued questions.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Instant;
+
+use metrics::{counter, gauge, histogram};
+use tokio::sync::oneshot;
+
+use crate::batching;
+use crate::config::{Bucket, Validated};
+use crate::drain_rate::DrainRate;
+use crate::outcome::{Answer, Failure, Question, RejectReason, Rejection};
+use crate::telemetry as names;
+
+pub(crate) type Reply = oneshot::Sender<Result<Answer, Failure>>;
+pub(crate) type ReplyReceiver = oneshot::Receiver<Result<Answer, Failure>>;
+
+/// One queued question.
+#[derive(Debug)]
+pub(crate) struct QueuedSeq {
+    pub request: u64,
+    pub index: usize,
+    pub ids: Vec<u32>,
+    pub n_options: usize,
+    pub enqueued: Instant,
+}
+
+/// Questions taken out of the queue for one engine call.
+#[derive(Debug)]
+pub(crate) struct TakenBatch {
+    pub seqs: Vec<QueuedSeq>,
+    pub bucket: Bucket,
+    pub tokens: usize,
+}
+
+/// What an engine thread should do next.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// Nothing queued.
+    Idle,
+    /// Something is queued but the batch is not full yet: wait for more until then.
+    WaitUntil(Instant),
+    Run(TakenBatch),
+}
+
+struct RequestEntry {
+    admitted: Instant,
+    /// Start of the first batch that held one of its questions.
+    first_start: Option<Instant>,
+    results: Vec<Option<Vec<f32>>>,
+    unanswered: usize,
+    queued_seqs: usize,
+    queued_tokens: usize,
+    deadline: Option<Instant>,
+    reply: Reply,
+}
+
+pub(crate) struct QueueState {
+    cfg: Validated,
+    pending: VecDeque<QueuedSeq>,
+    requests: HashMap<u64, RequestEntry>,
+    deadlines: BTreeSet<(Instant, u64)>,
+    next_id: u64,
+    queued_requests: usize,
+    queued_tokens: usize,
+    running_batches: usize,
+    draining: bool,
+    stopping: bool,
+    drain_rate: DrainRate,
+}
+
+/// Counters for [`crate::Stats`].
+pub(crate) struct Snapshot {
+    pub queued_requests: usize,
+    pub queued_tokens: usize,
+    pub queued_sequences: usize,
+    pub in_flight_requests: usize,
+    pub running_batches: usize,
+    pub draining: bool,
+}
+
+impl QueueState {
+    pub fn new(cfg: Validated) -> Self {
+        let window = cfg.config.drain_rate_window;
+        Self {
+            cfg,
+            pending: VecDeque::new(),
+            requests: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            next_id: 0,
+            queued_requests: 0,
+            queued_tokens: 0,
+            running_batches: 0,
+            draining: false,
+            stopping: false,
+            drain_rate: DrainRate::new(window),
+        }
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    pub fn has_queued(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// No admitted request is unanswered and no engine is running a batch.
+    pub fn is_idle(&self) -> bool {
+        self.requests.is_empty() && self.running_batches == 0
+    }
+
+    pub fn earliest_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(d, _)| d)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            queued_requests: self.queued_requests,
+            queued_tokens: self.queued_tokens,
+            queued_sequences: self.pending.len(),
+            in_flight_requests: self.requests.len(),
+            running_batches: self.running_batches,
+            draining: self.draining,
+        }
+    }
+
+    fn reject(&mut self, reason: RejectReason, now: Instant) -> Rejection {
+        let c = &self.cfg.config;
+        let retry_after = match reason {
+            RejectReason::QueueFullRequests | RejectReason::QueueFullTokens => {
+                Some(self.drain_rate.retry_after(
+                    now,
+                    self.queued_tokens,
+                    c.retry_after_default,
+                    c.retry_after_min,
+                    c.retry_after_max,
+                ))
+            }
+            RejectReason::Draining => Some(c.retry_after_min),
+            RejectReason::TooLarge | RejectReason::Invalid => None,
+        };
+        counter!(names::REJECTIONS_TOTAL, names::REASON_LABEL => reason.as_str()).increment(1);
+        Rejection {
+            reason,
+            retry_after,
+        }
+    }
+
+    /// Admits a request or says why not. On success returns its id, the receiver of its reply,
+    /// and whether its deadline became the earliest one (the deadline thread must re-arm).
+    pub fn admit(
+        &mut self,
+        questions: Vec<Question>,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<(u64, ReplyReceiver, bool), Rejection> {
+        if self.draining || self.stopping {
+            return Err(self.reject(RejectReason::Draining, now));
+        }
+        if questions.is_empty()
+            || questions
+                .iter()
+                .any(|q| q.ids.is_empty() || q.n_options == 0)
+        {
+            return Err(self.reject(RejectReason::Invalid, now));
+        }
+        let tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
+        let longest = questions.iter().map(|q| q.ids.len()).max().unwrap_or(0);
+        let c = &self.cfg.config;
+        if longest > self.cfg.max_question_tokens || tokens > c.max_queue_tokens {
+            return Err(self.reject(RejectReason::TooLarge, now));
+        }
+        if self.queued_requests >= c.max_queue_requests {
+            return Err(self.reject(RejectReason::QueueFullRequests, now));
+        }
+        if self.queued_tokens + tokens > c.max_queue_tokens {
+            return Err(self.reject(RejectReason::QueueFullTokens, now));
+        }
+
+        let deadline = deadline.or_else(|| c.default_deadline.map(|d| now + d));
+        let id = self.next_id;
+        self.next_id += 1;
+        let (reply, receiver) = oneshot::channel();
+        let n = questions.len();
+        for (index, q) in questions.into_iter().enumerate() {
+            self.pending.push_back(QueuedSeq {
+                request: id,
+                index,
+                ids: q.ids,
+                n_options: q.n_options,
+                enqueued: now,
+            });
+        }
+        self.requests.insert(
+            id,
+            RequestEntry {
+                admitted: now,
+                first_start: None,
+                results: vec![None; n],
+                unanswered: n,
+                queued_seqs: n,
+                queued_tokens: tokens,
+                deadline,
+                reply,
+            },
+        );
+        self.queued_requests += 1;
+        self.queued_tokens += tokens;
+        let mut new_earliest = false;
+        if let Some(d) = deadline {
+            new_earliest = self.earliest_deadline().is_none_or(|e| d < e);
+            self.deadlines.insert((d, id));
+        }
+        self.publish_gauges();
+        Ok((id, receiver, new_earliest))
+    }
+
+    /// Removes the request's queued questions from the queue and its counters.
+    fn unqueue(&mut self, id: u64, entry: &RequestEntry) {
+        if entry.queued_seqs == 0 {
+            return;
+        }
+        self.pending.retain(|s| s.request != id);
+        self.queued_requests -= 1;
+        self.queued_tokens -= entry.queued_tokens;
+        if let Some(d) = entry.deadline {
+            self.deadlines.remove(&(d, id));
+        }
+    }
+
+    /// The client dropped its ticket: forget the request, never compute its queued questions.
+    /// Returns false if it was already answered (nothing to cancel).
+    pub fn cancel(&mut self, id: u64) -> bool {
+        let Some(entry) = self.requests.remove(&id) else {
+            return false;
+        };
+        self.unqueue(id, &entry);
+        counter!(names::CANCELLED_TOTAL).increment(1);
+        self.publish_gauges();
+        true
+    }
+
+    fn fail(&mut self, id: u64, failure: Failure) {
+        if let Some(entry) = self.requests.remove(&id) {
+            self.unqueue(id, &entry);
+            // The client may have gone already; nothing to do then.
+            let _ = entry.reply.send(Err(failure));
+        }
+    }
+
+    /// Fails every request whose deadline is at or before `now` and that still has queued
+    /// questions. Returns how many.
+    pub fn expire_overdue(&mut self, now: Instant) -> usize {
+        let mut expired = 0;
+        while let Some(&(d, id)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            self.fail(id, Failure::DeadlineExceeded);
+            expired += 1;
+        }
+        if expired > 0 {
+            counter!(names::DEADLINE_EXCEEDED_TOTAL).increment(expired as u64);
+            self.publish_gauges();
+        }
+        expired
+    }
+
+    /// Decides the next batch (see [`crate::batching`] for which questions) and when to run it:
+    /// at once if the batch is full or the scheduler is draining, otherwise once the oldest
+    /// queued question has waited `max_wait`.
+    pub fn next_batch(&mut self, now: Instant) -> Next {
+        let Some(oldest) = self.pending.front().map(|s| s.enqueued) else {
+            return Next::Idle;
+        };
+        let Some(plan) = batching::plan(
+            self.pending.iter().map(|s| s.ids.len()),
+            &self.cfg.buckets,
+            self.cfg.max_seqs,
+            self.cfg.config.max_scan,
+        ) else {
+            // Unreachable through `admit`, which refuses questions larger than every bucket; kept
+            // so such a question could never wedge the queue (TEI #723).
+            if let Some(head) = self.pending.front().map(|s| s.request) {
+                self.fail(
+                    head,
+                    Failure::Internal("a question fits no batch bucket".into()),
+                );
+                self.publish_gauges();
+            }
+            return Next::Idle;
+        };
+        let launch_at = oldest + self.cfg.config.max_wait;
+        if !plan.full && !self.draining && now < launch_at {
+            return Next::WaitUntil(launch_at);
+        }
+        Next::Run(self.take(plan, now))
+    }
+
+    fn take(&mut self, plan: batching::Plan, now: Instant) -> TakenBatch {
+        let scanned = plan.picked.last().map_or(0, |&i| i + 1);
+        let mut picks = plan.picked.iter().copied().peekable();
+        let mut seqs = Vec::with_capacity(plan.picked.len());
+        let mut skipped = Vec::new();
+        for i in 0..scanned {
+            let Some(seq) = self.pending.pop_front() else {
+                break;
+            };
+            if picks.peek() == Some(&i) {
+                picks.next();
+                seqs.push(seq);
+            } else {
+                skipped.push(seq);
+            }
+        }
+        for seq in skipped.into_iter().rev() {
+            self.pending.push_front(seq);
+        }
+
+        for seq in &seqs {
+            let len = seq.ids.len();
+            self.queued_tokens -= len;
+            if let Some(entry) = self.requests.get_mut(&seq.request) {
+                entry.first_start.get_or_insert(now);
+                entry.queued_seqs -= 1;
+                entry.queued_tokens -= len;
+                if entry.queued_seqs == 0 {
+                    self.queued_requests -= 1;
+                    if let Some(d) = entry.deadline {
+                        self.deadlines.remove(&(d, seq.request));
+                    }
+                }
+            }
+            histogram!(names::QUEUE_WAIT_SECONDS)
+                .record(now.saturating_duration_since(seq.enqueued).as_secs_f64());
+        }
+        let tokens: usize = seqs.iter().map(|s| s.ids.len()).sum();
+        histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
+        histogram!(names::BATCH_TOKENS).record(tokens as f64);
+        histogram!(names::BATCH_FILL_RATIO).record(tokens as f64 / plan.bucket.tokens as f64);
+        self.running_batches += 1;
+        self.publish_gauges();
+        TakenBatch {
+            seqs,
+            bucket: plan.bucket,
+            tokens,
+        }
+    }
+
+    /// Hands the engine's outcome for `batch` to its requests. Results of requests that already
+    /// left (cancelled, failed, expired) are dropped; a failed batch fails all its requests.
+    pub fn complete(
+        &mut self,
+        batch: &TakenBatch,
+        outcome: Result<Vec<Vec<f32>>, String>,
+        start: Instant,
+        end: Instant,
+    ) {
+        self.running_batches -= 1;
+        self.drain_rate.record(start, end, batch.tokens);
+        match outcome.and_then(|out| check_shape(batch, out)) {
+            Ok(outputs) => {
+                for (seq, probs) in batch.seqs.iter().zip(outputs) {
+                    self.deliver(seq.request, seq.index, probs, end);
+                }
+            }
+            Err(message) => {
+                counter!(names::BATCH_FAILURES_TOTAL).increment(1);
+                tracing::error!(sequences = batch.seqs.len(), "batch failed: {message}");
+                for seq in &batch.seqs {
+                    self.fail(seq.request, Failure::Internal(message.clone()));
+                }
+            }
+        }
+        self.publish_gauges();
+    }
+
+    fn deliver(&mut self, id: u64, index: usize, probs: Vec<f32>, end: Instant) {
+        let Some(entry) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let Some(slot) = entry.results.get_mut(index) else {
+            return;
+        };
+        if slot.is_some() {
+            return;
+        }
+        *slot = Some(probs);
+        entry.unanswered -= 1;
+        if entry.unanswered == 0 {
+            if let Some(entry) = self.requests.remove(&id) {
+                let first_start = entry.first_start.unwrap_or(entry.admitted);
+                let answer = Answer {
+                    probabilities: entry
+                        .results
+                        .into_iter()
+                        .map(Option::unwrap_or_default)
+                        .collect(),
+                    queued: first_start.saturating_duration_since(entry.admitted),
+                    infer: end.saturating_duration_since(first_start),
+                };
+                let _ = entry.reply.send(Ok(answer));
+            }
+        }
+    }
+
+    /// Stops admitting and fails every unanswered request with `ShuttingDown`.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+        self.draining = true;
+        let ids: Vec<u64> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.fail(id, Failure::ShuttingDown);
+        }
+        self.publish_gauges();
+    }
+
+    pub fn start_draining(&mut self) {
+        self.draining = true;
+    }
+
+    fn publish_gauges(&self) {
+        gauge!(names::QUEUE_REQUESTS).set(self.queued_requests as f64);
+        gauge!(names::QUEUE_TOKENS).set(self.queued_tokens as f64);
+        gauge!(names::INFLIGHT_REQUESTS).set(self.requests.len() as f64);
+    }
+}
+
+/// One result per sequence, each with the sequence's number of options.
+pub(crate) fn check_shape(
+    batch: &TakenBatch,
+    outputs: Vec<Vec<f32>>,
+) -> Result<Vec<Vec<f32>>, String> {
+    if outputs.len() != batch.seqs.len() {
+        return Err(format!(
+            "engine returned {} results for {} sequences",
+            outputs.len(),
+            batch.seqs.len()
+        ));
+    }
+    for (i, (seq, probs)) in batch.seqs.iter().zip(&outputs).enumerate() {
+        if probs.len() != seq.n_options {
+            return Err(format!(
+                "engine returned {} probabilities for sequence {i} with {} options",
+                probs.len(),
+                seq.n_options
+            ));
+        }
+    }
+    Ok(outputs)
+}

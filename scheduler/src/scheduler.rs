@@ -1,0 +1,217 @@
+//! The scheduler handle: start, submit, drain, stats, shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::watch;
+
+use crate::config::{Config, StartError, Validated};
+use crate::engine::Engine;
+use crate::outcome::{Question, Rejection};
+use crate::queue::QueueState;
+use crate::stats::{EngineStats, Stats};
+use crate::ticket::Ticket;
+use crate::worker;
+
+/// State shared by the handle, the tickets and the threads.
+pub(crate) struct Shared {
+    pub config: Validated,
+    pub state: Mutex<QueueState>,
+    /// Engine threads wait here for work.
+    pub work: Condvar,
+    /// The deadline thread waits here for the earliest deadline.
+    pub sweep: Condvar,
+    /// `wait_drained` waits here.
+    pub idle: Condvar,
+    /// True once draining and idle (for async waiters).
+    pub drained: watch::Sender<bool>,
+    pub engines: Vec<Mutex<EngineStats>>,
+}
+
+impl Shared {
+    pub fn beat(&self, engine: usize, now: Instant) {
+        self.engines[engine].lock().last_heartbeat = now;
+    }
+
+    /// Wakes drain waiters if the last piece of work just finished.
+    pub fn after_change(&self, state: &QueueState) {
+        if state.is_draining() && state.is_idle() {
+            self.idle.notify_all();
+            self.drained.send_replace(true);
+        }
+    }
+
+    pub fn cancel(&self, id: u64) {
+        let mut state = self.state.lock();
+        if state.cancel(id) {
+            self.after_change(&state);
+        }
+    }
+}
+
+/// Admission queue plus one engine thread per device. Share it as `Arc<Scheduler>`; every method
+/// takes `&self`. Dropping it without [`Scheduler::shutdown`] stops the threads without waiting
+/// and fails unanswered requests with `ShuttingDown`.
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Scheduler {
+    /// Validates `config` and starts one engine thread per engine (in order: engine `i` is
+    /// reported as `stats().engines[i]`) plus the deadline thread.
+    pub fn start(config: Config, engines: Vec<Box<dyn Engine>>) -> Result<Self, StartError> {
+        let validated = config.validate()?;
+        if engines.is_empty() {
+            return Err(StartError::NoEngines);
+        }
+        let now = Instant::now();
+        let idle_engine = EngineStats {
+            last_heartbeat: now,
+            busy_since: None,
+            batches: 0,
+            failed_batches: 0,
+            exited: false,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(QueueState::new(validated.clone())),
+            config: validated,
+            work: Condvar::new(),
+            sweep: Condvar::new(),
+            idle: Condvar::new(),
+            drained: watch::Sender::new(false),
+            engines: engines.iter().map(|_| Mutex::new(idle_engine)).collect(),
+        });
+        let scheduler = Self {
+            shared: Arc::clone(&shared),
+            threads: Mutex::new(Vec::new()),
+        };
+        let spawn_deadline = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("instinct-deadlines".into())
+                .spawn(move || worker::deadline_loop(shared))?
+        };
+        scheduler.threads.lock().push(spawn_deadline);
+        for (index, engine) in engines.into_iter().enumerate() {
+            let shared = Arc::clone(&shared);
+            // On failure `scheduler` is dropped, which stops the threads already started.
+            let handle = std::thread::Builder::new()
+                .name(format!("instinct-engine-{index}"))
+                .spawn(move || worker::engine_loop(shared, index, engine))?;
+            scheduler.threads.lock().push(handle);
+        }
+        Ok(scheduler)
+    }
+
+    /// Admits a request (one [`Question`] per question, all answered together) or rejects it at
+    /// once. `deadline`: when to give up if questions are still queued (`None`: now +
+    /// `default_deadline`, or never).
+    pub fn submit(
+        &self,
+        questions: Vec<Question>,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket, Rejection> {
+        let mut state = self.shared.state.lock();
+        let (id, receiver, new_earliest) = state.admit(questions, deadline, Instant::now())?;
+        drop(state);
+        self.shared.work.notify_one();
+        if new_earliest {
+            self.shared.sweep.notify_one();
+        }
+        Ok(Ticket::new(id, receiver, Arc::clone(&self.shared)))
+    }
+
+    /// Stops admitting (later submits get `Draining`); queued and running work goes on, without
+    /// waiting to fill batches. Idempotent.
+    pub fn drain(&self) {
+        let mut state = self.shared.state.lock();
+        state.start_draining();
+        self.shared.after_change(&state);
+        drop(state);
+        self.shared.work.notify_all();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.shared.state.lock().is_draining()
+    }
+
+    /// After [`Scheduler::drain`]: blocks until every admitted request is answered and no batch
+    /// runs, or `timeout` passes. Returns whether it is drained.
+    pub fn wait_drained(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        let mut state = self.shared.state.lock();
+        while !(state.is_draining() && state.is_idle()) {
+            if self.shared.idle.wait_until(&mut state, until).timed_out() {
+                return state.is_draining() && state.is_idle();
+            }
+        }
+        true
+    }
+
+    /// After [`Scheduler::drain`]: resolves once every admitted request is answered and no batch
+    /// runs.
+    pub fn drained(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut receiver = self.shared.drained.subscribe();
+        async move {
+            // An error means the scheduler is gone, which is drained too.
+            let _ = receiver.wait_for(|drained| *drained).await;
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let snapshot = self.shared.state.lock().snapshot();
+        Stats {
+            queued_requests: snapshot.queued_requests,
+            queued_tokens: snapshot.queued_tokens,
+            queued_sequences: snapshot.queued_sequences,
+            in_flight_requests: snapshot.in_flight_requests,
+            running_batches: snapshot.running_batches,
+            draining: snapshot.draining,
+            engines: self.shared.engines.iter().map(|e| *e.lock()).collect(),
+        }
+    }
+
+    /// Drains for at most `grace`, then stops: anything still unanswered fails with
+    /// `ShuttingDown`, and the threads are joined (an engine thread finishes the batch it is
+    /// running first). Returns whether everything finished within `grace`. Idempotent.
+    pub fn shutdown(&self, grace: Duration) -> bool {
+        self.drain();
+        let finished = self.wait_drained(grace);
+        self.stop();
+        let threads: Vec<JoinHandle<()>> = std::mem::take(&mut *self.threads.lock());
+        for handle in threads {
+            if handle.join().is_err() {
+                tracing::error!("a scheduler thread panicked");
+            }
+        }
+        finished
+    }
+
+    fn stop(&self) {
+        let mut state = self.shared.state.lock();
+        state.stop();
+        self.shared.after_change(&state);
+        drop(state);
+        self.shared.work.notify_all();
+        self.shared.sweep.notify_all();
+        self.shared.idle.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,226 @@
+//! Mock engines and helpers shared by the scheduler tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use instinct_scheduler::{
+    Answer, Batch, Bucket, Config, Engine, Failure, Question, Scheduler, Ticket,
+};
+use parking_lot::{Condvar, Mutex};
+
+/// First id of a question that makes the mock return an error for its batch.
+pub const FAIL_MARK: u32 = u32::MAX - 1;
+/// First id of a question that makes the mock panic.
+pub const PANIC_MARK: u32 = u32::MAX - 2;
+/// First id of a question that makes the mock return one result too few.
+pub const SHORT_MARK: u32 = u32::MAX - 3;
+/// First id of a question whose batch waits for the gate to open.
+pub const GATE_MARK: u32 = u32::MAX - 4;
+
+/// What one engine call was given.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub engine: usize,
+    pub seqs: Vec<Vec<u32>>,
+    pub bucket: Bucket,
+    pub tokens: usize,
+}
+
+impl Record {
+    pub fn tags(&self) -> Vec<u32> {
+        self.seqs.iter().map(|s| s[0]).collect()
+    }
+}
+
+pub type Log = Arc<Mutex<Vec<Record>>>;
+
+/// A latch the gated batch waits on.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn open(&self) {
+        *self.open.lock() = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock();
+        while !*open {
+            self.cv.wait(&mut open);
+        }
+    }
+}
+
+/// Answers each sequence with a function of its ids alone, after `delay`; records every batch.
+pub struct MockEngine {
+    pub id: usize,
+    pub delay: Duration,
+    pub log: Log,
+    pub gate: Arc<Gate>,
+}
+
+impl Engine for MockEngine {
+    fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.log.lock().push(Record {
+            engine: self.id,
+            seqs: batch.seqs.iter().map(|s| s.ids.to_vec()).collect(),
+            bucket: batch.bucket,
+            tokens: batch.tokens,
+        });
+        let first_ids: Vec<u32> = batch.seqs.iter().map(|s| s.ids[0]).collect();
+        if first_ids.contains(&GATE_MARK) {
+            self.gate.wait();
+        }
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        if first_ids.contains(&FAIL_MARK) {
+            anyhow::bail!("mock failure");
+        }
+        if first_ids.contains(&PANIC_MARK) {
+            panic!("mock panic");
+        }
+        let mut out: Vec<Vec<f32>> = batch
+            .seqs
+            .iter()
+            .map(|s| expected(s.ids, s.n_options))
+            .collect();
+        if first_ids.contains(&SHORT_MARK) {
+            out.pop();
+        }
+        Ok(out)
+    }
+}
+
+/// The mock's answer: option weights from a hash of all the ids, normalised.
+pub fn expected(ids: &[u32], n_options: usize) -> Vec<f32> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &id in ids {
+        h ^= u64::from(id);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let weights: Vec<f32> = (0..n_options)
+        .map(|k| 1.0 + ((h >> ((k * 7) % 57)) & 0xff) as f32)
+        .collect();
+    let sum: f32 = weights.iter().sum();
+    weights.iter().map(|w| w / sum).collect()
+}
+
+/// A question tagged `tag` (its first id) of `len` tokens.
+pub fn question(tag: u32, len: usize, n_options: usize) -> Question {
+    let ids = std::iter::once(tag)
+        .chain((1..len as u32).map(|i| tag.wrapping_mul(2_654_435_761).wrapping_add(i) % 150_000))
+        .collect();
+    Question { ids, n_options }
+}
+
+pub fn expected_answer(questions: &[Question]) -> Vec<Vec<f32>> {
+    questions
+        .iter()
+        .map(|q| expected(&q.ids, q.n_options))
+        .collect()
+}
+
+/// A deterministic pseudo-random sequence (no dependency needed for tests).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+pub struct Harness {
+    pub scheduler: Scheduler,
+    pub log: Log,
+    pub gate: Arc<Gate>,
+}
+
+impl Harness {
+    pub fn new(config: Config, engines: usize, delay: Duration) -> Self {
+        let log = Log::default();
+        let gate = Arc::new(Gate::default());
+        let engines: Vec<Box<dyn Engine>> = (0..engines)
+            .map(|id| {
+                Box::new(MockEngine {
+                    id,
+                    delay,
+                    log: Arc::clone(&log),
+                    gate: Arc::clone(&gate),
+                }) as Box<dyn Engine>
+            })
+            .collect();
+        let scheduler = Scheduler::start(config, engines).expect("scheduler starts");
+        Self {
+            scheduler,
+            log,
+            gate,
+        }
+    }
+
+    /// Submits a one-question request that holds engine 0 until the gate opens, and returns once
+    /// the engine is running it.
+    pub fn block_engine(&self) -> Ticket {
+        let ticket = self
+            .scheduler
+            .submit(vec![question(GATE_MARK, 4, 2)], None)
+            .expect("blocker admitted");
+        let until = Instant::now() + Duration::from_secs(5);
+        while self.scheduler.stats().engines[0].busy_since.is_none() {
+            assert!(Instant::now() < until, "engine never started the blocker");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ticket
+    }
+
+    /// Batches recorded so far, without the blocker's.
+    pub fn batches(&self) -> Vec<Record> {
+        self.log
+            .lock()
+            .iter()
+            .filter(|r| !r.tags().contains(&GATE_MARK))
+            .cloned()
+            .collect()
+    }
+
+    /// Index (among `batches()`) of the batch that ran the question tagged `tag`.
+    pub fn batch_of(&self, tag: u32) -> Option<usize> {
+        self.batches().iter().position(|r| r.tags().contains(&tag))
+    }
+
+    /// How many times the question tagged `tag` was given to an engine.
+    pub fn times_computed(&self, tag: u32) -> usize {
+        self.log
+            .lock()
+            .iter()
+            .flat_map(|r| r.tags())
+            .filter(|&t| t == tag)
+            .count()
+    }
+}
+
+/// Awaits a ticket with a time limit (the test fails if it takes longer); the probabilities.
+pub fn wait(ticket: Ticket, within: Duration) -> Result<Vec<Vec<f32>>, Failure> {
+    wait_answer(ticket, within).map(|a| a.probabilities)
+}
+
+/// Awaits a ticket with a time limit (the test fails if it takes longer).
+pub fn wait_answer(ticket: Ticket, within: Duration) -> Result<Answer, Failure> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async { tokio::time::timeout(within, ticket).await })
+        .expect("ticket resolved in time")
+}
+
+pub const LONG: Duration = Duration::from_secs(10);
