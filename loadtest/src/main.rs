@@ -1,6 +1,18 @@
-//! Placeholder: the load-test harness (issue 3) lives here. It talks to the server over HTTP only.
+//! `instinct-loadtest`: see `loadtest/README.md`.
 
-fn main() {
-    eprintln!("instinct-loadtest is not built yet: see loadtest/README.md");
-    std::process::exit(2);
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = instinct_loadtest::cli::Args::parse();
+    match instinct_loadtest::app::run_and_render(&args).await {
+        Ok(text) => {
+            print!("{text}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("instinct-loadtest: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

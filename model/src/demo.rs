@@ -3,8 +3,8 @@
 //! `instinct serve` works with no download. Its answers are meaningless; it exists to try the API.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! asset {
     ($name:literal) => {
@@ -52,7 +52,11 @@ pub fn materialize(root: &Path) -> std::io::Result<DemoSnapshot> {
         std::fs::create_dir_all(parent)?;
         // Unique per writer (process and call), so concurrent writers never share a temporary file.
         let n = WRITES.fetch_add(1, Ordering::Relaxed);
-        let tmp = parent.join(format!(".{}.{n}.{}.tmp", std::process::id(), file_name(name)));
+        let tmp = parent.join(format!(
+            ".{}.{n}.{}.tmp",
+            std::process::id(),
+            file_name(name)
+        ));
         std::fs::File::create(&tmp)?.write_all(bytes)?;
         std::fs::rename(&tmp, &path)?;
     }
