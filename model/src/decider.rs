@@ -71,6 +71,8 @@ pub struct LoadedText<B: Backend> {
     pub tokenizer: Tokenizer,
     pub chat: ChatTemplate,
     pub decider: Decider<B>,
+    /// Bytes of the weights as loaded (f32 host tensors before upload).
+    pub weights_bytes: u64,
 }
 
 /// Loads a snapshot (and optionally a text adapter merged at load) onto the CPU reference
@@ -93,11 +95,13 @@ pub fn load_text_cpu(
     let chat = ChatTemplate::from_snapshot(model_dir)?;
     let letter_ids = tokenizer.letter_ids(MAX_LETTERS)?;
     let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids)?;
+    let weights_bytes = 4 * weights.element_count() as u64;
     ensure!(limits.max_tokens > 0, "max batch tokens must be positive");
     let model = TextModel::new(CpuBackend::new(), &snapshot.config().text, &weights, limits)?;
     Ok(LoadedText {
         tokenizer,
         chat,
         decider: Decider::new(model, readout),
+        weights_bytes,
     })
 }

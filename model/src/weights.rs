@@ -98,3 +98,37 @@ pub struct TextWeights {
     pub norm: HostTensor,
     pub layers: Vec<LayerWeights>,
 }
+
+impl TextWeights {
+    /// Number of values over all tensors.
+    pub fn element_count(&self) -> usize {
+        let mut n = self.embed_tokens.data.len() + self.norm.data.len();
+        for l in &self.layers {
+            n += l.input_layernorm.data.len() + l.post_attention_layernorm.data.len();
+            n += l.mlp.gate_proj.data.len() + l.mlp.up_proj.data.len() + l.mlp.down_proj.data.len();
+            n += match &l.mixer {
+                MixerWeights::Linear(d) => [
+                    &d.in_proj_qkv,
+                    &d.in_proj_z,
+                    &d.in_proj_b,
+                    &d.in_proj_a,
+                    &d.conv1d,
+                    &d.dt_bias,
+                    &d.a_log,
+                    &d.norm,
+                    &d.out_proj,
+                ]
+                .iter()
+                .map(|t| t.data.len())
+                .sum::<usize>(),
+                MixerWeights::Full(a) => [
+                    &a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &a.q_norm, &a.k_norm,
+                ]
+                .iter()
+                .map(|t| t.data.len())
+                .sum::<usize>(),
+            };
+        }
+        n
+    }
+}

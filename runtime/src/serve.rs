@@ -1,19 +1,21 @@
 //! `instinct serve`: bind, load the model (the built-in demo without `--model`), run a real
 //! warm-up decision, then answer. The socket is bound first so `/livez` and `/readyz` answer
-//! while loading.
+//! while loading. SIGTERM or SIGINT drains: readiness goes to 503, new requests get 503, queued
+//! and running ones finish (up to `--drain-timeout-s`), then the process exits.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prompt::{user_text, Candidate, Screen};
+use instinct_scheduler::{Bucket, Config, Question, Scheduler};
 use tokio::net::TcpListener;
 
 use crate::cli::ServeArgs;
-use crate::engine::{CpuEngine, Engine, PromptInput};
-use crate::server::{self, AppState};
+use crate::engine::{load_cpu, Preparer};
+use crate::server::{self, AppState, Ready, Settings};
 
 /// The identity of Cua-S1's text adapter at its pinned revision, reported for a real snapshot.
 pub const CUA_S1_TEXT_ID: &str =
@@ -50,7 +52,46 @@ fn resolve_source(args: &ServeArgs) -> anyhow::Result<ModelSource> {
     }
 }
 
-/// Runs the server until SIGINT or SIGTERM.
+/// The scheduler configuration the flags describe; refuses inconsistent limits at start-up.
+pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
+    if args.max_batch_tokens < args.max_prompt_tokens {
+        bail!(
+            "--max-batch-tokens ({}) must be at least --max-prompt-tokens ({}): a question that \
+             passes validation must fit in a batch",
+            args.max_batch_tokens,
+            args.max_prompt_tokens
+        );
+    }
+    Ok(Config {
+        max_queue_requests: args.max_queue_requests,
+        max_queue_tokens: args.max_queue_tokens,
+        max_batch_tokens: args.max_batch_tokens,
+        max_batch_seqs: args.max_batch_seqs,
+        buckets: args
+            .buckets
+            .0
+            .iter()
+            .map(|&(t, n)| Bucket::new(t, n))
+            .collect(),
+        max_wait: Duration::from_micros(args.batch_wait_us),
+        ..Config::default()
+    })
+}
+
+/// Server settings from the flags, for the given identity.
+pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
+    Settings {
+        max_body_bytes: args.max_body_bytes,
+        max_prompt_tokens: args.max_prompt_tokens,
+        request_timeout: (args.request_timeout_ms > 0)
+            .then(|| Duration::from_millis(args.request_timeout_ms)),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        engine_stall: Duration::from_secs(args.engine_stall_s),
+        ..Settings::new(args.served_model_name.clone(), model_id)
+    }
+}
+
+/// Runs the server until SIGINT or SIGTERM, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.device != "cpu" {
         bail!(
@@ -58,50 +99,57 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.device
         );
     }
+    let config = scheduler_config(&args)?;
     let source = resolve_source(&args)?;
     if source.demo {
         tracing::warn!(
             "serving the built-in demo model: a tiny Qwen3.5 with random weights; its answers are \
-             meaningless. Serve a real snapshot with --model DIR (and --text-adapter DIR for Cua-S1's \
-             text adapter)."
+             meaningless. Serve a real snapshot with --model DIR (and --text-adapter DIR for \
+             Cua-S1's text adapter)."
         );
     }
     let model_id = args
         .model_id
         .clone()
         .unwrap_or_else(|| if source.demo { DEMO_ID } else { CUA_S1_TEXT_ID }.to_string());
-    let state = Arc::new(AppState::new(
-        args.served_model_name.clone(),
-        model_id,
-        args.max_body_bytes,
-        args.max_prompt_tokens,
-    ));
+    let state = Arc::new(AppState::new(settings(&args, model_id)));
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
+    let mut serving = tokio::spawn(server::serve(listener, state.clone()));
 
-    let loader_state = state.clone();
     let limits = BatchLimits {
-        max_tokens: args.max_prompt_tokens.max(1),
-        max_seqs: 64,
+        max_tokens: args.max_batch_tokens,
+        max_seqs: args.max_batch_seqs,
     };
+    let engines = args.engines;
+    let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();
-        let engine = CpuEngine::load(&source.model_dir, source.text_adapter.as_deref(), limits)?;
-        let loaded = t0.elapsed();
+        let loaded = load_cpu(
+            &source.model_dir,
+            source.text_adapter.as_deref(),
+            limits,
+            engines,
+        )?;
+        metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
+        let scheduler = Scheduler::start(config, loaded.engines)?;
+        let load = t0.elapsed();
         let t1 = Instant::now();
-        warm_up(&engine).context("warm-up decision")?;
+        warm_up(&loaded.preparer, &scheduler).context("warm-up decision")?;
         tracing::info!(
-            load_ms = loaded.as_secs_f64() * 1e3,
+            load_ms = load.as_secs_f64() * 1e3,
             warmup_ms = t1.elapsed().as_secs_f64() * 1e3,
             "model loaded and warmed up; ready"
         );
-        loader_state.set_ready(Arc::new(engine));
+        loader_state.set_ready(Ready {
+            preparer: loaded.preparer,
+            scheduler,
+        });
         Ok(())
     });
 
-    let mut serving = tokio::spawn(server::serve(listener, state));
     tokio::select! {
         r = &mut serving => return r.context("server task failed")?,
         r = loading => match r {
@@ -110,22 +158,38 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Err(e) => bail!("loading task failed: {e}"),
         },
         _ = shutdown_signal() => {
-            tracing::info!("shutting down");
+            tracing::info!("signal received while loading; exiting");
             return Ok(());
         }
     }
     tokio::select! {
-        r = &mut serving => r.context("server task failed")?,
-        _ = shutdown_signal() => {
-            tracing::info!("shutting down");
-            Ok(())
+        r = &mut serving => return r.context("server task failed")?,
+        _ = shutdown_signal() => {}
+    }
+    drain(&state, Duration::from_secs(args.drain_timeout_s)).await;
+    Ok(())
+}
+
+/// Stops admitting, waits for queued and running requests (up to `timeout`), and gives their
+/// answers time to be written.
+pub async fn drain(state: &AppState, timeout: Duration) {
+    tracing::info!("draining: no new requests; finishing queued and running ones");
+    state.start_draining();
+    if let Some(ready) = state.ready() {
+        let drained = ready.scheduler.drained();
+        if tokio::time::timeout(timeout, drained).await.is_err() {
+            tracing::warn!("drain timeout reached; failing what is left");
         }
+        let scheduler_done = ready.scheduler.shutdown(Duration::ZERO);
+        tracing::info!(clean = scheduler_done, "scheduler stopped");
+        // Answers computed just now still have to reach their connections.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// One real decision through every stage (template, tokenizer, forward, readout), so the first
-/// client does not pay for lazy start-up work and readiness means the model answers.
-fn warm_up(engine: &dyn Engine) -> anyhow::Result<()> {
+/// One real decision through every stage (template, tokenizer, scheduler, forward, readout), so
+/// the first client does not pay for lazy start-up work and readiness means the model answers.
+fn warm_up(preparer: &Preparer, scheduler: &Scheduler) -> anyhow::Result<()> {
     let screen = Screen {
         app: "Cua Driver",
         task_family: "closed-candidate decision",
@@ -145,10 +209,13 @@ fn warm_up(engine: &dyn Engine) -> anyhow::Result<()> {
             entity_id: None,
         },
     ];
-    let chat = engine.render(&user_text("Confirm the dialog.", &screen, &candidates))?;
-    let ids = engine.tokenize(&chat)?;
-    let answers = engine.decide(&[PromptInput { ids, n_options: 2 }])?;
-    let p = &answers[0];
+    let chat = preparer.render(&user_text("Confirm the dialog.", &screen, &candidates))?;
+    let ids = preparer.tokenize(&chat)?;
+    let ticket = scheduler
+        .submit(vec![Question { ids, n_options: 2 }], None)
+        .map_err(|r| anyhow::anyhow!("{r}"))?;
+    let answer = ticket.wait_blocking()?;
+    let p = &answer.probabilities[0];
     let sum: f32 = p.iter().sum();
     anyhow::ensure!(
         p.len() == 2 && p.iter().all(|x| x.is_finite()) && (sum - 1.0).abs() < 1e-3,

@@ -1,67 +1,126 @@
-//! The HTTP surface: routing, body limits, request ids, timing headers, and the
-//! `POST /v1/systemone` handler (validate → tokenize → decide → answer).
+//! The HTTP surface: routing, authentication, body limits, request ids, timing headers, metrics,
+//! and the `POST /v1/systemone` handler (validate → render → tokenize → admit → answer).
 
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
+use instinct_model::readout::{confidence, first_argmax};
+use instinct_scheduler::{Failure, Question, RejectReason, Scheduler};
+use metrics::{counter, histogram};
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
 use crate::contract::{self, Request as ValidatedRequest};
-use crate::engine::{Engine, PromptInput};
-use crate::problem::Problem;
-use instinct_model::readout::{confidence as entropy_confidence, first_argmax};
+use crate::engine::Preparer;
+use crate::metrics as m;
+use crate::problem::{Code, Problem};
 
-/// Everything a request handler needs; shared by all connections.
-pub struct AppState {
-    /// Set once the model is loaded and a warm-up decision has run.
-    engine: std::sync::OnceLock<Arc<dyn Engine>>,
+/// Limits and identity of the server, fixed at start-up.
+#[derive(Clone, Debug)]
+pub struct Settings {
     /// Name accepted in the request's `model` field.
     pub served_model_name: String,
     /// Identity reported in answers and `/health`.
     pub model_id: String,
     pub max_body_bytes: usize,
     pub max_prompt_tokens: usize,
+    /// Longest a request may wait in the queue before it is answered 503.
+    pub request_timeout: Option<Duration>,
+    /// Bearer token required on `/v1/systemone` and `/v1/models`, if set.
+    pub api_key: Option<String>,
+    /// An engine thread silent for longer than this makes `/livez` fail.
+    pub engine_stall: Duration,
+}
+
+impl Settings {
+    /// Defaults of the `serve` command, for the given identity.
+    pub fn new(served_model_name: impl Into<String>, model_id: impl Into<String>) -> Self {
+        Self {
+            served_model_name: served_model_name.into(),
+            model_id: model_id.into(),
+            max_body_bytes: contract::MAX_BODY_BYTES,
+            max_prompt_tokens: contract::MAX_PROMPT_TOKENS,
+            request_timeout: None,
+            api_key: None,
+            engine_stall: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What serves once the model is loaded.
+pub struct Ready {
+    pub preparer: Preparer,
+    pub scheduler: Scheduler,
+}
+
+/// Everything a request handler needs; shared by all connections.
+pub struct AppState {
+    pub settings: Settings,
+    /// Set once the model is loaded and a warm-up decision has run.
+    ready: OnceLock<Ready>,
+    draining: AtomicBool,
 }
 
 impl AppState {
-    pub fn new(
-        served_model_name: String,
-        model_id: String,
-        max_body_bytes: usize,
-        max_prompt_tokens: usize,
-    ) -> Self {
+    pub fn new(settings: Settings) -> Self {
+        m::install();
+        metrics::gauge!(m::READY).set(0.0);
         Self {
-            engine: std::sync::OnceLock::new(),
-            served_model_name,
-            model_id,
-            max_body_bytes,
-            max_prompt_tokens,
+            settings,
+            ready: OnceLock::new(),
+            draining: AtomicBool::new(false),
         }
     }
 
-    /// Marks the server ready with its engine. Call after the warm-up decision succeeded.
-    pub fn set_ready(&self, engine: Arc<dyn Engine>) {
-        let _ = self.engine.set(engine);
+    /// Marks the server ready. Call after the warm-up decision succeeded.
+    pub fn set_ready(&self, ready: Ready) {
+        if self.ready.set(ready).is_ok() {
+            metrics::gauge!(m::READY).set(1.0);
+        }
     }
 
-    fn engine(&self) -> Option<&Arc<dyn Engine>> {
-        self.engine.get()
+    /// The loaded model, if any.
+    pub fn ready(&self) -> Option<&Ready> {
+        self.ready.get()
+    }
+
+    /// Stops admitting work: readiness goes to 503 and new requests get 503 `draining`; queued
+    /// and running requests finish.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        metrics::gauge!(m::READY).set(0.0);
+        if let Some(r) = self.ready.get() {
+            r.scheduler.drain();
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 
 type Body = Full<Bytes>;
 
-/// Accepts connections until the process ends.
+/// Accepts connections until the task is dropped.
 pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                // Out of file descriptors and the like: keep serving the connections we have.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
@@ -69,7 +128,10 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> anyhow::Resul
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(state, req).await) }
             });
-            let builder = hyper::server::conn::http1::Builder::new();
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30));
             if let Err(e) = builder.serve_connection(io, service).await {
                 tracing::debug!("connection ended: {e}");
             }
@@ -91,7 +153,9 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let allowed: &[Method] = match path.as_str() {
         "/v1/systemone" => &[Method::POST],
-        "/health" | "/livez" | "/readyz" | "/v1/models" => &[Method::GET, Method::HEAD],
+        "/health" | "/livez" | "/readyz" | "/v1/models" | "/metrics" => {
+            &[Method::GET, Method::HEAD]
+        }
         _ => return problem_response(&Problem::not_found(&path)),
     };
     if !allowed.contains(req.method()) {
@@ -105,40 +169,108 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
             .insert(ALLOW, HeaderValue::from_str(&allow).expect("ascii"));
         return r;
     }
+    let needs_auth = matches!(path.as_str(), "/v1/systemone" | "/v1/models");
+    if needs_auth && !authorized(&state.settings, &req) {
+        let mut r = problem_response(&Problem::unauthorized());
+        r.headers_mut().insert(
+            "www-authenticate",
+            HeaderValue::from_static("Bearer realm=\"instinct\""),
+        );
+        if path == "/v1/systemone" {
+            m::count_request(401, Code::Unauthorized.as_str());
+        }
+        return r;
+    }
     match path.as_str() {
-        "/v1/systemone" => systemone(state, req).await,
+        "/v1/systemone" => {
+            let r = systemone(&state, req).await;
+            let code = problem_code(&r);
+            m::count_request(r.status().as_u16(), code);
+            r
+        }
         "/health" => health(&state),
-        "/livez" => json_response(StatusCode::OK, &json!({"status": "alive"})),
+        "/livez" => livez(&state),
         "/readyz" => readyz(&state),
         "/v1/models" => models(&state),
+        "/metrics" => Response::builder()
+            .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(Bytes::from(m::render())))
+            .expect("valid response"),
         _ => unreachable!("routes above"),
     }
 }
 
-fn health(state: &AppState) -> Response<Body> {
-    match state.engine() {
-        Some(_) => json_response(
-            StatusCode::OK,
-            &json!({"status": "ready", "model": state.model_id}),
-        ),
-        None => json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "loading", "model": state.model_id}),
-        ),
-    }
+/// Bearer-token check in constant time (the token's length is not secret).
+fn authorized<B>(settings: &Settings, req: &Request<B>) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(key) = &settings.api_key else {
+        return true;
+    };
+    let Some(given) = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
-fn readyz(state: &AppState) -> Response<Body> {
-    match state.engine() {
-        Some(_) => json_response(StatusCode::OK, &json!({"status": "ready"})),
-        None => {
-            let mut r = json_response(
+fn health(state: &AppState) -> Response<Body> {
+    let (status, word) = match (state.ready().is_some(), state.is_draining()) {
+        (true, false) => (StatusCode::OK, "ready"),
+        (_, true) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        (false, false) => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
+    };
+    json_response(
+        status,
+        &json!({"status": word, "model": state.settings.model_id}),
+    )
+}
+
+/// Alive unless an engine thread has stopped or stalled.
+fn livez(state: &AppState) -> Response<Body> {
+    if let Some(ready) = state.ready() {
+        let now = Instant::now();
+        let stats = ready.scheduler.stats();
+        let wedged: Vec<usize> = stats
+            .engines
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.is_wedged(now, state.settings.engine_stall))
+            .map(|(i, _)| i)
+            .collect();
+        if !wedged.is_empty() {
+            return json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "loading"}),
+                &json!({"status": "wedged", "engines": wedged}),
             );
-            r.headers_mut()
-                .insert("retry-after", HeaderValue::from_static("1"));
-            r
+        }
+    }
+    json_response(StatusCode::OK, &json!({"status": "alive"}))
+}
+
+/// Ready when loaded, warmed up and not draining; the limits a client should know are listed.
+fn readyz(state: &AppState) -> Response<Body> {
+    let s = &state.settings;
+    let limits = json!({
+        "max_body_bytes": s.max_body_bytes,
+        "max_prompt_tokens": s.max_prompt_tokens,
+        "max_questions": contract::MAX_QUESTIONS,
+        "max_options": contract::MAX_OPTIONS,
+    });
+    match (state.ready(), state.is_draining()) {
+        (Some(_), false) => json_response(
+            StatusCode::OK,
+            &json!({"status": "ready", "limits": limits}),
+        ),
+        (_, draining) => {
+            let word = if draining { "draining" } else { "loading" };
+            with_retry_after(
+                json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": word})),
+                Duration::from_secs(1),
+            )
         }
     }
 }
@@ -149,18 +281,19 @@ fn models(state: &AppState) -> Response<Body> {
         &json!({
             "object": "list",
             "data": [{
-                "id": state.served_model_name,
+                "id": state.settings.served_model_name,
                 "object": "model",
                 "owned_by": "instinct",
-                "root": state.model_id,
-                "ready": state.engine().is_some(),
+                "root": state.settings.model_id,
+                "ready": state.ready().is_some() && !state.is_draining(),
             }]
         }),
     )
 }
 
-async fn systemone(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
+async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
+    let settings = &state.settings;
     if let Some(ct) = req.headers().get(CONTENT_TYPE) {
         if !is_json_content_type(ct) {
             return problem_response(&Problem::unsupported_media_type(
@@ -173,10 +306,10 @@ async fn systemone(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bod
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > state.max_body_bytes as u64) {
+    if declared.is_some_and(|n| n > settings.max_body_bytes as u64) {
         return problem_response(&Problem::body_too_large());
     }
-    let body = match Limited::new(req.into_body(), state.max_body_bytes)
+    let body = match Limited::new(req.into_body(), settings.max_body_bytes)
         .collect()
         .await
     {
@@ -186,19 +319,25 @@ async fn systemone(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bod
         }
         Err(e) => return problem_response(&Problem::unreadable_body(e)),
     };
-    let Some(engine) = state.engine().cloned() else {
-        let mut r = problem_response(&Problem::not_ready());
-        r.headers_mut()
-            .insert("retry-after", HeaderValue::from_static("1"));
-        return r;
-    };
+    if state.is_draining() {
+        return overloaded(
+            Code::Draining,
+            "the server is shutting down",
+            Duration::from_secs(1),
+        );
+    }
+    if state.ready().is_none() {
+        return with_retry_after(
+            problem_response(&Problem::not_ready()),
+            Duration::from_secs(1),
+        );
+    }
+    let received = Instant::now();
 
     // Parsing, rendering and tokenization are CPU work: keep them off the reactor threads.
     let prep_state = state.clone();
-    let prep_engine = engine.clone();
-    let prepared =
-        tokio::task::spawn_blocking(move || prepare(&prep_state, &*prep_engine, &body)).await;
-    let (request, prompts) = match prepared {
+    let prepared = tokio::task::spawn_blocking(move || prepare(&prep_state, &body)).await;
+    let (request, questions) = match prepared {
         Ok(Ok(p)) => p,
         Ok(Err(problem)) => return problem_response(&problem),
         Err(e) => {
@@ -207,35 +346,89 @@ async fn systemone(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bod
         }
     };
     let prepared_at = Instant::now();
+    histogram!(m::PREPARE_SECONDS).record((prepared_at - received).as_secs_f64());
+    let input_tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
+    let n_options: Vec<usize> = questions.iter().map(|q| q.n_options).collect();
 
-    let infer_prompts = prompts.clone();
-    let decided = tokio::task::spawn_blocking(move || engine.decide(&infer_prompts)).await;
-    let probabilities = match decided {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => {
-            tracing::error!("inference failed: {e:#}");
-            return problem_response(&Problem::inference_failed());
+    let ready = state.ready().expect("checked above");
+    let deadline = settings.request_timeout.map(|t| received + t);
+    // Dropping the ticket (the client hung up and hyper dropped this future) cancels the request.
+    let ticket = match ready.scheduler.submit(questions, deadline) {
+        Ok(ticket) => ticket,
+        Err(rejection) => {
+            let retry = rejection.retry_after.unwrap_or(Duration::from_secs(1));
+            return match rejection.reason {
+                RejectReason::QueueFullRequests | RejectReason::QueueFullTokens => overloaded(
+                    Code::Overloaded,
+                    "the queue is full; retry after the time in Retry-After",
+                    retry,
+                ),
+                RejectReason::Draining => {
+                    overloaded(Code::Draining, "the server is shutting down", retry)
+                }
+                RejectReason::TooLarge => problem_response(&Problem::new(
+                    Code::PromptTooLong,
+                    format!(
+                        "the request's {input_tokens} prompt tokens are more than this server can \
+                         queue at once"
+                    ),
+                )),
+                RejectReason::Invalid => {
+                    tracing::error!("scheduler refused a validated request as invalid");
+                    problem_response(&Problem::inference_failed())
+                }
+            };
         }
-        Err(e) => {
-            tracing::error!("inference task failed: {e}");
+    };
+    let answer = match ticket.await {
+        Ok(answer) => answer,
+        Err(Failure::DeadlineExceeded) => {
+            return overloaded(
+                Code::DeadlineExceeded,
+                "the request waited in the queue longer than the server's request timeout",
+                Duration::from_secs(1),
+            )
+        }
+        Err(Failure::ShuttingDown) => {
+            return overloaded(
+                Code::Draining,
+                "the server is shutting down",
+                Duration::from_secs(1),
+            )
+        }
+        Err(Failure::Internal(e)) => {
+            tracing::error!("inference failed: {e}");
             return problem_response(&Problem::inference_failed());
         }
     };
-    let inferred_at = Instant::now();
 
-    let body = match answer_body(&state.model_id, &request, &prompts, &probabilities) {
+    let body = match answer_body(
+        &settings.model_id,
+        &request,
+        &n_options,
+        input_tokens,
+        &answer.probabilities,
+    ) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!("answer rejected: {e:#}");
             return problem_response(&Problem::inference_failed());
         }
     };
+    let done = Instant::now();
+    histogram!(m::REQUEST_DURATION_SECONDS).record((done - received).as_secs_f64());
+    histogram!(m::SCHEDULER_SECONDS).record((done - prepared_at).as_secs_f64());
+    histogram!(m::REQUEST_PROMPT_TOKENS).record(input_tokens as f64);
+    counter!(m::DECISIONS_TOTAL).increment(request.questions.len() as u64);
+    counter!(m::PROMPT_TOKENS_TOTAL).increment(input_tokens as u64);
+
     let mut r = json_response(StatusCode::OK, &body);
     let timing = format!(
-        "prepare;dur={:.3}, infer;dur={:.3}, total;dur={:.3}",
-        ms(prepared_at - started),
-        ms(inferred_at - prepared_at),
-        ms(inferred_at - started)
+        "prepare;dur={:.3}, queue;dur={:.3}, infer;dur={:.3}, total;dur={:.3}",
+        ms(prepared_at - received),
+        ms(answer.queued),
+        ms(answer.infer),
+        ms(done - started)
     );
     r.headers_mut().insert(
         "server-timing",
@@ -244,36 +437,34 @@ async fn systemone(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bod
     r
 }
 
-/// Validates the whole request, then tokenizes every question and checks the prompt limit for all
-/// of them before any model work.
-fn prepare(
-    state: &AppState,
-    engine: &dyn Engine,
-    body: &[u8],
-) -> Result<(ValidatedRequest, Vec<PromptInput>), Problem> {
-    let request = contract::parse_request(body, &state.served_model_name)?;
-    let mut prompts = Vec::with_capacity(request.questions.len());
+/// Validates the whole request, renders and tokenizes every question, and checks the prompt limit
+/// for all of them before any model work.
+fn prepare(state: &AppState, body: &[u8]) -> Result<(ValidatedRequest, Vec<Question>), Problem> {
+    let settings = &state.settings;
+    let preparer = &state.ready().expect("checked before").preparer;
+    let request = contract::parse_request(body, &settings.served_model_name)?;
+    let mut questions = Vec::with_capacity(request.questions.len());
     let mut over = Vec::new();
     for q in &request.questions {
-        let ids = engine
+        let ids = preparer
             .render(&q.user)
-            .and_then(|chat| engine.tokenize(&chat))
+            .and_then(|chat| preparer.tokenize(&chat))
             .map_err(|e| {
                 tracing::error!("prompt preparation failed: {e:#}");
                 Problem::inference_failed()
             })?;
-        if ids.len() > state.max_prompt_tokens {
+        if ids.len() > settings.max_prompt_tokens {
             over.push((q.name.as_str(), ids.len()));
         }
-        prompts.push(PromptInput {
+        questions.push(Question {
             ids,
             n_options: q.option_keys.len(),
         });
     }
-    if let Some(problem) = Problem::prompts_too_long(&over, state.max_prompt_tokens) {
+    if let Some(problem) = Problem::prompts_too_long(&over, settings.max_prompt_tokens) {
         return Err(problem);
     }
-    Ok((request, prompts))
+    Ok((request, questions))
 }
 
 /// Builds the upstream-shaped answer: per question, in request order, the choice (first argmax),
@@ -281,7 +472,8 @@ fn prepare(
 fn answer_body(
     model_id: &str,
     request: &ValidatedRequest,
-    prompts: &[PromptInput],
+    n_options: &[usize],
+    input_tokens: usize,
     probabilities: &[Vec<f32>],
 ) -> anyhow::Result<Value> {
     anyhow::ensure!(
@@ -291,9 +483,9 @@ fn answer_body(
         request.questions.len()
     );
     let mut answers = Map::new();
-    for (q, p) in request.questions.iter().zip(probabilities) {
+    for ((q, p), &n) in request.questions.iter().zip(probabilities).zip(n_options) {
         anyhow::ensure!(
-            p.len() == q.option_keys.len(),
+            p.len() == n && n == q.option_keys.len(),
             "question {:?}: {} probabilities for {} options",
             q.name,
             p.len(),
@@ -304,24 +496,45 @@ fn answer_body(
             "question {:?}: probabilities not finite or outside [0, 1]",
             q.name
         );
-        let choice = first_argmax(p);
         let mut probs = Map::new();
         for (key, &pk) in q.option_keys.iter().zip(p) {
             probs.insert(key.clone(), json!(f64::from(pk)));
         }
         let mut answer = Map::new();
         answer.insert("type".into(), json!("choice"));
-        answer.insert("choice".into(), json!(q.option_keys[choice]));
+        answer.insert("choice".into(), json!(q.option_keys[first_argmax(p)]));
         answer.insert("probabilities".into(), Value::Object(probs));
-        answer.insert("confidence".into(), json!(entropy_confidence(p)));
+        answer.insert("confidence".into(), json!(confidence(p)));
         answers.insert(q.name.clone(), Value::Object(answer));
     }
-    let input_tokens: usize = prompts.iter().map(|p| p.ids.len()).sum();
     Ok(json!({
         "model": model_id,
         "answers": answers,
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
     }))
+}
+
+fn overloaded(code: Code, detail: &str, retry_after: Duration) -> Response<Body> {
+    with_retry_after(problem_response(&Problem::new(code, detail)), retry_after)
+}
+
+/// Adds `Retry-After` in whole seconds, rounded up, at least 1.
+fn with_retry_after(mut r: Response<Body>, after: Duration) -> Response<Body> {
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    r.headers_mut()
+        .insert("retry-after", HeaderValue::from(secs.max(1)));
+    r
+}
+
+/// The problem `code` of an error response (read back for the request counter), `ok` for 2xx.
+fn problem_code(r: &Response<Body>) -> &'static str {
+    if r.status().is_success() {
+        return "ok";
+    }
+    r.extensions()
+        .get::<Code>()
+        .map(|c| c.as_str())
+        .unwrap_or("unknown")
 }
 
 fn is_json_content_type(v: &HeaderValue) -> bool {
@@ -345,7 +558,7 @@ fn request_id<B>(req: &Request<B>) -> String {
 }
 
 fn new_request_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -359,7 +572,7 @@ fn new_request_id() -> String {
     )
 }
 
-fn ms(d: std::time::Duration) -> f64 {
+fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -372,14 +585,15 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
         .expect("valid response")
 }
 
-/// An RFC 9457 problem response.
+/// An RFC 9457 problem response; its code rides along as an extension for the request counter.
 pub fn problem_response(problem: &Problem) -> Response<Body> {
-    let bytes = problem.to_json();
-    Response::builder()
+    let mut r = Response::builder()
         .status(problem.status)
         .header(CONTENT_TYPE, crate::problem::CONTENT_TYPE)
-        .body(Full::new(Bytes::from(bytes)))
-        .expect("valid response")
+        .body(Full::new(Bytes::from(problem.to_json())))
+        .expect("valid response");
+    r.extensions_mut().insert(problem.code);
+    r
 }
 
 #[cfg(test)]
@@ -405,5 +619,40 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn bearer_tokens_are_checked() {
+        let mut s = Settings::new("m", "id");
+        let req = |auth: Option<&str>| {
+            let mut b = Request::builder();
+            if let Some(a) = auth {
+                b = b.header(AUTHORIZATION, a);
+            }
+            b.body(()).unwrap()
+        };
+        assert!(authorized(&s, &req(None)), "no key configured: open");
+        s.api_key = Some("secret".into());
+        assert!(authorized(&s, &req(Some("Bearer secret"))));
+        assert!(!authorized(&s, &req(Some("Bearer secreT"))));
+        assert!(!authorized(&s, &req(Some("Bearer secret2"))));
+        assert!(!authorized(&s, &req(Some("secret"))));
+        assert!(!authorized(&s, &req(None)));
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let r = |d| {
+            with_retry_after(json_response(StatusCode::OK, &json!({})), d)
+                .headers()
+                .get("retry-after")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(r(Duration::from_millis(10)), "1");
+        assert_eq!(r(Duration::from_millis(1500)), "2");
+        assert_eq!(r(Duration::from_secs(7)), "7");
     }
 }

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use instinct::engine::{CpuEngine, Engine};
-use instinct::server::{self, AppState};
+use instinct::engine::load_cpu;
+use instinct::server::{self, AppState, Ready, Settings};
 use instinct_model::forward::BatchLimits;
+use instinct_scheduler::{Config, Scheduler};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -13,26 +14,29 @@ use tokio::net::{TcpListener, TcpStream};
 const SERVED: &str = "cua-s1-4b-0.2";
 const MODEL_ID: &str = "instinct/demo-tiny-qwen3.5:text";
 
-fn demo_engine() -> Arc<dyn Engine> {
+fn demo_ready() -> Ready {
     let root = std::env::temp_dir().join(format!("instinct-http-test-{}", std::process::id()));
     let demo = instinct_model::demo::materialize(&root).unwrap();
     let limits = BatchLimits {
-        max_tokens: 4096,
+        max_tokens: 16_384,
         max_seqs: 16,
     };
-    Arc::new(CpuEngine::load(&demo.model_dir, Some(&demo.text_adapter_dir), limits).unwrap())
+    let loaded = load_cpu(&demo.model_dir, Some(&demo.text_adapter_dir), limits, 1).unwrap();
+    let config = Config {
+        max_batch_seqs: 16,
+        ..Config::default()
+    };
+    Ready {
+        preparer: loaded.preparer,
+        scheduler: Scheduler::start(config, loaded.engines).unwrap(),
+    }
 }
 
-/// Starts a server; `ready` decides whether the engine is installed (ready) or not (loading).
+/// Starts a server; `ready` decides whether the model is installed (ready) or not (loading).
 async fn start(ready: bool) -> std::net::SocketAddr {
-    let state = Arc::new(AppState::new(
-        SERVED.into(),
-        MODEL_ID.into(),
-        4 << 20,
-        16_384,
-    ));
+    let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
     if ready {
-        state.set_ready(demo_engine());
+        state.set_ready(demo_ready());
     }
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -1,0 +1,143 @@
+//! `/metrics`: the Prometheus text exposition of everything recorded through the `metrics`
+//! facade (the scheduler's queue and batch metrics, and the HTTP-level ones named here).
+//! Histograms use explicit buckets, so they aggregate across replicas with
+//! `histogram_quantile(0.99, sum by (le) (rate(..._bucket[1m])))`.
+
+use std::sync::OnceLock;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use instinct_scheduler::telemetry;
+
+/// Histogram, per request: from the first byte of the body to the answer.
+pub const REQUEST_DURATION_SECONDS: &str = "instinct_request_duration_seconds";
+/// Histogram, per request: validation, prompt rendering and tokenization.
+pub const PREPARE_SECONDS: &str = "instinct_prepare_seconds";
+/// Histogram, per request: from admission to the last answer of its questions (queue + infer).
+pub const SCHEDULER_SECONDS: &str = "instinct_request_scheduler_seconds";
+/// Counter, label `status` (HTTP status code) and `code` (problem code, `ok` for 200).
+pub const REQUESTS_TOTAL: &str = "instinct_requests_total";
+/// Counter: questions answered.
+pub const DECISIONS_TOTAL: &str = "instinct_decisions_total";
+/// Counter: prompt tokens of answered requests.
+pub const PROMPT_TOKENS_TOTAL: &str = "instinct_prompt_tokens_total";
+/// Histogram, per request: prompt tokens.
+pub const REQUEST_PROMPT_TOKENS: &str = "instinct_request_prompt_tokens";
+/// Gauge: resident memory of the process.
+pub const PROCESS_RESIDENT_BYTES: &str = "instinct_process_resident_memory_bytes";
+/// Gauge: bytes of model weights held by the engine (host memory on the CPU backend).
+pub const WEIGHTS_BYTES: &str = "instinct_model_weights_bytes";
+/// Gauge: 1 once the model is loaded and warmed up, 0 before and while draining.
+pub const READY: &str = "instinct_ready";
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder (once per process) and returns its handle.
+pub fn install() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let latency = [
+            REQUEST_DURATION_SECONDS,
+            PREPARE_SECONDS,
+            SCHEDULER_SECONDS,
+            telemetry::QUEUE_WAIT_SECONDS,
+            telemetry::INFER_SECONDS,
+        ];
+        let mut builder = PrometheusBuilder::new();
+        for name in latency {
+            builder = builder
+                .set_buckets_for_metric(
+                    Matcher::Full(name.into()),
+                    telemetry::LATENCY_BUCKETS_SECONDS,
+                )
+                .expect("non-empty buckets");
+        }
+        for name in [
+            telemetry::BATCH_SEQUENCES,
+            telemetry::BATCH_TOKENS,
+            REQUEST_PROMPT_TOKENS,
+        ] {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(name.into()), telemetry::SIZE_BUCKETS)
+                .expect("non-empty buckets");
+        }
+        builder = builder
+            .set_buckets_for_metric(
+                Matcher::Full(telemetry::BATCH_FILL_RATIO.into()),
+                telemetry::RATIO_BUCKETS,
+            )
+            .expect("non-empty buckets");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed (e.g. by a test harness); then ours still
+        // renders, just without the facade's global events.
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("a metrics recorder was already installed; /metrics may be incomplete");
+        }
+        telemetry::describe();
+        describe();
+        handle.clone()
+    })
+}
+
+fn describe() {
+    describe_histogram!(
+        REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "Per request: body received to answer sent"
+    );
+    describe_histogram!(
+        PREPARE_SECONDS,
+        Unit::Seconds,
+        "Per request: validation, prompt rendering and tokenization"
+    );
+    describe_histogram!(
+        SCHEDULER_SECONDS,
+        Unit::Seconds,
+        "Per request: admission to its last answer (queue + infer)"
+    );
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "Requests to /v1/systemone by status and code"
+    );
+    describe_counter!(DECISIONS_TOTAL, "Questions answered");
+    describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens of answered requests");
+    describe_histogram!(
+        REQUEST_PROMPT_TOKENS,
+        Unit::Count,
+        "Prompt tokens per request"
+    );
+    describe_gauge!(
+        PROCESS_RESIDENT_BYTES,
+        Unit::Bytes,
+        "Resident memory of the process"
+    );
+    describe_gauge!(
+        WEIGHTS_BYTES,
+        Unit::Bytes,
+        "Model weights held by the engine"
+    );
+    describe_gauge!(READY, "1 when ready to serve, 0 while loading or draining");
+}
+
+/// Counts one finished `/v1/systemone` request.
+pub fn count_request(status: u16, code: &str) {
+    counter!(REQUESTS_TOTAL, "status" => status.to_string(), "code" => code.to_string())
+        .increment(1);
+}
+
+/// The text exposition, with the gauges that are read at scrape time refreshed first.
+pub fn render() -> String {
+    let handle = install();
+    if let Some(bytes) = resident_bytes() {
+        gauge!(PROCESS_RESIDENT_BYTES).set(bytes as f64);
+    }
+    handle.render()
+}
+
+/// Resident set size from `/proc/self/statm` (Linux); `None` elsewhere.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
