@@ -1,0 +1,124 @@
+//! Shared by the HTTP tests: a demo-model server on a loopback port and a hand-parsed HTTP/1.1
+//! client, so tests see exactly what goes over the wire.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use instinct::engine::load_cpu;
+use instinct::server::{self, AppState, Ready, Settings};
+use instinct_model::forward::BatchLimits;
+use instinct_scheduler::{Config, Scheduler};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub const SERVED: &str = "cua-s1-4b-0.2";
+pub const MODEL_ID: &str = "instinct/demo-tiny-qwen3.5:text";
+
+pub fn demo_ready() -> Ready {
+    demo_ready_with(Config {
+        max_batch_seqs: 16,
+        ..Config::default()
+    })
+}
+
+/// The demo model behind a scheduler configured as given.
+pub fn demo_ready_with(config: Config) -> Ready {
+    let root = std::env::temp_dir().join(format!("instinct-http-test-{}", std::process::id()));
+    let demo = instinct_model::demo::materialize(&root).unwrap();
+    let limits = BatchLimits {
+        max_tokens: config.max_batch_tokens,
+        max_seqs: config.max_batch_seqs,
+    };
+    let loaded = load_cpu(&demo.model_dir, Some(&demo.text_adapter_dir), limits, 1).unwrap();
+    Ready {
+        preparer: loaded.preparer,
+        scheduler: Scheduler::start(config, loaded.engines).unwrap(),
+    }
+}
+
+/// Starts a server; `ready` decides whether the model is installed (ready) or not (loading).
+pub async fn start(ready: bool) -> std::net::SocketAddr {
+    let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
+    if ready {
+        state.set_ready(demo_ready());
+    }
+    serve_state(state).await
+}
+
+/// Serves `state` on a fresh loopback port.
+pub async fn serve_state(state: Arc<AppState>) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(server::serve(listener, state));
+    addr
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// One HTTP/1.1 exchange on a fresh connection (`Connection: close`), parsed by hand so the test
+/// sees exactly what went over the wire.
+pub async fn exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> Reply {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request_head = format!(
+        "{head}\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(request_head.as_bytes()).await.unwrap();
+    // The server may answer (413) and close before reading a body it refused: a failed write of
+    // the body is expected then, and the answer is still there to read.
+    let _ = stream.write_all(body).await;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("header end");
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .map(|l| {
+            let (k, v) = l.split_once(':').unwrap();
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+pub async fn post(addr: std::net::SocketAddr, body: &str) -> Reply {
+    exchange(
+        addr,
+        "POST /v1/systemone HTTP/1.1\r\nContent-Type: application/json",
+        body.as_bytes(),
+    )
+    .await
+}
