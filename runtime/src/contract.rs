@@ -257,6 +257,13 @@ fn check_state(state: Option<&Value>, format: PromptFormat) -> Result<State<'_>,
             "'state' must not be empty",
         ));
     }
+    if is_screenshot_state(state) {
+        return Err(Problem::new(
+            Code::UnsupportedModality,
+            "screenshot state ({\"image\": data URL}) is not served by this build yet: it answers \
+             accessibility-tree state only",
+        ));
+    }
     match format {
         PromptFormat::System1Omni => prompt::field_text(state)
             .map(State::Omni)
@@ -264,6 +271,18 @@ fn check_state(state: Option<&Value>, format: PromptFormat) -> Result<State<'_>,
         PromptFormat::CuaS1Native => check_native_state(state)
             .map(State::Native)
             .map_err(|detail| Problem::new(Code::InvalidState, detail)),
+    }
+}
+
+/// System1-Omni's screenshot state: `{"image": "data:..."}`. A text worker would serialize it
+/// into the prompt; refusing it clearly is kinder than answering over base64 text.
+fn is_screenshot_state(state: &Value) -> bool {
+    match state {
+        Value::Object(object) => {
+            object.len() == 1
+                && matches!(object.get("image"), Some(Value::String(url)) if url.starts_with("data:"))
+        }
+        _ => false,
     }
 }
 

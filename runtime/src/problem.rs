@@ -54,6 +54,8 @@ pub enum Code {
     InvalidOption,
     /// 500: the model failed (no internal detail is given out).
     InferenceFailed,
+    /// 422: a kind of input this build does not serve (screenshot state).
+    UnsupportedModality,
     /// 404: no such route.
     NotFound,
     /// 405: the route exists but not for this method.
@@ -92,6 +94,7 @@ impl Code {
             Code::InvalidCriteria => "invalid_criteria",
             Code::InvalidOption => "invalid_option",
             Code::InferenceFailed => "inference_failed",
+            Code::UnsupportedModality => "unsupported_modality",
             Code::NotFound => "not_found",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::UnsupportedMediaType => "unsupported_media_type",
@@ -136,6 +139,7 @@ impl Code {
             Code::InvalidCriteria => "Invalid criteria",
             Code::InvalidOption => "Invalid option",
             Code::InferenceFailed => "Inference failed",
+            Code::UnsupportedModality => "Unsupported modality",
             Code::NotFound => "Not found",
             Code::MethodNotAllowed => "Method not allowed",
             Code::UnsupportedMediaType => "Unsupported media type",

@@ -114,6 +114,7 @@ fn cases() -> Vec<Case> {
         case("empty array state", body_with("[]", &questions(1)), 422, Code::InvalidState, "'state' must not be empty"),
         case("null state", body_with("null", &questions(1)), 422, Code::InvalidState, not_text_state),
         case("number state", body_with("3", &questions(1)), 422, Code::InvalidState, not_text_state),
+        case("screenshot state", body_with(r#"{"image": "data:image/png;base64,iVBORw0KGgo="}"#, &questions(1)), 422, Code::UnsupportedModality, "screenshot state ({\"image\": data URL}) is not served by this build yet: it answers accessibility-tree state only"),
         case("bool state", body_with("true", &questions(1)), 422, Code::InvalidState, not_text_state),
         case("missing state", format!(r#"{{"questions": {}}}"#, questions(1)), 422, Code::InvalidState, not_text_state),
         case("missing questions", r#"{"state": "S"}"#, 422, Code::InvalidQuestions, questions_shape),
