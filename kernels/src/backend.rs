@@ -363,3 +363,70 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 }
+
+/// Which GELU: the tanh approximation (`gelu_pytorch_tanh`, vision block MLPs) or the exact erf
+/// form (`nn.GELU()`, the vision merger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    Tanh,
+    Erf,
+}
+
+/// The extra ops of the Qwen3.5 vision tower (a ViT), on top of [`Backend`]. A separate trait so
+/// a backend can serve text before it has them.
+#[allow(clippy::too_many_arguments)]
+pub trait VisionBackend: Backend {
+    /// LayerNorm with weight and bias per row of `dim`: `out = (x − mean) / sqrt(var + eps) · w + b`
+    /// (biased variance).
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        weight: &Self::Buf,
+        bias: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `x[t] += bias` for every row `t < rows` of `dim`.
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf,
+        bias: &Self::Buf,
+        rows: usize,
+        dim: usize,
+    ) -> KernelResult<()>;
+
+    /// `x[i] += delta[i]` for `i < len`.
+    fn add_in_place(&self, x: &mut Self::Buf, delta: &Self::Buf, len: usize) -> KernelResult<()>;
+
+    /// GELU in place over the first `len` values.
+    fn gelu(&self, x: &mut Self::Buf, len: usize, kind: Gelu) -> KernelResult<()>;
+
+    /// 2-D axial rotary embedding in place on every head, rotating the whole head (`head_dim`
+    /// divisible by 4). `positions` is `[rows, 2]` (patch row, patch column). With `D = head_dim`,
+    /// `inv_freq_i = theta^(−2i/(D/2))` for `i < D/4`; the angles are `[row·inv_freq, col·inv_freq]`
+    /// (`D/2` values) and pair `(d, d + D/2)` rotates by angle `d`.
+    fn rope_axial(
+        &self,
+        x: &mut Self::Buf,
+        layout: HeadLayout,
+        positions: &Self::Idx,
+        rows: usize,
+        theta: f32,
+    ) -> KernelResult<()>;
+
+    /// Full (bidirectional) multi-head attention within each segment of `batch`. `qkv` rows are
+    /// `[q: heads·head_dim][k: heads·head_dim][v: heads·head_dim]`; `out` rows are
+    /// `[heads·head_dim]`. Scores are scaled by `scale`.
+    fn attention_bidirectional(
+        &self,
+        qkv: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+}

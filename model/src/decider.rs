@@ -4,20 +4,46 @@
 use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
+use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::{Backend, CpuBackend};
 
 use crate::chat::ChatTemplate;
 use crate::checkpoint::Snapshot;
-use crate::forward::{BatchLimits, SequenceInput, TextModel};
+use crate::forward::{BatchLimits, EmbeddingOverride, SequenceInput, TextModel};
 use crate::lora::LoraAdapter;
 use crate::readout::LetterReadout;
 use crate::tokenizer::{Tokenizer, MAX_LETTERS};
+use crate::vision::{VisionConfig, VisionTower, VisionWeights};
 
 /// One question for the model: its prompt ids and how many letters it offers.
 #[derive(Clone, Copy, Debug)]
 pub struct Prompt<'a> {
     pub ids: &'a [u32],
     pub n_options: usize,
+    /// For a screenshot question: the image features and the 3-D positions.
+    pub image: Option<&'a ImagePrompt>,
+}
+
+impl<'a> Prompt<'a> {
+    /// A text question.
+    pub fn text(ids: &'a [u32], n_options: usize) -> Self {
+        Self {
+            ids,
+            n_options,
+            image: None,
+        }
+    }
+}
+
+/// What a screenshot question adds to its ids: the encoded image, placed at the positions that
+/// hold `image_token_id` (in order), and the M-RoPE positions of every token.
+#[derive(Debug)]
+pub struct ImagePrompt {
+    pub image_token_id: u32,
+    /// `[image tokens, hidden]`, shared by every question about the same image.
+    pub features: std::sync::Arc<Vec<f32>>,
+    /// One `[t, h, w]` per token of the prompt.
+    pub positions: Vec<[u32; 3]>,
 }
 
 /// The forward pass and the readout of one device.
@@ -54,9 +80,25 @@ impl<B: Backend> Decider<B> {
                 end += 1;
             }
             let batch = &prompts[start..end];
-            let inputs: Vec<SequenceInput> =
-                batch.iter().map(|p| SequenceInput::text(p.ids)).collect();
-            let hidden = self.model.forward_last(&inputs)?;
+            let inputs: Vec<SequenceInput> = batch
+                .iter()
+                .map(|p| SequenceInput {
+                    token_ids: p.ids,
+                    positions: p.image.map(|i| i.positions.as_slice()),
+                })
+                .collect();
+            let overrides: Vec<Option<EmbeddingOverride>> = batch
+                .iter()
+                .map(|p| {
+                    p.image.map(|i| EmbeddingOverride {
+                        token_id: i.image_token_id,
+                        rows: i.features.as_slice(),
+                    })
+                })
+                .collect();
+            let hidden = self
+                .model
+                .forward_last_with_embeddings(&inputs, &overrides)?;
             for (prompt, h) in batch.iter().zip(&hidden) {
                 answers.push(self.readout.probabilities(h, prompt.n_options)?);
             }
@@ -103,5 +145,55 @@ pub fn load_text_cpu(
         chat,
         decider: Decider::new(model, readout),
         weights_bytes,
+    })
+}
+
+/// The screenshot path loaded from a snapshot: the language model with the multimodal adapter's
+/// language modules merged, and the vision tower with its vision modules merged.
+pub struct LoadedMultimodal<B: VisionBackend> {
+    pub decider: Decider<B>,
+    pub vision: VisionTower<B>,
+    /// Id of `<|image_pad|>` in the prompt (from the config).
+    pub image_token_id: u32,
+}
+
+/// Loads the screenshot path onto the CPU reference backend. Every key of the adapter must land
+/// on a language or a vision weight.
+pub fn load_multimodal_cpu(
+    model_dir: &Path,
+    adapter_dir: &Path,
+    limits: BatchLimits,
+) -> Result<LoadedMultimodal<CpuBackend>> {
+    let snapshot = Snapshot::open(model_dir)
+        .with_context(|| format!("opening snapshot {}", model_dir.display()))?;
+    let config = snapshot.config();
+    let vision_json = config
+        .vision
+        .as_ref()
+        .context("the snapshot has no vision_config: it cannot answer screenshot questions")?;
+    let image_token_id = config
+        .image_token_id
+        .context("config.json has no image_token_id")?;
+    let vision_config = VisionConfig::from_json(vision_json)?;
+    let mut weights = snapshot.load_text_weights()?;
+    let adapter = LoraAdapter::open(adapter_dir)
+        .with_context(|| format!("opening adapter {}", adapter_dir.display()))?;
+    let report = adapter.merge_into_text(&mut weights)?;
+    let mut vision_weights = VisionWeights::load(&snapshot, &vision_config)?;
+    let merged_vision = vision_weights.merge_lora(&report.vision)?;
+    tracing::info!(
+        language = report.merged.len(),
+        vision = merged_vision,
+        "multimodal adapter merged"
+    );
+    let tokenizer = Tokenizer::from_snapshot(model_dir)?;
+    let readout =
+        LetterReadout::from_embedding(&weights.embed_tokens, tokenizer.letter_ids(MAX_LETTERS)?)?;
+    let model = TextModel::new(CpuBackend::new(), &config.text, &weights, limits)?;
+    let vision = VisionTower::new(CpuBackend::new(), &vision_config, &vision_weights)?;
+    Ok(LoadedMultimodal {
+        decider: Decider::new(model, readout),
+        vision,
+        image_token_id,
     })
 }

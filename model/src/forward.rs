@@ -44,6 +44,15 @@ impl<'a> SequenceInput<'a> {
     }
 }
 
+/// Embedding rows that replace the token embeddings of one sequence: the i-th position holding
+/// `token_id` gets row i of `rows` (`[count, hidden]`); used to place image features at the image
+/// tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct EmbeddingOverride<'a> {
+    pub token_id: u32,
+    pub rows: &'a [f32],
+}
+
 /// L2-norm epsilon of the DeltaNet q/k (fixed in transformers, not `rms_norm_eps`).
 const L2_NORM_EPS: f32 = 1e-6;
 
@@ -430,7 +439,29 @@ impl<B: Backend> TextModel<B> {
     /// Errors: an empty batch or sequence, a batch over the limits, a token id out of the
     /// vocabulary, positions of the wrong length.
     pub fn forward_last(&mut self, seqs: &[SequenceInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.forward_last_with_embeddings(seqs, &[])
+    }
+
+    /// As [`Self::forward_last`], with some token embeddings replaced: `overrides[s]` (if present)
+    /// applies to sequence `s`; `overrides` may be shorter than `seqs`. Errors if the number of
+    /// positions holding the token differs from the number of rows given.
+    pub fn forward_last_with_embeddings(
+        &mut self,
+        seqs: &[SequenceInput<'_>],
+        overrides: &[Option<EmbeddingOverride<'_>>],
+    ) -> Result<Vec<Vec<f32>>> {
+        ensure!(
+            overrides.len() <= seqs.len(),
+            "{} embedding overrides for {} sequences",
+            overrides.len(),
+            seqs.len()
+        );
         let (n, rows) = self.stage_inputs(seqs)?;
+        // With overrides, `residual` already holds the (edited) input embeddings.
+        let embedded = overrides.iter().any(Option::is_some);
+        if embedded {
+            self.apply_overrides(seqs, overrides, rows)?;
+        }
         let Self {
             backend: be,
             dims: d,
@@ -443,8 +474,10 @@ impl<B: Backend> TextModel<B> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let h = d.hidden;
 
-        be.embedding(embed, d.vocab, &ws.ids, rows, h, &mut ws.residual)
-            .map_err(e)?;
+        if !embedded {
+            be.embedding(embed, d.vocab, &ws.ids, rows, h, &mut ws.residual)
+                .map_err(e)?;
+        }
         be.rms_norm(
             &ws.residual,
             &layers[0].input_norm,
@@ -505,6 +538,56 @@ impl<B: Backend> TextModel<B> {
             .map_err(e)?;
         let flat = be.read(&ws.last, n * h).map_err(e)?;
         Ok(flat.chunks_exact(h).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Embeds the staged batch into `residual` and replaces the overridden rows (through the
+    /// host: a reference path for the vision-language prompt, not a serving one).
+    fn apply_overrides(
+        &mut self,
+        seqs: &[SequenceInput<'_>],
+        overrides: &[Option<EmbeddingOverride<'_>>],
+        rows: usize,
+    ) -> Result<()> {
+        let h = self.dims.hidden;
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let ws = &mut self.ws;
+        be.embedding(
+            &self.embed,
+            self.dims.vocab,
+            &ws.ids,
+            rows,
+            h,
+            &mut ws.residual,
+        )
+        .map_err(e)?;
+        let mut host = be.read(&ws.residual, rows * h).map_err(e)?;
+        let mut start = 0;
+        for (s, seq) in seqs.iter().enumerate() {
+            if let Some(Some(o)) = overrides.get(s) {
+                let slots: Vec<usize> = seq
+                    .token_ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &t)| t == o.token_id)
+                    .map(|(i, _)| start + i)
+                    .collect();
+                ensure!(
+                    o.rows.len() == slots.len() * h,
+                    "sequence {s}: {} positions hold token {}, but {} values ({} rows of {h}) were given",
+                    slots.len(),
+                    o.token_id,
+                    o.rows.len(),
+                    o.rows.len() as f64 / h as f64
+                );
+                for (slot, row) in slots.into_iter().zip(o.rows.chunks_exact(h)) {
+                    host[slot * h..(slot + 1) * h].copy_from_slice(row);
+                }
+            }
+            start += seq.token_ids.len();
+        }
+        be.write(&mut ws.residual, &host).map_err(e)?;
+        Ok(())
     }
 
     /// Validates the batch and writes ids, positions and `cu_seqlens` to the backend. Returns

@@ -67,6 +67,30 @@ pub fn field_text(value: &Value) -> Option<Cow<'_, str>> {
 /// `goal` is empty. At most [`LETTERS`]`.len()` candidates are lettered; callers validate the
 /// count first.
 pub fn user_text(goal: &str, screen: &Screen<'_>, candidates: &[Candidate<'_>]) -> String {
+    layout(goal, screen, None, candidates)
+}
+
+/// The user message of a screenshot question: the training layout with the accessibility-tree
+/// block replaced by `The current screenshot is attached.` (the image itself goes before the
+/// text, placed by the chat template). `screen.accessibility_tree` is not used.
+pub fn screenshot_user_text(
+    goal: &str,
+    screen: &Screen<'_>,
+    candidates: &[Candidate<'_>],
+) -> String {
+    layout(goal, screen, Some(SCREENSHOT_LINE), candidates)
+}
+
+/// What a screenshot prompt says instead of the tree.
+pub const SCREENSHOT_LINE: &str = "The current screenshot is attached.";
+
+/// The one formatter of both modalities: `observation` replaces the tree block when given.
+fn layout(
+    goal: &str,
+    screen: &Screen<'_>,
+    observation: Option<&str>,
+    candidates: &[Candidate<'_>],
+) -> String {
     let mut text = String::with_capacity(
         goal.len() + screen.accessibility_tree.len() + 64 * candidates.len() + 128,
     );
@@ -79,8 +103,16 @@ pub fn user_text(goal: &str, screen: &Screen<'_>, candidates: &[Candidate<'_>]) 
     text.push_str(screen.app);
     text.push_str("\nTask family: ");
     text.push_str(screen.task_family);
-    text.push_str("\n\nAccessibility tree:\n");
-    text.push_str(screen.accessibility_tree);
+    match observation {
+        None => {
+            text.push_str("\n\nAccessibility tree:\n");
+            text.push_str(screen.accessibility_tree);
+        }
+        Some(line) => {
+            text.push_str("\n\n");
+            text.push_str(line);
+        }
+    }
     text.push_str("\n\nOptions:");
     for (letter, candidate) in LETTERS.iter().zip(candidates) {
         text.push('\n');
@@ -118,6 +150,16 @@ pub fn omni_label(label: &str) -> String {
 /// System1-Omni's user message for one question: `state` is the accessibility-tree text, `goal`
 /// the instructions text (empty for none), `labels` the option labels before escaping.
 pub fn omni_user_text<S: AsRef<str>>(goal: &str, state: &str, labels: &[S]) -> String {
+    omni_layout(goal, Some(state), labels)
+}
+
+/// System1-Omni's user message for a screenshot question (the image goes before it).
+pub fn omni_screenshot_user_text<S: AsRef<str>>(goal: &str, labels: &[S]) -> String {
+    omni_layout(goal, None, labels)
+}
+
+/// System1-Omni's fixed app, family, role and action; `tree` is `None` for a screenshot.
+fn omni_layout<S: AsRef<str>>(goal: &str, tree: Option<&str>, labels: &[S]) -> String {
     let escaped: Vec<String> = labels.iter().map(|l| omni_label(l.as_ref())).collect();
     let candidates: Vec<Candidate<'_>> = escaped
         .iter()
@@ -131,9 +173,12 @@ pub fn omni_user_text<S: AsRef<str>>(goal: &str, state: &str, labels: &[S]) -> S
     let screen = Screen {
         app: OMNI_APP,
         task_family: OMNI_TASK_FAMILY,
-        accessibility_tree: state,
+        accessibility_tree: tree.unwrap_or(""),
     };
-    user_text(goal, &screen, &candidates)
+    match tree {
+        Some(_) => user_text(goal, &screen, &candidates),
+        None => screenshot_user_text(goal, &screen, &candidates),
+    }
 }
 
 /// System1-Omni's full chat string for one question, with the built-in template.

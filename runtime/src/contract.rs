@@ -23,6 +23,7 @@ use instinct_model::prompt::{self, Candidate, Screen};
 use instinct_model::pyjson::{self, Object, Value};
 
 use crate::problem::{question_place, Code, InvalidQuestion, Problem};
+use crate::screenshot::{self, is_screenshot_state, Screenshot};
 
 /// Most questions per request (more is a 413).
 pub const MAX_QUESTIONS: usize = 64;
@@ -93,11 +94,22 @@ pub struct Request {
     pub prompt_format: PromptFormat,
     /// In request order.
     pub questions: Vec<Question>,
+    /// The screenshot of a screenshot request (its questions' user messages go after it).
+    pub image: Option<Screenshot>,
 }
 
-/// Parses and validates a body; every problem is the answer to send.
+/// Parses and validates a body of a text-only server; every problem is the answer to send.
 pub fn parse_request(body: &[u8], served_model: &str) -> Result<Request, Problem> {
     validate(&parse_body(body)?, served_model)
+}
+
+/// Parses and validates a body; `screenshots` says whether this server answers screenshot state.
+pub fn parse_request_with(
+    body: &[u8],
+    served_model: &str,
+    screenshots: bool,
+) -> Result<Request, Problem> {
+    validate_with(&parse_body(body)?, served_model, screenshots)
 }
 
 /// Strict JSON whose top level is an object (400 otherwise).
@@ -114,7 +126,22 @@ pub fn parse_body(body: &[u8]) -> Result<Object, Problem> {
 /// question is still checked and each invalid one listed. Without request-level problems, the
 /// first invalid question gives `code` and `detail`.
 pub fn validate(body: &Object, served_model: &str) -> Result<Request, Problem> {
+    validate_with(body, served_model, false)
+}
+
+/// [`validate`], with screenshot requests accepted when `screenshots` is set.
+pub fn validate_with(
+    body: &Object,
+    served_model: &str,
+    screenshots: bool,
+) -> Result<Request, Problem> {
     let mut request_problems = Vec::new();
+    let screenshot = screenshots && body.get("state").is_some_and(is_screenshot_state);
+    if screenshot {
+        if let Err(problem) = screenshot::check_request(body) {
+            request_problems.push(problem);
+        }
+    }
 
     match body.get("model") {
         None | Some(Value::Null) => {}
@@ -144,11 +171,21 @@ pub fn validate(body: &Object, served_model: &str) -> Result<Request, Problem> {
         },
     };
 
-    let state = match check_state(body.get("state"), format) {
-        Ok(state) => Some(state),
-        Err(problem) => {
-            request_problems.push(problem);
-            None
+    let state = if screenshot {
+        match screenshot::decode_state(body.get("state").expect("checked above")) {
+            Ok(image) => Some(State::Screenshot(image)),
+            Err(problem) => {
+                request_problems.push(problem);
+                None
+            }
+        }
+    } else {
+        match check_state(body.get("state"), format) {
+            Ok(state) => Some(state),
+            Err(problem) => {
+                request_problems.push(problem);
+                None
+            }
         }
     };
 
@@ -170,7 +207,19 @@ pub fn validate(body: &Object, served_model: &str) -> Result<Request, Problem> {
     let mut checked = Vec::with_capacity(questions.len());
     let mut invalid = Vec::new();
     for (name, question) in questions.iter() {
-        match check_question(name, question, format) {
+        let checked_question = if screenshot {
+            screenshot::check_question(name, question)
+                .and_then(|()| check_question(name, question, format))
+                .and_then(|q| match &q.options {
+                    Options::Omni(labels) => {
+                        screenshot::check_text(name, &q.goal, labels).map(|()| q)
+                    }
+                    Options::Native(_) => Ok(q),
+                })
+        } else {
+            check_question(name, question, format)
+        };
+        match checked_question {
             Ok(question) => checked.push(question),
             Err((code, detail)) => invalid.push(InvalidQuestion {
                 question: name.to_string(),
@@ -188,7 +237,7 @@ pub fn validate(body: &Object, served_model: &str) -> Result<Request, Problem> {
     if let Some(problem) = Problem::questions(invalid) {
         return Err(problem);
     }
-    let state = state.expect("a state problem was returned above");
+    let mut state = state.expect("a state problem was returned above");
     let questions = checked
         .iter()
         .map(|question| Question {
@@ -197,10 +246,21 @@ pub fn validate(body: &Object, served_model: &str) -> Result<Request, Problem> {
             user: render(&state, question),
         })
         .collect();
+    let image = match &mut state {
+        State::Screenshot(image) => Some(std::mem::replace(
+            image,
+            Screenshot {
+                format: screenshot::ImageFormat::Png,
+                bytes: Vec::new(),
+            },
+        )),
+        _ => None,
+    };
     Ok(Request {
         model: served_model.to_string(),
         prompt_format: format,
         questions,
+        image,
     })
 }
 
@@ -215,6 +275,7 @@ fn first(problems: Vec<Problem>) -> Problem {
 enum State<'a> {
     Omni(Cow<'a, str>),
     Native(Screen<'a>),
+    Screenshot(Screenshot),
 }
 
 /// A question that passed validation, borrowing from the body until its chat is rendered.
@@ -271,18 +332,6 @@ fn check_state(state: Option<&Value>, format: PromptFormat) -> Result<State<'_>,
         PromptFormat::CuaS1Native => check_native_state(state)
             .map(State::Native)
             .map_err(|detail| Problem::new(Code::InvalidState, detail)),
-    }
-}
-
-/// System1-Omni's screenshot state: `{"image": "data:..."}`. A text worker would serialize it
-/// into the prompt; refusing it clearly is kinder than answering over base64 text.
-fn is_screenshot_state(state: &Value) -> bool {
-    match state {
-        Value::Object(object) => {
-            object.len() == 1
-                && matches!(object.get("image"), Some(Value::String(url)) if url.starts_with("data:"))
-        }
-        _ => false,
     }
 }
 
@@ -450,6 +499,9 @@ fn render(state: &State<'_>, question: &CheckedQuestion<'_>) -> String {
         }
         (State::Native(screen), Options::Native(candidates)) => {
             prompt::user_text(&question.goal, screen, candidates)
+        }
+        (State::Screenshot(_), Options::Omni(labels)) => {
+            prompt::omni_screenshot_user_text(&question.goal, labels)
         }
         _ => unreachable!("state and options are checked in the same prompt format"),
     }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::chat::ChatTemplate;
-use instinct_model::decider::{load_text_cpu, Decider, Prompt};
+use instinct_model::decider::{load_text_cpu, Decider, ImagePrompt, Prompt};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::tokenizer::Tokenizer;
@@ -31,9 +31,12 @@ impl Preparer {
     }
 }
 
-/// A [`Decider`] driven by the scheduler's engine thread.
+/// The deciders of one device, driven by the scheduler's engine thread: the language model with
+/// the text adapter merged, and, when screenshots are served, a second copy with the multimodal
+/// adapter's language part merged (the two adapters differ in every language module).
 pub struct DeciderEngine<B: Backend> {
     decider: Decider<B>,
+    multimodal: Option<Decider<B>>,
 }
 
 impl<B> Engine for DeciderEngine<B>
@@ -43,15 +46,45 @@ where
     B::Idx: Send,
 {
     fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
-        let prompts: Vec<Prompt> = batch
-            .seqs
-            .iter()
-            .map(|s| Prompt {
-                ids: s.ids,
-                n_options: s.n_options,
-            })
-            .collect();
-        self.decider.decide(&prompts)
+        // Text and screenshot questions run on different weights: split, run, put back in order.
+        let mut text = Vec::new();
+        let mut shots = Vec::new();
+        for (i, s) in batch.seqs.iter().enumerate() {
+            match s.context {
+                None => text.push((i, Prompt::text(s.ids, s.n_options))),
+                Some(context) => {
+                    let image = context
+                        .downcast_ref::<ImagePrompt>()
+                        .ok_or_else(|| anyhow::anyhow!("unknown sequence context"))?;
+                    shots.push((
+                        i,
+                        Prompt {
+                            ids: s.ids,
+                            n_options: s.n_options,
+                            image: Some(image),
+                        },
+                    ));
+                }
+            }
+        }
+        let mut answers = vec![Vec::new(); batch.seqs.len()];
+        if !text.is_empty() {
+            let prompts: Vec<Prompt> = text.iter().map(|(_, p)| *p).collect();
+            for ((i, _), a) in text.iter().zip(self.decider.decide(&prompts)?) {
+                answers[*i] = a;
+            }
+        }
+        if !shots.is_empty() {
+            let decider = self
+                .multimodal
+                .as_mut()
+                .ok_or_else(|| anyhow::anyhow!("screenshot question without a multimodal model"))?;
+            let prompts: Vec<Prompt> = shots.iter().map(|(_, p)| *p).collect();
+            for ((i, _), a) in shots.iter().zip(decider.decide(&prompts)?) {
+                answers[*i] = a;
+            }
+        }
+        Ok(answers)
     }
 }
 
@@ -84,6 +117,7 @@ pub fn load_cpu(
         });
         engines.push(Box::new(DeciderEngine::<CpuBackend> {
             decider: loaded.decider,
+            multimodal: None,
         }));
     }
     Ok(Loaded {

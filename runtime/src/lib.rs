@@ -5,5 +5,6 @@ pub mod contract;
 pub mod engine;
 pub mod metrics;
 pub mod problem;
+pub mod screenshot;
 pub mod serve;
 pub mod server;

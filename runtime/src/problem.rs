@@ -56,6 +56,11 @@ pub enum Code {
     InferenceFailed,
     /// 422: a kind of input this build does not serve (screenshot state).
     UnsupportedModality,
+    /// 422: the screenshot is not a valid PNG/JPEG data URL, or breaks an image limit.
+    InvalidImage,
+    /// 422: a screenshot request breaks one of its own rules (fields, question count, names,
+    /// text length, vision control tokens).
+    InvalidScreenshotRequest,
     /// 404: no such route.
     NotFound,
     /// 405: the route exists but not for this method.
@@ -95,6 +100,8 @@ impl Code {
             Code::InvalidOption => "invalid_option",
             Code::InferenceFailed => "inference_failed",
             Code::UnsupportedModality => "unsupported_modality",
+            Code::InvalidImage => "invalid_image",
+            Code::InvalidScreenshotRequest => "invalid_screenshot_request",
             Code::NotFound => "not_found",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::UnsupportedMediaType => "unsupported_media_type",
@@ -140,6 +147,8 @@ impl Code {
             Code::InvalidOption => "Invalid option",
             Code::InferenceFailed => "Inference failed",
             Code::UnsupportedModality => "Unsupported modality",
+            Code::InvalidImage => "Invalid image",
+            Code::InvalidScreenshotRequest => "Invalid screenshot request",
             Code::NotFound => "Not found",
             Code::MethodNotAllowed => "Method not allowed",
             Code::UnsupportedMediaType => "Unsupported media type",

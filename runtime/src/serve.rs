@@ -212,7 +212,7 @@ fn warm_up(preparer: &Preparer, scheduler: &Scheduler) -> anyhow::Result<()> {
     let chat = preparer.render(&user_text("Confirm the dialog.", &screen, &candidates))?;
     let ids = preparer.tokenize(&chat)?;
     let ticket = scheduler
-        .submit(vec![Question { ids, n_options: 2 }], None)
+        .submit(vec![Question::text(ids, 2)], None)
         .map_err(|r| anyhow::anyhow!("{r}"))?;
     let answer = ticket.wait_blocking()?;
     let p = &answer.probabilities[0];

@@ -456,10 +456,7 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(ValidatedRequest, Vec<Quest
         if ids.len() > settings.max_prompt_tokens {
             over.push((q.name.as_str(), ids.len()));
         }
-        questions.push(Question {
-            ids,
-            n_options: q.option_keys.len(),
-        });
+        questions.push(Question::text(ids, q.option_keys.len()));
     }
     if let Some(problem) = Problem::prompts_too_long(&over, settings.max_prompt_tokens) {
         return Err(problem);

@@ -9,6 +9,8 @@ pub struct SeqInput<'a> {
     pub ids: &'a [u32],
     /// How many answer options the question offers; the engine returns that many probabilities.
     pub n_options: usize,
+    /// Engine-specific inputs beyond the ids (see [`SeqContext`](crate::SeqContext)).
+    pub context: Option<&'a (dyn std::any::Any + Send + Sync)>,
 }
 
 /// A batch as handed to an engine: its sequences in order, and the bucket chosen for it (the

@@ -42,7 +42,7 @@ mod worker;
 
 pub use config::{Bucket, Config, StartError};
 pub use engine::{Batch, Engine, SeqInput};
-pub use outcome::{Answer, Failure, Question, RejectReason, Rejection};
+pub use outcome::{Answer, Failure, Question, RejectReason, Rejection, SeqContext};
 pub use scheduler::Scheduler;
 pub use stats::{EngineStats, Stats};
 pub use ticket::Ticket;

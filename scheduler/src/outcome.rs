@@ -2,11 +2,41 @@
 
 use std::time::Duration;
 
+/// What a sequence carries besides its token ids, opaque to the scheduler and read by the engine
+/// (for a screenshot question: the image features and the 3-D positions). Shared, so the
+/// questions of one request, and cache hits, do not copy it.
+pub type SeqContext = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// One question of a request: its prompt token ids and its number of options.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Question {
     pub ids: Vec<u32>,
     pub n_options: usize,
+    /// Engine-specific inputs beyond the ids; `None` for plain text.
+    pub context: Option<SeqContext>,
+}
+
+impl Question {
+    /// A plain-text question.
+    pub fn text(ids: Vec<u32>, n_options: usize) -> Self {
+        Self {
+            ids,
+            n_options,
+            context: None,
+        }
+    }
+}
+
+impl PartialEq for Question {
+    fn eq(&self, other: &Self) -> bool {
+        self.ids == other.ids
+            && self.n_options == other.n_options
+            && match (&self.context, &other.context) {
+                (None, None) => true,
+                (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
 }
 
 /// The answer to an admitted request.

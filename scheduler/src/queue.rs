@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use crate::batching;
 use crate::config::{Bucket, Validated};
 use crate::drain_rate::DrainRate;
-use crate::outcome::{Answer, Failure, Question, RejectReason, Rejection};
+use crate::outcome::{Answer, Failure, Question, RejectReason, Rejection, SeqContext};
 use crate::telemetry as names;
 
 pub(crate) type Reply = oneshot::Sender<Result<Answer, Failure>>;
@@ -29,6 +29,7 @@ pub(crate) struct QueuedSeq {
     pub index: usize,
     pub ids: Vec<u32>,
     pub n_options: usize,
+    pub context: Option<SeqContext>,
     pub enqueued: Instant,
 }
 
@@ -200,6 +201,7 @@ impl QueueState {
                 index,
                 ids: q.ids,
                 n_options: q.n_options,
+                context: q.context,
                 enqueued: now,
             });
         }

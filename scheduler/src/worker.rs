@@ -63,6 +63,7 @@ fn run_batch(
         .map(|s| SeqInput {
             ids: &s.ids,
             n_options: s.n_options,
+            context: s.context.as_deref(),
         })
         .collect();
     let view = Batch {

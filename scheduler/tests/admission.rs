@@ -203,13 +203,7 @@ fn requests_that_can_never_run_or_are_malformed_are_refused_without_retry() {
             RejectReason::TooLarge,
         ),
         (vec![], RejectReason::Invalid),
-        (
-            vec![Question {
-                ids: vec![],
-                n_options: 2,
-            }],
-            RejectReason::Invalid,
-        ),
+        (vec![Question::text(vec![], 2)], RejectReason::Invalid),
         (vec![question(5, 10, 0)], RejectReason::Invalid),
     ];
     for (questions, reason) in cases {

@@ -6,11 +6,13 @@ mod conv;
 mod delta;
 mod dense;
 mod rope;
+mod vision;
 
 use std::ops::Range;
 
 use crate::backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, Gelu, HeadLayout, KernelResult, Rope,
+    Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -335,5 +337,61 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
         dense::gather_last(x, batch, dim, out)
+    }
+}
+
+impl VisionBackend for CpuBackend {
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        bias: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        vision::layer_norm(x, weight, bias, rows, dim, eps, out)
+    }
+
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+    ) -> KernelResult<()> {
+        vision::add_bias(x, bias, rows, dim)
+    }
+
+    fn add_in_place(&self, x: &mut Vec<f32>, delta: &Vec<f32>, len: usize) -> KernelResult<()> {
+        vision::add_in_place(x, delta, len)
+    }
+
+    fn gelu(&self, x: &mut Vec<f32>, len: usize, kind: Gelu) -> KernelResult<()> {
+        vision::gelu(x, len, kind)
+    }
+
+    fn rope_axial(
+        &self,
+        x: &mut Vec<f32>,
+        layout: HeadLayout,
+        positions: &Vec<u32>,
+        rows: usize,
+        theta: f32,
+    ) -> KernelResult<()> {
+        vision::rope_axial(x, layout, positions, rows, theta)
+    }
+
+    fn attention_bidirectional(
+        &self,
+        qkv: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        vision::attention_bidirectional(qkv, batch, heads, head_dim, scale, out)
     }
 }

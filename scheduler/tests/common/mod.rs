@@ -116,7 +116,7 @@ pub fn question(tag: u32, len: usize, n_options: usize) -> Question {
     let ids = std::iter::once(tag)
         .chain((1..len as u32).map(|i| tag.wrapping_mul(2_654_435_761).wrapping_add(i) % 150_000))
         .collect();
-    Question { ids, n_options }
+    Question::text(ids, n_options)
 }
 
 pub fn expected_answer(questions: &[Question]) -> Vec<Vec<f32>> {

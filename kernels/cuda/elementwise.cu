@@ -1,0 +1,50 @@
+// Element-wise and gather kernels: embedding, SwiGLU, Gated DeltaNet gates, last-row gather.
+
+// out[t] = table[ids[t]] (bf16 table widened to f32). An id outside the vocabulary gives a NaN row,
+// so a bad id shows up downstream instead of reading out of bounds.
+extern "C" __global__ void embedding(const __nv_bfloat16* __restrict__ table, const u32* __restrict__ ids,
+                                     float* __restrict__ out, int rows, int dim, u32 vocab) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * dim) return;
+    const i64 t = i / dim;
+    const int d = (int)(i % dim);
+    const u32 id = ids[t];
+    out[i] = id < vocab ? load_bf16(table, (i64)id * dim + d) : F32_NAN;
+}
+
+// out[t][i] = silu(gate_up[t][i]) · gate_up[t][inter + i].
+extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __restrict__ out, int rows, int inter) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * inter) return;
+    const i64 t = i / inter;
+    const int c = (int)(i % inter);
+    const float* row = gate_up + t * 2 * inter;
+    out[i] = silu_f(row[c]) * row[inter + c];
+}
+
+// PyTorch's softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// b ← sigmoid(b) (β); a ← −exp(a_log) · softplus(a + dt_bias) (g), both [rows, heads].
+extern "C" __global__ void delta_gates(float* __restrict__ b, float* __restrict__ a,
+                                       const __nv_bfloat16* __restrict__ a_log,
+                                       const __nv_bfloat16* __restrict__ dt_bias, int rows, int heads) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * heads) return;
+    const int h = (int)(i % heads);
+    b[i] = sigmoid_f(b[i]);
+    a[i] = -expf(load_bf16(a_log, h)) * softplus_f(a[i] + load_bf16(dt_bias, h));
+}
+
+// out[s] = x[cu[s + 1] − 1]; grid (ceil(dim / block), num_seqs). An empty sequence (or one that
+// ends beyond the buffer) gives a NaN row.
+extern "C" __global__ void gather_last(const float* __restrict__ x, const u32* __restrict__ cu_seqlens,
+                                       float* __restrict__ out, int dim, u32 rows_cap) {
+    const int s = blockIdx.y;
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= dim) return;
+    const u32 start = cu_seqlens[s];
+    const u32 end = cu_seqlens[s + 1];
+    const bool valid = end > start && end <= rows_cap;
+    out[(i64)s * dim + d] = valid ? x[(i64)(end - 1) * dim + d] : F32_NAN;
+}

@@ -1,0 +1,81 @@
+// Row and per-head normalisations. Row kernels: one block per row; head kernels: one warp per head.
+
+// out = x / sqrt(mean(x²) + eps) · (1 + w), the zero-centred RMSNorm.
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                    float* __restrict__ out, int dim, float eps) {
+    const i64 base = (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        out[base + i] = (x[base + i] * inv) * (1.0f + load_bf16(w, i));
+    }
+}
+
+// residual += delta, then out = rms_norm(residual).
+extern "C" __global__ void add_rms_norm(float* __restrict__ residual, const float* __restrict__ delta,
+                                        const __nv_bfloat16* __restrict__ w, float* __restrict__ out,
+                                        int dim, float eps) {
+    const i64 base = (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = residual[base + i] + delta[base + i];
+        residual[base + i] = v;
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+    // Each thread rereads only the elements it wrote itself, so no barrier is needed.
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        out[base + i] = (residual[base + i] * inv) * (1.0f + load_bf16(w, i));
+    }
+}
+
+// x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w).
+extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __restrict__ z,
+                                          const __nv_bfloat16* __restrict__ w, int dim, float eps) {
+    const i64 base = (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        x[base + i] = load_bf16(w, i) * (x[base + i] * inv) * silu_f(z[base + i]);
+    }
+}
+
+// Start of head `head` of row `row` in a HeadLayout.
+__device__ __forceinline__ i64 head_start(int row, int head, int row_stride, int offset, int head_stride) {
+    return (i64)row * row_stride + offset + (i64)head * head_stride;
+}
+
+// Zero-centred RMSNorm of every head in place (q/k norm), w: [head_dim]. One warp per (row, head).
+extern "C" __global__ void head_rms_norm(float* __restrict__ x, const __nv_bfloat16* __restrict__ w, int rows,
+                                         int heads, int head_dim, int head_stride, int row_stride, int offset,
+                                         float eps) {
+    const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (item >= (i64)rows * heads) return;
+    float* h = x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride);
+    float ss = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) ss += h[i] * h[i];
+    const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+    for (int i = lane; i < head_dim; i += 32) h[i] = (h[i] * inv) * (1.0f + load_bf16(w, i));
+}
+
+// x · 1/sqrt(Σx² + eps) on every head in place. One warp per (row, head).
+extern "C" __global__ void l2_norm(float* __restrict__ x, int rows, int heads, int head_dim, int head_stride,
+                                   int row_stride, int offset, float eps) {
+    const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (item >= (i64)rows * heads) return;
+    float* h = x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride);
+    float ss = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) ss += h[i] * h[i];
+    const float inv = rsqrtf(warp_sum(ss) + eps);
+    for (int i = lane; i < head_dim; i += 32) h[i] *= inv;
+}

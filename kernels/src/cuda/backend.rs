@@ -1,0 +1,891 @@
+//! [`CudaBackend`]: the [`Backend`] ops as CUDA kernels (bf16 weights, f32 activations, f32
+//! accumulation), launched on one stream.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use super::buffers::{act, act_mut, idx, weight, CudaBuf};
+use super::compile::GpuArch;
+use super::device::{driver_err, CudaOptions, Device};
+use crate::backend::{
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Varlen,
+};
+use crate::error::KernelError;
+
+/// Threads per block of the element-wise and row kernels.
+const BLOCK: u32 = 256;
+/// Threads per block of the naive attention kernel (`ATTN_THREADS` in attention.cu).
+const ATTN_THREADS: u32 = 128;
+/// Largest head the naive attention kernel holds in registers.
+const ATTN_MAX_HEAD_DIM: usize = 512;
+/// Tile edge of the naive GEMM (`GEMM_TILE` in gemm.cu).
+const GEMM_TILE: u32 = 16;
+/// Frequency pairs the rope kernel's by-value table holds (`ROPE_MAX_PAIRS` in rope.cu).
+const ROPE_MAX_PAIRS: usize = 64;
+/// Largest key head of the delta rule kernel (`DELTA_MAX_K` in delta.cu).
+const DELTA_MAX_K: usize = 128;
+/// Largest value head of the delta rule kernel, one thread per value (`DELTA_MAX_THREADS`).
+const DELTA_MAX_THREADS: usize = 256;
+
+/// The CUDA backend on one GPU.
+pub struct CudaBackend {
+    device: Device,
+    ordinal: usize,
+}
+
+impl CudaBackend {
+    /// Checks the CUDA libraries, opens the GPU, compiles (or loads from the disk cache) every
+    /// kernel for its architecture. Every failure is an error naming what is missing.
+    pub fn new(options: CudaOptions) -> KernelResult<Self> {
+        Ok(Self {
+            device: Device::start(&options)?,
+            ordinal: options.ordinal,
+        })
+    }
+
+    /// The architecture the kernels were compiled for.
+    pub fn arch(&self) -> GpuArch {
+        self.device.arch
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory_info(&self) -> KernelResult<(usize, usize)> {
+        self.device
+            .ctx
+            .mem_get_info()
+            .map_err(|e| driver_err("mem_get_info", e))
+    }
+
+    /// Waits for every queued op to finish.
+    pub fn synchronize(&self) -> KernelResult<()> {
+        self.device
+            .stream
+            .synchronize()
+            .map_err(|e| driver_err("synchronize", e))
+    }
+}
+
+fn to_i32(op: &'static str, what: &str, v: usize) -> KernelResult<i32> {
+    i32::try_from(v).map_err(|_| KernelError::invalid(op, format!("{what} {v} exceeds i32")))
+}
+
+fn to_u32(op: &'static str, what: &str, v: usize) -> KernelResult<u32> {
+    u32::try_from(v).map_err(|_| KernelError::invalid(op, format!("{what} {v} exceeds u32")))
+}
+
+/// A 1-D launch with one thread per item.
+fn linear(op: &'static str, items: usize, block: u32) -> KernelResult<LaunchConfig> {
+    let blocks = to_u32(op, "grid size", items.div_ceil(block as usize))?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// One block per row.
+fn per_row(op: &'static str, rows: usize) -> KernelResult<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (to_u32(op, "rows", rows)?, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn check_layout(op: &'static str, layout: HeadLayout, len: usize, rows: usize) -> KernelResult<()> {
+    if layout.head_dim == 0 {
+        return Err(KernelError::invalid(op, "head_dim is 0"));
+    }
+    let need = layout.required_len(rows);
+    if len < need {
+        return Err(KernelError::invalid(
+            op,
+            format!("buffer holds {len} values, layout needs {need}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the host-known part of a batch: `cu_seqlens` has `num_seqs + 1` entries. Its contents
+/// stay on the device (kernels read them there and never step outside the buffers they get).
+fn check_batch(op: &'static str, batch: &Varlen<'_, CudaSlice<u32>>) -> KernelResult<()> {
+    idx(op, "cu_seqlens", batch.cu_seqlens, batch.num_seqs + 1)?;
+    Ok(())
+}
+
+/// The rope kernel's by-value frequency table (`RopeTable` in rope.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RopeTable {
+    inv_freq: [f32; ROPE_MAX_PAIRS],
+    axis: [u32; ROPE_MAX_PAIRS],
+}
+
+// SAFETY: plain `repr(C)` data with the same layout as the CUDA struct.
+unsafe impl DeviceRepr for RopeTable {}
+
+impl Buffers for CudaBackend {
+    type Buf = CudaBuf;
+    type Idx = CudaSlice<u32>;
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn alloc(&self, len: usize) -> KernelResult<CudaBuf> {
+        let slice = self.device.stream.alloc_zeros::<f32>(len);
+        Ok(CudaBuf::F32(slice.map_err(|e| driver_err("alloc", e))?))
+    }
+
+    fn alloc_idx(&self, len: usize) -> KernelResult<CudaSlice<u32>> {
+        let slice = self.device.stream.alloc_zeros::<u32>(len);
+        slice.map_err(|e| driver_err("alloc_idx", e))
+    }
+
+    /// Uploads a weight, converted to bf16 on the host (the model stores its weights in bf16).
+    fn upload(&self, data: &[f32]) -> KernelResult<CudaBuf> {
+        let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        let slice = self.device.stream.clone_htod(&host);
+        Ok(CudaBuf::Bf16(slice.map_err(|e| driver_err("upload", e))?))
+    }
+
+    fn write(&self, dst: &mut CudaBuf, data: &[f32]) -> KernelResult<()> {
+        const OP: &str = "write";
+        if dst.len() < data.len() {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "destination holds {} values, needs {}",
+                    dst.len(),
+                    data.len()
+                ),
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let stream = &self.device.stream;
+        let copied = match dst {
+            CudaBuf::F32(s) => stream.memcpy_htod(data, &mut s.slice_mut(..data.len())),
+            CudaBuf::Bf16(s) => {
+                let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+                stream.memcpy_htod(&host, &mut s.slice_mut(..data.len()))
+            }
+        };
+        copied.map_err(|e| driver_err(OP, e))
+    }
+
+    fn write_idx(&self, dst: &mut CudaSlice<u32>, data: &[u32]) -> KernelResult<()> {
+        const OP: &str = "write_idx";
+        idx(OP, "destination", dst, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.device
+            .stream
+            .memcpy_htod(data, &mut dst.slice_mut(..data.len()))
+            .map_err(|e| driver_err(OP, e))
+    }
+
+    fn read(&self, src: &CudaBuf, len: usize) -> KernelResult<Vec<f32>> {
+        const OP: &str = "read";
+        if src.len() < len {
+            return Err(KernelError::invalid(
+                OP,
+                format!("source holds {} values, needs {len}", src.len()),
+            ));
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let stream = &self.device.stream;
+        let values = match src {
+            CudaBuf::F32(s) => stream.clone_dtoh(&s.slice(..len)),
+            CudaBuf::Bf16(s) => stream
+                .clone_dtoh(&s.slice(..len))
+                .map(|v| v.into_iter().map(f32::from).collect()),
+        };
+        let values = values.map_err(|e| driver_err(OP, e))?;
+        self.synchronize()?;
+        Ok(values)
+    }
+
+    fn embedding(
+        &self,
+        table: &CudaBuf,
+        vocab: usize,
+        ids: &CudaSlice<u32>,
+        rows: usize,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "embedding";
+        let table = weight(OP, "table", table, vocab * dim)?;
+        let ids = idx(OP, "ids", ids, rows)?;
+        let out = act_mut(OP, "out", out, rows * dim)?;
+        if rows * dim == 0 {
+            return Ok(());
+        }
+        let (rows_a, dim_a) = (to_i32(OP, "rows", rows)?, to_i32(OP, "dim", dim)?);
+        let vocab_a = to_u32(OP, "vocab", vocab)?;
+        let f = self.device.function("embedding")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(table)
+            .arg(ids)
+            .arg(out)
+            .arg(&rows_a)
+            .arg(&dim_a)
+            .arg(&vocab_a);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(linear(OP, rows * dim, BLOCK)?) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaBuf,
+        weight_buf: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "rms_norm";
+        let x = act(OP, "x", x, rows * dim)?;
+        let w = weight(OP, "weight", weight_buf, dim)?;
+        let out = act_mut(OP, "out", out, rows * dim)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let dim_a = to_i32(OP, "dim", dim)?;
+        let f = self.device.function("rms_norm")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(x).arg(w).arg(out).arg(&dim_a).arg(&eps);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaBuf,
+        delta: &CudaBuf,
+        weight_buf: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "add_rms_norm";
+        let residual = act_mut(OP, "residual", residual, rows * dim)?;
+        let delta = act(OP, "delta", delta, rows * dim)?;
+        let w = weight(OP, "weight", weight_buf, dim)?;
+        let out = act_mut(OP, "out", out, rows * dim)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let dim_a = to_i32(OP, "dim", dim)?;
+        let f = self.device.function("add_rms_norm")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(residual)
+            .arg(delta)
+            .arg(w)
+            .arg(out)
+            .arg(&dim_a)
+            .arg(&eps);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        y: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "gemm";
+        let x = act(OP, "x", x, rows * in_dim)?;
+        let w = weight(OP, "w", w, out_dim * in_dim)?;
+        let y = act_mut(OP, "y", y, rows * out_dim)?;
+        if rows == 0 || out_dim == 0 {
+            return Ok(());
+        }
+        let rows_a = to_i32(OP, "rows", rows)?;
+        let in_a = to_i32(OP, "in_dim", in_dim)?;
+        let out_a = to_i32(OP, "out_dim", out_dim)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(OP, "grid", out_dim.div_ceil(GEMM_TILE as usize))?,
+                to_u32(OP, "grid", rows.div_ceil(GEMM_TILE as usize))?,
+                1,
+            ),
+            block_dim: (GEMM_TILE, GEMM_TILE, 1),
+            shared_mem_bytes: 0,
+        };
+        if cfg.grid_dim.1 > 65_535 {
+            return Err(KernelError::invalid(OP, format!("{rows} rows is too many")));
+        }
+        let f = self.device.function("gemm_xwt")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(x)
+            .arg(w)
+            .arg(y)
+            .arg(&rows_a)
+            .arg(&in_a)
+            .arg(&out_a);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn head_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        weight_buf: &CudaBuf,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        const OP: &str = "head_rms_norm";
+        check_layout(OP, layout, x.len(), rows)?;
+        let x = act_mut(OP, "x", x, 0)?;
+        let w = weight(OP, "weight", weight_buf, layout.head_dim)?;
+        self.per_head(OP, "head_rms_norm", x, Some(w), layout, rows, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        layout: HeadLayout,
+        positions: &CudaSlice<u32>,
+        rows: usize,
+        rope: &Rope,
+    ) -> KernelResult<()> {
+        const OP: &str = "rope";
+        check_layout(OP, layout, x.len(), rows)?;
+        let x = act_mut(OP, "x", x, 0)?;
+        let positions = idx(OP, "positions", positions, rows * 3)?;
+        let rot = rope.rotary_dim;
+        if !rot.is_multiple_of(2) || rot > layout.head_dim || rot / 2 > ROPE_MAX_PAIRS {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "rotary_dim {rot} must be even, at most head_dim {} and at most {}",
+                    layout.head_dim,
+                    2 * ROPE_MAX_PAIRS
+                ),
+            ));
+        }
+        let half = rot / 2;
+        if rows == 0 || layout.heads == 0 || half == 0 {
+            return Ok(());
+        }
+        let mut table = RopeTable {
+            inv_freq: [0.0; ROPE_MAX_PAIRS],
+            axis: [0; ROPE_MAX_PAIRS],
+        };
+        for j in 0..half {
+            table.inv_freq[j] = rope.inv_freq(j);
+            table.axis[j] = rope.axis(j) as u32;
+        }
+        let rows_a = to_i32(OP, "rows", rows)?;
+        let heads_a = to_i32(OP, "heads", layout.heads)?;
+        let half_a = to_i32(OP, "rotary_dim", half)?;
+        let head_stride = to_i32(OP, "head_stride", layout.head_stride)?;
+        let row_stride = to_i32(OP, "row_stride", layout.row_stride)?;
+        let offset = to_i32(OP, "offset", layout.offset)?;
+        let f = self.device.function("rope")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(x)
+            .arg(positions)
+            .arg(&table)
+            .arg(&rows_a)
+            .arg(&heads_a)
+            .arg(&half_a)
+            .arg(&head_stride)
+            .arg(&row_stride)
+            .arg(&offset);
+        let cfg = linear(OP, rows * layout.heads * half, BLOCK)?;
+        // SAFETY: argument types match the kernel; the layout was checked against x above.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        qg: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: AttentionDims,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "attention";
+        check_batch(OP, &batch)?;
+        let AttentionDims {
+            q_heads,
+            kv_heads,
+            head_dim,
+            scale,
+        } = dims;
+        if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) || head_dim == 0 {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "q_heads {q_heads} must be a positive multiple of kv_heads {kv_heads} > 0, \
+                     head_dim > 0"
+                ),
+            ));
+        }
+        if head_dim > ATTN_MAX_HEAD_DIM {
+            return Err(KernelError::invalid(
+                OP,
+                format!("head_dim {head_dim} exceeds {ATTN_MAX_HEAD_DIM}"),
+            ));
+        }
+        // Rows every buffer can hold: kernels never touch a row beyond it.
+        let rows_cap = [
+            qg.len() / (q_heads * 2 * head_dim),
+            k.len() / (kv_heads * head_dim),
+            v.len() / (kv_heads * head_dim),
+            out.len() / (q_heads * head_dim),
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0);
+        let qg = act(OP, "qg", qg, 0)?;
+        let k = act(OP, "k", k, 0)?;
+        let v = act(OP, "v", v, 0)?;
+        let out = act_mut(OP, "out", out, 0)?;
+        if rows_cap == 0 || batch.num_seqs == 0 {
+            return Ok(());
+        }
+        let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+        let q_heads_a = to_i32(OP, "q_heads", q_heads)?;
+        let kv_heads_a = to_i32(OP, "kv_heads", kv_heads)?;
+        let head_dim_a = to_i32(OP, "head_dim", head_dim)?;
+        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows_cap_a, to_u32(OP, "q_heads", q_heads)?, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.device.function("attention_gated")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(qg)
+            .arg(k)
+            .arg(v)
+            .arg(batch.cu_seqlens)
+            .arg(&num_seqs)
+            .arg(out)
+            .arg(&q_heads_a)
+            .arg(&kv_heads_a)
+            .arg(&head_dim_a)
+            .arg(&scale)
+            .arg(&rows_cap_a);
+        // SAFETY: argument types match the kernel; it stays below rows_cap in every buffer.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn conv1d_silu(
+        &self,
+        x: &CudaBuf,
+        weight_buf: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        channels: usize,
+        kernel: usize,
+        window_in: Option<&CudaBuf>,
+        window_out: Option<&mut CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "conv1d_silu";
+        if kernel == 0 || channels == 0 {
+            return Err(KernelError::invalid(OP, "kernel and channels must be > 0"));
+        }
+        check_batch(OP, &batch)?;
+        let rows_cap = x.len().min(out.len()) / channels;
+        let win_len = batch.num_seqs * (kernel - 1) * channels;
+        let x = act(OP, "x", x, 0)?;
+        let w = weight(OP, "weight", weight_buf, channels * kernel)?;
+        let out = act_mut(OP, "out", out, 0)?;
+        let window_in = window_in
+            .map(|w| act(OP, "window_in", w, win_len))
+            .transpose()?;
+        let has_window = i32::from(window_in.is_some());
+        // Without a window the kernel never reads it; x stands in as a valid pointer.
+        let window_in = window_in.unwrap_or(x);
+        let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+        let channels_a = to_i32(OP, "channels", channels)?;
+        let kernel_a = to_i32(OP, "kernel", kernel)?;
+        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        if batch.num_seqs == 0 {
+            return Ok(());
+        }
+        if rows_cap > 0 {
+            let f = self.device.function("conv1d_silu")?;
+            let mut launch = self.device.stream.launch_builder(f);
+            launch
+                .arg(x)
+                .arg(w)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs)
+                .arg(window_in)
+                .arg(&has_window)
+                .arg(&mut *out)
+                .arg(&channels_a)
+                .arg(&kernel_a)
+                .arg(&rows_cap_a);
+            let cfg = linear(OP, rows_cap * channels, BLOCK)?;
+            // SAFETY: argument types match the kernel; it stays below rows_cap rows.
+            unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        }
+        if let Some(window_out) = window_out {
+            let window_out = act_mut(OP, "window_out", window_out, win_len)?;
+            if win_len > 0 {
+                let f = self.device.function("conv1d_window_out")?;
+                let mut launch = self.device.stream.launch_builder(f);
+                launch
+                    .arg(x)
+                    .arg(batch.cu_seqlens)
+                    .arg(&num_seqs)
+                    .arg(window_in)
+                    .arg(&has_window)
+                    .arg(window_out)
+                    .arg(&channels_a)
+                    .arg(&kernel_a)
+                    .arg(&rows_cap_a);
+                // SAFETY: argument types match the kernel; window_out holds win_len values.
+                unsafe { launch.launch(linear(OP, win_len, BLOCK)?) }
+                    .map_err(|e| driver_err(OP, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn l2_norm(
+        &self,
+        x: &mut CudaBuf,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        const OP: &str = "l2_norm";
+        check_layout(OP, layout, x.len(), rows)?;
+        let x = act_mut(OP, "x", x, 0)?;
+        self.per_head(OP, "l2_norm", x, None, layout, rows, eps)
+    }
+
+    fn delta_gates(
+        &self,
+        b: &mut CudaBuf,
+        a: &mut CudaBuf,
+        a_log: &CudaBuf,
+        dt_bias: &CudaBuf,
+        rows: usize,
+        heads: usize,
+    ) -> KernelResult<()> {
+        const OP: &str = "delta_gates";
+        let b = act_mut(OP, "b", b, rows * heads)?;
+        let a = act_mut(OP, "a", a, rows * heads)?;
+        let a_log = weight(OP, "a_log", a_log, heads)?;
+        let dt_bias = weight(OP, "dt_bias", dt_bias, heads)?;
+        if rows * heads == 0 {
+            return Ok(());
+        }
+        let rows_a = to_i32(OP, "rows", rows)?;
+        let heads_a = to_i32(OP, "heads", heads)?;
+        let f = self.device.function("delta_gates")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(b)
+            .arg(a)
+            .arg(a_log)
+            .arg(dt_bias)
+            .arg(&rows_a)
+            .arg(&heads_a);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(linear(OP, rows * heads, BLOCK)?) }
+            .map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    /// Runs the token-by-token kernel: the contract is the same result up to rounding, and a
+    /// chunked tensor-core kernel is a later speed-up.
+    fn gated_delta_rule_chunked(
+        &self,
+        qkv: &CudaBuf,
+        beta: &CudaBuf,
+        g: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        self.delta_rule(qkv, beta, g, batch, dims, state, out)
+    }
+
+    fn gated_delta_rule_recurrent(
+        &self,
+        qkv: &CudaBuf,
+        beta: &CudaBuf,
+        g: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        self.delta_rule(qkv, beta, g, batch, dims, state, out)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        z: &CudaBuf,
+        weight_buf: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        const OP: &str = "gated_rms_norm";
+        let x = act_mut(OP, "x", x, rows * dim)?;
+        let z = act(OP, "z", z, rows * dim)?;
+        let w = weight(OP, "weight", weight_buf, dim)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let dim_a = to_i32(OP, "dim", dim)?;
+        let f = self.device.function("gated_rms_norm")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(x).arg(z).arg(w).arg(&dim_a).arg(&eps);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn swiglu(
+        &self,
+        gate_up: &CudaBuf,
+        rows: usize,
+        inter: usize,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "swiglu";
+        let gate_up = act(OP, "gate_up", gate_up, rows * 2 * inter)?;
+        let out = act_mut(OP, "out", out, rows * inter)?;
+        if rows * inter == 0 {
+            return Ok(());
+        }
+        let rows_a = to_i32(OP, "rows", rows)?;
+        let inter_a = to_i32(OP, "inter", inter)?;
+        let f = self.device.function("swiglu")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(gate_up).arg(out).arg(&rows_a).arg(&inter_a);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(linear(OP, rows * inter, BLOCK)?) }
+            .map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn gather_last(
+        &self,
+        x: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "gather_last";
+        check_batch(OP, &batch)?;
+        let rows_cap = x.len() / dim.max(1);
+        let x = act(OP, "x", x, 0)?;
+        let out = act_mut(OP, "out", out, batch.num_seqs * dim)?;
+        if batch.num_seqs == 0 || dim == 0 {
+            return Ok(());
+        }
+        if batch.num_seqs > 65_535 {
+            return Err(KernelError::invalid(OP, "more than 65535 sequences"));
+        }
+        let dim_a = to_i32(OP, "dim", dim)?;
+        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(OP, "dim", dim.div_ceil(BLOCK as usize))?,
+                batch.num_seqs as u32,
+                1,
+            ),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.device.function("gather_last")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(x)
+            .arg(batch.cu_seqlens)
+            .arg(out)
+            .arg(&dim_a)
+            .arg(&rows_cap_a);
+        // SAFETY: argument types match the kernel; it reads only rows below rows_cap.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// The gated delta rule, token by token (see delta.cu).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_rule(
+        &self,
+        qkv: &CudaBuf,
+        beta: &CudaBuf,
+        g: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "gated_delta_rule";
+        let DeltaDims {
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+        } = dims;
+        if k_heads == 0 || k_dim == 0 || v_dim == 0 || !v_heads.is_multiple_of(k_heads) {
+            return Err(KernelError::invalid(
+                OP,
+                format!("v_heads {v_heads} must be a multiple of k_heads {k_heads}; dims > 0"),
+            ));
+        }
+        if k_dim > DELTA_MAX_K || v_dim > DELTA_MAX_THREADS {
+            return Err(KernelError::invalid(
+                OP,
+                format!("k_dim {k_dim} (max {DELTA_MAX_K}) or v_dim {v_dim} (max {DELTA_MAX_THREADS}) too large"),
+            ));
+        }
+        check_batch(OP, &batch)?;
+        // Rows every buffer can hold: the kernel clamps the sequences to it.
+        let rows_cap = [
+            qkv.len() / dims.qkv_width(),
+            beta.len() / v_heads.max(1),
+            g.len() / v_heads.max(1),
+            out.len() / (v_heads * v_dim).max(1),
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0);
+        let state_len = batch.num_seqs * dims.state_len();
+        let qkv = act(OP, "qkv", qkv, 0)?;
+        let beta = act(OP, "beta", beta, 0)?;
+        let g = act(OP, "g", g, 0)?;
+        let out = act_mut(OP, "out", out, 0)?;
+        let initial = state
+            .initial
+            .map(|s| act(OP, "initial state", s, state_len))
+            .transpose()?;
+        let final_out = state
+            .final_out
+            .map(|s| act_mut(OP, "final state", s, state_len))
+            .transpose()?;
+        if batch.num_seqs == 0 || v_heads == 0 {
+            return Ok(());
+        }
+        let has_initial = i32::from(initial.is_some());
+        let has_final = i32::from(final_out.is_some());
+        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
+        let initial = initial.unwrap_or(qkv);
+        let k_heads_a = to_i32(OP, "k_heads", k_heads)?;
+        let v_heads_a = to_i32(OP, "v_heads", v_heads)?;
+        let k_dim_a = to_i32(OP, "k_dim", k_dim)?;
+        let v_dim_a = to_i32(OP, "v_dim", v_dim)?;
+        let scale = (k_dim as f64).powf(-0.5) as f32;
+        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(OP, "num_seqs", batch.num_seqs)?,
+                to_u32(OP, "v_heads", v_heads)?,
+                1,
+            ),
+            block_dim: (to_u32(OP, "v_dim", v_dim.div_ceil(32) * 32)?, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.device.function("gated_delta_rule_recurrent")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(qkv)
+            .arg(beta)
+            .arg(g)
+            .arg(batch.cu_seqlens)
+            .arg(initial)
+            .arg(&has_initial);
+        match final_out {
+            Some(final_state) => launch.arg(final_state),
+            None => launch.arg(qkv),
+        };
+        launch
+            .arg(&has_final)
+            .arg(out)
+            .arg(&k_heads_a)
+            .arg(&v_heads_a)
+            .arg(&k_dim_a)
+            .arg(&v_dim_a)
+            .arg(&scale)
+            .arg(&rows_cap_a);
+        // SAFETY: argument types match the kernel; state buffers hold num_seqs states; the kernel
+        // clamps every sequence to rows_cap rows.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    /// Launches a one-warp-per-head kernel (`head_rms_norm` with a weight, `l2_norm` without).
+    #[allow(clippy::too_many_arguments)]
+    fn per_head(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        x: &mut CudaSlice<f32>,
+        w: Option<&CudaSlice<bf16>>,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()> {
+        if rows == 0 || layout.heads == 0 {
+            return Ok(());
+        }
+        let rows_a = to_i32(op, "rows", rows)?;
+        let heads = to_i32(op, "heads", layout.heads)?;
+        let head_dim = to_i32(op, "head_dim", layout.head_dim)?;
+        let head_stride = to_i32(op, "head_stride", layout.head_stride)?;
+        let row_stride = to_i32(op, "row_stride", layout.row_stride)?;
+        let offset = to_i32(op, "offset", layout.offset)?;
+        let f = self.device.function(kernel)?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(x);
+        if let Some(w) = w {
+            launch.arg(w);
+        }
+        launch
+            .arg(&rows_a)
+            .arg(&heads)
+            .arg(&head_dim)
+            .arg(&head_stride)
+            .arg(&row_stride)
+            .arg(&offset)
+            .arg(&eps);
+        // One warp (32 threads) per head.
+        let cfg = linear(op, rows * layout.heads * 32, BLOCK)?;
+        // SAFETY: argument types match the kernel; the layout was checked against x.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(op, e))?;
+        Ok(())
+    }
+}

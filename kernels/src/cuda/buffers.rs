@@ -1,0 +1,114 @@
+//! Device buffers of the CUDA backend: f32 activations and bf16 weights behind one `Buf` type.
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+
+use crate::backend::KernelResult;
+use crate::error::KernelError;
+
+/// Element type of a [`CudaBuf`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    Bf16,
+}
+
+/// A device buffer. [`crate::Backend::alloc`] gives f32 (activations, states);
+/// [`crate::Backend::upload`] gives bf16 (weights: the model uploads exactly its weights with it).
+/// Ops check that every argument has the type its kernel reads.
+#[derive(Debug)]
+pub enum CudaBuf {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<bf16>),
+}
+
+impl CudaBuf {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Self::F32(_) => DType::F32,
+            Self::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(s) => s.len(),
+            Self::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn too_short(op: &'static str, what: &str, len: usize, need: usize) -> KernelError {
+    KernelError::invalid(op, format!("{what} holds {len} values, needs {need}"))
+}
+
+fn wrong_type(op: &'static str, what: &str, want: DType, got: DType) -> KernelError {
+    KernelError::invalid(
+        op,
+        format!(
+            "{what} must be {want:?} (f32 buffers come from alloc, bf16 weights from upload), \
+             got {got:?}"
+        ),
+    )
+}
+
+/// `buf` as an f32 activation of at least `need` values.
+pub(crate) fn act<'a>(
+    op: &'static str,
+    what: &str,
+    buf: &'a CudaBuf,
+    need: usize,
+) -> KernelResult<&'a CudaSlice<f32>> {
+    match buf {
+        CudaBuf::F32(s) if s.len() >= need => Ok(s),
+        CudaBuf::F32(s) => Err(too_short(op, what, s.len(), need)),
+        other => Err(wrong_type(op, what, DType::F32, other.dtype())),
+    }
+}
+
+/// `buf` as a writable f32 activation of at least `need` values.
+pub(crate) fn act_mut<'a>(
+    op: &'static str,
+    what: &str,
+    buf: &'a mut CudaBuf,
+    need: usize,
+) -> KernelResult<&'a mut CudaSlice<f32>> {
+    let (dtype, len) = (buf.dtype(), buf.len());
+    match buf {
+        CudaBuf::F32(s) if len >= need => Ok(s),
+        CudaBuf::F32(_) => Err(too_short(op, what, len, need)),
+        CudaBuf::Bf16(_) => Err(wrong_type(op, what, DType::F32, dtype)),
+    }
+}
+
+/// `buf` as a bf16 weight of at least `need` values.
+pub(crate) fn weight<'a>(
+    op: &'static str,
+    what: &str,
+    buf: &'a CudaBuf,
+    need: usize,
+) -> KernelResult<&'a CudaSlice<bf16>> {
+    match buf {
+        CudaBuf::Bf16(s) if s.len() >= need => Ok(s),
+        CudaBuf::Bf16(s) => Err(too_short(op, what, s.len(), need)),
+        other => Err(wrong_type(op, what, DType::Bf16, other.dtype())),
+    }
+}
+
+/// An index buffer of at least `need` values.
+pub(crate) fn idx<'a>(
+    op: &'static str,
+    what: &str,
+    buf: &'a CudaSlice<u32>,
+    need: usize,
+) -> KernelResult<&'a CudaSlice<u32>> {
+    if buf.len() < need {
+        return Err(too_short(op, what, buf.len(), need));
+    }
+    Ok(buf)
+}

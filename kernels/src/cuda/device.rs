@@ -1,0 +1,110 @@
+//! Start-up of the CUDA backend: libraries, device, and the compiled kernel modules.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::cache::{CacheKey, KernelCache};
+use super::compile::{Compiler, GpuArch};
+use super::libs::CudaLibrary;
+use super::sources::KERNEL_SOURCES;
+use super::toolkit::CudaToolkit;
+use crate::backend::KernelResult;
+use crate::error::KernelError;
+
+/// How to start the CUDA backend.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    /// Which GPU (CUDA ordinal).
+    pub ordinal: usize,
+    /// Toolkit root (headers, and `libnvrtc` if present); `None` = [`CudaToolkit::locate`].
+    pub toolkit_root: Option<PathBuf>,
+    /// Where compiled kernels are cached; `None` = [`KernelCache::default_dir`].
+    pub cache_dir: Option<PathBuf>,
+    /// Compile every kernel at start-up even if cached (and do not write the cache).
+    pub no_cache: bool,
+}
+
+/// A started device: its context, the stream every op runs on, and every kernel, loaded.
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub arch: GpuArch,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// Maps a driver error of `op` into a backend error.
+pub(crate) fn driver_err(op: &str, e: impl std::fmt::Display) -> KernelError {
+    KernelError::Backend(format!("{op}: {e}"))
+}
+
+impl Device {
+    pub fn start(options: &CudaOptions) -> KernelResult<Self> {
+        let toolkit = match &options.toolkit_root {
+            Some(root) => CudaToolkit::at(root)?,
+            None => CudaToolkit::locate()?,
+        };
+        // Check every library before its first use: cudarc panics on a missing one.
+        CudaLibrary::Driver.require()?;
+        let compiler = Compiler::new(&toolkit)?;
+
+        let ctx = CudaContext::new(options.ordinal)
+            .map_err(|e| driver_err(&format!("opening cuda:{}", options.ordinal), e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| driver_err("reading the compute capability", e))?;
+        let arch = GpuArch::new(major as u32, minor as u32);
+        let stream = ctx.default_stream();
+
+        let cache = if options.no_cache {
+            None
+        } else {
+            options
+                .cache_dir
+                .clone()
+                .or_else(KernelCache::default_dir)
+                .map(KernelCache::new)
+        };
+        let mut functions = HashMap::new();
+        for source in KERNEL_SOURCES {
+            let full = source.full_source();
+            let key = CacheKey::new(&full, &compiler.options(arch), compiler.version());
+            let cubin = match cache.as_ref().and_then(|c| c.load(&key)) {
+                Some(cubin) => cubin,
+                None => {
+                    let cubin = compiler.compile(source, arch)?.cubin;
+                    if let Some(cache) = &cache {
+                        // A cache that cannot be written costs start-up time, nothing else.
+                        let _ = cache.store(&key, &cubin);
+                    }
+                    cubin
+                }
+            };
+            let module = ctx
+                .load_module(Ptx::from_binary(cubin))
+                .map_err(|e| driver_err(&format!("loading {}", source.file), e))?;
+            for &name in source.functions {
+                let function = module
+                    .load_function(name)
+                    .map_err(|e| driver_err(&format!("{}: kernel {name}", source.file), e))?;
+                functions.insert(name, function);
+            }
+        }
+        Ok(Self {
+            ctx,
+            stream,
+            arch,
+            functions,
+        })
+    }
+
+    /// The loaded kernel `name`.
+    pub fn function(&self, name: &str) -> KernelResult<&CudaFunction> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| KernelError::Backend(format!("kernel {name} is not loaded")))
+    }
+}

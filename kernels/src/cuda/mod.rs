@@ -1,0 +1,24 @@
+//! The CUDA backend: kernels written in CUDA C++ (`kernels/cuda/*.cu`), embedded in the binary,
+//! compiled by NVRTC at start-up for the GPU's architecture and cached on disk.
+//!
+//! Everything CUDA is loaded at run time (cudarc with dynamic loading), so this module builds and
+//! its compile-only parts ([`Compiler`], [`KERNEL_SOURCES`]) run on a machine without a GPU or a
+//! driver. Weights live on the device in bf16, activations in f32 (see [`CudaBuf`]).
+
+mod backend;
+mod buffers;
+mod cache;
+mod compile;
+mod device;
+mod libs;
+mod sources;
+mod toolkit;
+
+pub use backend::CudaBackend;
+pub use buffers::{CudaBuf, DType};
+pub use cache::{CacheKey, KernelCache};
+pub use compile::{CompiledKernel, Compiler, GpuArch};
+pub use device::CudaOptions;
+pub use libs::{preload, CudaLibrary};
+pub use sources::{KernelSource, KERNEL_SOURCES};
+pub use toolkit::{CudaToolkit, DEFAULT_TOOLKIT_ROOT, TOOLKIT_ENV_VARS};

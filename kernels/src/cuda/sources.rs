@@ -1,0 +1,80 @@
+//! The CUDA C++ kernel sources, embedded in the binary and compiled by NVRTC at start-up.
+
+/// Helpers every kernel file uses; prepended to each source.
+const PRELUDE: &str = include_str!("../../cuda/prelude.cuh");
+
+/// One kernel file: compiled as one NVRTC program, loaded as one module.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    /// File name under `kernels/cuda/` (also the NVRTC program name, shown in compile errors).
+    pub file: &'static str,
+    code: &'static str,
+    /// The `extern "C"` kernels the file defines.
+    pub functions: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// A kernel file `file` with text `code` defining the kernels `functions`.
+    pub const fn new(
+        file: &'static str,
+        code: &'static str,
+        functions: &'static [&'static str],
+    ) -> Self {
+        Self {
+            file,
+            code,
+            functions,
+        }
+    }
+
+    /// The text NVRTC compiles: the prelude, then the file, with line numbers reset so errors point
+    /// into the file itself.
+    pub fn full_source(&self) -> String {
+        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.file, self.code)
+    }
+}
+
+/// Every kernel file.
+pub const KERNEL_SOURCES: &[KernelSource] = &[
+    KernelSource {
+        file: "norms.cu",
+        code: include_str!("../../cuda/norms.cu"),
+        functions: &[
+            "rms_norm",
+            "add_rms_norm",
+            "gated_rms_norm",
+            "head_rms_norm",
+            "l2_norm",
+        ],
+    },
+    KernelSource {
+        file: "elementwise.cu",
+        code: include_str!("../../cuda/elementwise.cu"),
+        functions: &["embedding", "swiglu", "delta_gates", "gather_last"],
+    },
+    KernelSource {
+        file: "rope.cu",
+        code: include_str!("../../cuda/rope.cu"),
+        functions: &["rope"],
+    },
+    KernelSource {
+        file: "conv.cu",
+        code: include_str!("../../cuda/conv.cu"),
+        functions: &["conv1d_silu", "conv1d_window_out"],
+    },
+    KernelSource {
+        file: "gemm.cu",
+        code: include_str!("../../cuda/gemm.cu"),
+        functions: &["gemm_xwt"],
+    },
+    KernelSource {
+        file: "attention.cu",
+        code: include_str!("../../cuda/attention.cu"),
+        functions: &["attention_gated"],
+    },
+    KernelSource {
+        file: "delta.cu",
+        code: include_str!("../../cuda/delta.cu"),
+        functions: &["gated_delta_rule_recurrent"],
+    },
+];

@@ -1,0 +1,615 @@
+//! Every CUDA op against the CPU reference backend on random inputs: ragged packed batches,
+//! sequences of length 1 and lengths that are not multiples of 64.
+//!
+//! These need a GPU, the driver and the CUDA 13 toolkit (headers + NVRTC, found through
+//! `INSTINCT_CUDA_HOME` / `CUDA_HOME` / `/usr/local/cuda`), so every test is ignored; run them on
+//! the GPU machine with `cargo test -p instinct-kernels --test cuda_ops -- --ignored`.
+//!
+//! Weights are rounded to bf16 before the CPU sees them, since the CUDA backend stores uploaded
+//! weights in bf16: both backends then compute with the same numbers and differ only by f32
+//! summation order and the device's math functions.
+
+use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::{
+    AttentionDims, Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, KernelError, Rope,
+    Varlen,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Packed batches every varlen op runs on.
+const BATCHES: &[&[usize]] = &[&[1], &[70], &[1, 64, 3, 129], &[200, 1, 65, 2]];
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
+}
+
+/// `v` rounded to bf16, the precision uploaded weights have on the device.
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+/// A random weight: the bf16-exact host copy (for the CPU) and its upload.
+fn weight(gpu: &CudaBackend, rng: &mut StdRng, n: usize, scale: f32) -> (Vec<f32>, CudaBuf) {
+    let host = bf16_round(&rand_vec(rng, n, scale));
+    let dev = gpu.upload(&host).unwrap();
+    (host, dev)
+}
+
+/// An f32 activation buffer holding `data` (plus `extra` trailing zeros, so ops must respect the
+/// lengths they are given rather than the buffer's).
+fn activation(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf {
+    let mut buf = gpu.alloc(data.len() + extra).unwrap();
+    gpu.write(&mut buf, data).unwrap();
+    buf
+}
+
+fn indices(gpu: &CudaBackend, data: &[u32]) -> cudarc::driver::CudaSlice<u32> {
+    let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
+    gpu.write_idx(&mut buf, data).unwrap();
+    buf
+}
+
+fn cu_of(lens: &[usize]) -> Vec<u32> {
+    let mut cu = vec![0u32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as u32);
+    }
+    cu
+}
+
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let bound = tol * (1.0 + w.abs());
+        assert!(
+            (g - w).abs() <= bound,
+            "{what}: index {i}: cuda {g} vs cpu {w} (tolerance {bound})"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn start_up_compiles_then_reuses_the_disk_cache() {
+    let dir = std::env::temp_dir().join(format!("instinct-cuda-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = CudaOptions {
+        cache_dir: Some(dir.clone()),
+        ..CudaOptions::default()
+    };
+    let first = CudaBackend::new(options.clone()).unwrap();
+    let entries = || {
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let after_first = entries();
+    assert_eq!(
+        after_first.len(),
+        instinct_kernels::cuda::KERNEL_SOURCES.len(),
+        "one cached CUBIN per kernel file: {after_first:?}"
+    );
+    drop(first);
+    let second = CudaBackend::new(options).unwrap();
+    assert_eq!(
+        entries(),
+        after_first,
+        "a warm start must not write new entries"
+    );
+    assert_eq!(
+        second.arch(),
+        instinct_kernels::cuda::GpuArch::SM_90,
+        "H200 is sm_90"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn memory_round_trips_and_weights_are_bf16() {
+    let gpu = gpu();
+    let data = [1.0f32, -2.5, 3.25, 1.0 + 1.0 / 1024.0];
+    let act = activation(&gpu, &data, 3);
+    assert_eq!(gpu.read(&act, 4).unwrap(), data);
+    assert_eq!(gpu.read(&act, 7).unwrap()[4..], [0.0; 3]);
+    let w = gpu.upload(&data).unwrap();
+    // 1 + 2^-10 is not a bf16 value (8 significant bits): the upload rounds it.
+    assert_eq!(gpu.read(&w, 4).unwrap(), bf16_round(&data));
+    assert!(gpu.read(&act, 8).is_err());
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn ops_reject_an_activation_where_a_weight_belongs() {
+    let gpu = gpu();
+    let x = activation(&gpu, &[1.0; 8], 0);
+    let not_a_weight = activation(&gpu, &[0.0; 4], 0);
+    let mut out = gpu.alloc(8).unwrap();
+    let err = gpu
+        .rms_norm(&x, &not_a_weight, 2, 4, 1e-6, &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(err, KernelError::Invalid { op: "rms_norm", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn embedding_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(1);
+    let (vocab, dim) = (1000, 160);
+    let (table_h, table_d) = weight(&gpu, &mut rng, vocab * dim, 1.0);
+    for rows in [1, 63, 257] {
+        let ids: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..vocab as u32)).collect();
+        let mut want = vec![0.0; rows * dim];
+        cpu.embedding(&table_h, vocab, &ids, rows, dim, &mut want)
+            .unwrap();
+        let ids_d = indices(&gpu, &ids);
+        let mut out = gpu.alloc(rows * dim + 5).unwrap();
+        gpu.embedding(&table_d, vocab, &ids_d, rows, dim, &mut out)
+            .unwrap();
+        // A gather: exact.
+        assert_eq!(gpu.read(&out, rows * dim).unwrap(), want, "rows {rows}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn rms_norm_and_fused_add_match_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(2);
+    for (rows, dim) in [(1, 2560), (65, 2560), (7, 100)] {
+        let x = rand_vec(&mut rng, rows * dim, 2.0);
+        let delta = rand_vec(&mut rng, rows * dim, 1.0);
+        let (w_h, w_d) = weight(&gpu, &mut rng, dim, 0.5);
+
+        let mut want = vec![0.0; rows * dim];
+        cpu.rms_norm(&x, &w_h, rows, dim, 1e-6, &mut want).unwrap();
+        let x_d = activation(&gpu, &x, 0);
+        let mut out = gpu.alloc(rows * dim).unwrap();
+        gpu.rms_norm(&x_d, &w_d, rows, dim, 1e-6, &mut out).unwrap();
+        assert_close(
+            &gpu.read(&out, rows * dim).unwrap(),
+            &want,
+            1e-5,
+            "rms_norm",
+        );
+
+        let mut residual_h = x.clone();
+        cpu.add_rms_norm(&mut residual_h, &delta, &w_h, rows, dim, 1e-6, &mut want)
+            .unwrap();
+        let mut residual_d = activation(&gpu, &x, 0);
+        let delta_d = activation(&gpu, &delta, 0);
+        gpu.add_rms_norm(&mut residual_d, &delta_d, &w_d, rows, dim, 1e-6, &mut out)
+            .unwrap();
+        assert_close(
+            &gpu.read(&residual_d, rows * dim).unwrap(),
+            &residual_h,
+            1e-6,
+            "add_rms_norm residual",
+        );
+        assert_close(
+            &gpu.read(&out, rows * dim).unwrap(),
+            &want,
+            1e-5,
+            "add_rms_norm out",
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gated_rms_norm_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(3);
+    let (rows, dim) = (3 * 32, 128); // rows are (token, head) pairs
+    let x = rand_vec(&mut rng, rows * dim, 2.0);
+    let z = rand_vec(&mut rng, rows * dim, 3.0);
+    let (w_h, w_d) = weight(&gpu, &mut rng, dim, 1.0);
+    let mut want = x.clone();
+    cpu.gated_rms_norm(&mut want, &z, &w_h, rows, dim, 1e-6)
+        .unwrap();
+    let mut x_d = activation(&gpu, &x, 0);
+    let z_d = activation(&gpu, &z, 0);
+    gpu.gated_rms_norm(&mut x_d, &z_d, &w_d, rows, dim, 1e-6)
+        .unwrap();
+    assert_close(
+        &gpu.read(&x_d, rows * dim).unwrap(),
+        &want,
+        1e-5,
+        "gated_rms_norm",
+    );
+}
+
+/// The query slots of a Qwen3.5 `qg` row (query and gate interleaved per head) and a dense k row.
+fn head_layouts() -> [HeadLayout; 2] {
+    let (heads, head_dim) = (4, 256);
+    [
+        HeadLayout {
+            heads,
+            head_dim,
+            head_stride: 2 * head_dim,
+            row_stride: 2 * heads * head_dim,
+            offset: 0,
+        },
+        HeadLayout::dense(2, head_dim),
+    ]
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn head_rms_norm_and_l2_norm_match_cpu_and_leave_other_slots_alone() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(4);
+    for layout in head_layouts() {
+        for rows in [1, 70] {
+            let len = layout.required_len(rows);
+            let x = rand_vec(&mut rng, len, 2.0);
+            let (w_h, w_d) = weight(&gpu, &mut rng, layout.head_dim, 0.5);
+
+            let mut want = x.clone();
+            cpu.head_rms_norm(&mut want, &w_h, layout, rows, 1e-6)
+                .unwrap();
+            let mut x_d = activation(&gpu, &x, 0);
+            gpu.head_rms_norm(&mut x_d, &w_d, layout, rows, 1e-6)
+                .unwrap();
+            // Whole buffer: the gate slots must come back untouched.
+            assert_close(&gpu.read(&x_d, len).unwrap(), &want, 1e-5, "head_rms_norm");
+
+            let mut want = x.clone();
+            cpu.l2_norm(&mut want, layout, rows, 1e-6).unwrap();
+            let mut x_d = activation(&gpu, &x, 0);
+            gpu.l2_norm(&mut x_d, layout, rows, 1e-6).unwrap();
+            assert_close(&gpu.read(&x_d, len).unwrap(), &want, 1e-5, "l2_norm");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn rope_matches_cpu_for_text_and_multi_axis_positions() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(5);
+    let rope = Rope {
+        rotary_dim: 64,
+        theta: 10_000_000.0,
+        section: [11, 11, 10],
+        interleaved: true,
+    };
+    for layout in head_layouts() {
+        for rows in [1, 130] {
+            let len = layout.required_len(rows);
+            let x = rand_vec(&mut rng, len, 1.0);
+            for text in [true, false] {
+                let positions: Vec<u32> = (0..rows)
+                    .flat_map(|t| {
+                        let p = 3000 + t as u32;
+                        if text {
+                            [p, p, p]
+                        } else {
+                            [p, rng.gen_range(0..40), rng.gen_range(0..40)]
+                        }
+                    })
+                    .collect();
+                let mut want = x.clone();
+                cpu.rope(&mut want, layout, &positions, rows, &rope)
+                    .unwrap();
+                let mut x_d = activation(&gpu, &x, 0);
+                let pos_d = indices(&gpu, &positions);
+                gpu.rope(&mut x_d, layout, &pos_d, rows, &rope).unwrap();
+                assert_close(&gpu.read(&x_d, len).unwrap(), &want, 1e-5, "rope");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn conv1d_silu_matches_cpu_with_and_without_carried_window() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(6);
+    let (channels, kernel) = (96, 4);
+    let (w_h, w_d) = weight(&gpu, &mut rng, channels * kernel, 0.7);
+    for lens in BATCHES {
+        let cu = cu_of(lens);
+        let rows = *cu.last().unwrap() as usize;
+        let win_len = lens.len() * (kernel - 1) * channels;
+        let x = rand_vec(&mut rng, rows * channels, 2.0);
+        let window = rand_vec(&mut rng, win_len, 2.0);
+        let x_d = activation(&gpu, &x, channels);
+        let cu_d = indices(&gpu, &cu);
+        let window_d = activation(&gpu, &window, 0);
+        for with_window in [false, true] {
+            let cpu_batch = Varlen {
+                cu_seqlens: &cu,
+                num_seqs: lens.len(),
+            };
+            let mut want = vec![0.0; rows * channels];
+            let mut want_window = vec![0.0; win_len];
+            cpu.conv1d_silu(
+                &x,
+                &w_h,
+                cpu_batch,
+                channels,
+                kernel,
+                with_window.then_some(&window),
+                Some(&mut want_window),
+                &mut want,
+            )
+            .unwrap();
+
+            let gpu_batch = Varlen {
+                cu_seqlens: &cu_d,
+                num_seqs: lens.len(),
+            };
+            let mut out = gpu.alloc(rows * channels).unwrap();
+            let mut window_out = gpu.alloc(win_len).unwrap();
+            gpu.conv1d_silu(
+                &x_d,
+                &w_d,
+                gpu_batch,
+                channels,
+                kernel,
+                with_window.then_some(&window_d),
+                Some(&mut window_out),
+                &mut out,
+            )
+            .unwrap();
+            let what = format!("conv lens {lens:?} window {with_window}");
+            assert_close(
+                &gpu.read(&out, rows * channels).unwrap(),
+                &want,
+                1e-5,
+                &what,
+            );
+            assert_eq!(
+                gpu.read(&window_out, win_len).unwrap(),
+                want_window,
+                "{what}: window"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn delta_gates_match_cpu_across_the_softplus_threshold() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(7);
+    let (rows, heads) = (67, 32);
+    let b = rand_vec(&mut rng, rows * heads, 6.0);
+    // dt_bias + a spans both sides of softplus's threshold at 20.
+    let a = rand_vec(&mut rng, rows * heads, 25.0);
+    let (a_log_h, a_log_d) = weight(&gpu, &mut rng, heads, 2.0);
+    let (dt_h, dt_d) = weight(&gpu, &mut rng, heads, 5.0);
+    let (mut b_want, mut a_want) = (b.clone(), a.clone());
+    cpu.delta_gates(&mut b_want, &mut a_want, &a_log_h, &dt_h, rows, heads)
+        .unwrap();
+    let mut b_d = activation(&gpu, &b, 0);
+    let mut a_d = activation(&gpu, &a, 0);
+    gpu.delta_gates(&mut b_d, &mut a_d, &a_log_d, &dt_d, rows, heads)
+        .unwrap();
+    assert_close(
+        &gpu.read(&b_d, rows * heads).unwrap(),
+        &b_want,
+        1e-5,
+        "beta",
+    );
+    assert_close(&gpu.read(&a_d, rows * heads).unwrap(), &a_want, 1e-5, "g");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn swiglu_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(8);
+    let (rows, inter) = (65, 300);
+    let gate_up = rand_vec(&mut rng, rows * 2 * inter, 4.0);
+    let mut want = vec![0.0; rows * inter];
+    cpu.swiglu(&gate_up, rows, inter, &mut want).unwrap();
+    let gate_up_d = activation(&gpu, &gate_up, 0);
+    let mut out = gpu.alloc(rows * inter).unwrap();
+    gpu.swiglu(&gate_up_d, rows, inter, &mut out).unwrap();
+    assert_close(
+        &gpu.read(&out, rows * inter).unwrap(),
+        &want,
+        1e-5,
+        "swiglu",
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gather_last_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(9);
+    let dim = 2560;
+    for lens in BATCHES {
+        let cu = cu_of(lens);
+        let rows = *cu.last().unwrap() as usize;
+        let x = rand_vec(&mut rng, rows * dim, 1.0);
+        let mut want = vec![0.0; lens.len() * dim];
+        let cpu_batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: lens.len(),
+        };
+        cpu.gather_last(&x, cpu_batch, dim, &mut want).unwrap();
+        let x_d = activation(&gpu, &x, 0);
+        let cu_d = indices(&gpu, &cu);
+        let mut out = gpu.alloc(lens.len() * dim).unwrap();
+        let gpu_batch = Varlen {
+            cu_seqlens: &cu_d,
+            num_seqs: lens.len(),
+        };
+        gpu.gather_last(&x_d, gpu_batch, dim, &mut out).unwrap();
+        assert_eq!(
+            gpu.read(&out, lens.len() * dim).unwrap(),
+            want,
+            "lens {lens:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gemm_matches_cpu_on_odd_sizes() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(10);
+    for (rows, in_dim, out_dim) in [(1, 2560, 300), (70, 129, 65), (17, 16, 1)] {
+        let x = rand_vec(&mut rng, rows * in_dim, 1.0);
+        let (w_h, w_d) = weight(&gpu, &mut rng, out_dim * in_dim, 0.1);
+        let mut want = vec![0.0; rows * out_dim];
+        cpu.gemm(&x, &w_h, rows, in_dim, out_dim, &mut want)
+            .unwrap();
+        let x_d = activation(&gpu, &x, 0);
+        let mut y = gpu.alloc(rows * out_dim).unwrap();
+        gpu.gemm(&x_d, &w_d, rows, in_dim, out_dim, &mut y).unwrap();
+        let what = format!("gemm {rows}x{in_dim}x{out_dim}");
+        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 1e-4, &what);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_matches_cpu_on_ragged_batches() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(11);
+    let dims = AttentionDims {
+        q_heads: 8,
+        kv_heads: 2,
+        head_dim: 256,
+        scale: 1.0 / 16.0,
+    };
+    for lens in BATCHES {
+        let cu = cu_of(lens);
+        let rows = *cu.last().unwrap() as usize;
+        let qg = rand_vec(&mut rng, rows * dims.q_heads * 2 * dims.head_dim, 2.0);
+        let k = rand_vec(&mut rng, rows * dims.kv_heads * dims.head_dim, 2.0);
+        let v = rand_vec(&mut rng, rows * dims.kv_heads * dims.head_dim, 1.0);
+        let out_len = rows * dims.q_heads * dims.head_dim;
+        let mut want = vec![0.0; out_len];
+        let cpu_batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: lens.len(),
+        };
+        cpu.attention(&qg, &k, &v, cpu_batch, dims, &mut want)
+            .unwrap();
+        let (qg_d, k_d, v_d) = (
+            activation(&gpu, &qg, 0),
+            activation(&gpu, &k, 0),
+            activation(&gpu, &v, 0),
+        );
+        let cu_d = indices(&gpu, &cu);
+        let mut out = gpu.alloc(out_len).unwrap();
+        let gpu_batch = Varlen {
+            cu_seqlens: &cu_d,
+            num_seqs: lens.len(),
+        };
+        gpu.attention(&qg_d, &k_d, &v_d, gpu_batch, dims, &mut out)
+            .unwrap();
+        let what = format!("attention lens {lens:?}");
+        assert_close(&gpu.read(&out, out_len).unwrap(), &want, 1e-4, &what);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(12);
+    let dims = DeltaDims {
+        k_heads: 2,
+        v_heads: 4,
+        k_dim: 128,
+        v_dim: 128,
+    };
+    let width = dims.qkv_width();
+    for lens in BATCHES {
+        let cu = cu_of(lens);
+        let rows = *cu.last().unwrap() as usize;
+        let mut qkv = rand_vec(&mut rng, rows * width, 1.0);
+        // q and k must arrive L2-normalised, as the model's l2_norm leaves them.
+        let qk = HeadLayout {
+            heads: 2 * dims.k_heads,
+            head_dim: dims.k_dim,
+            head_stride: dims.k_dim,
+            row_stride: width,
+            offset: 0,
+        };
+        cpu.l2_norm(&mut qkv, qk, rows, 1e-6).unwrap();
+        let beta: Vec<f32> = (0..rows * dims.v_heads)
+            .map(|_| rng.gen_range(0.0..1.0))
+            .collect();
+        let g: Vec<f32> = (0..rows * dims.v_heads)
+            .map(|_| rng.gen_range(-2.0..0.0))
+            .collect();
+        let state_len = lens.len() * dims.state_len();
+        let initial = rand_vec(&mut rng, state_len, 0.5);
+        let cpu_batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: lens.len(),
+        };
+        let out_len = rows * dims.v_heads * dims.v_dim;
+
+        let (qkv_d, beta_d, g_d) = (
+            activation(&gpu, &qkv, 0),
+            activation(&gpu, &beta, 0),
+            activation(&gpu, &g, 0),
+        );
+        let cu_d = indices(&gpu, &cu);
+        let initial_d = activation(&gpu, &initial, 0);
+        for with_initial in [false, true] {
+            let mut want = vec![0.0; out_len];
+            let mut want_final = vec![0.0; state_len];
+            let cpu_state = DeltaState {
+                initial: with_initial.then_some(&initial),
+                final_out: Some(&mut want_final),
+            };
+            cpu.gated_delta_rule_recurrent(&qkv, &beta, &g, cpu_batch, dims, cpu_state, &mut want)
+                .unwrap();
+            for chunked in [false, true] {
+                let gpu_batch = Varlen {
+                    cu_seqlens: &cu_d,
+                    num_seqs: lens.len(),
+                };
+                let mut out = gpu.alloc(out_len).unwrap();
+                let mut final_d = gpu.alloc(state_len).unwrap();
+                let gpu_state = DeltaState {
+                    initial: with_initial.then_some(&initial_d),
+                    final_out: Some(&mut final_d),
+                };
+                if chunked {
+                    gpu.gated_delta_rule_chunked(
+                        &qkv_d, &beta_d, &g_d, gpu_batch, dims, gpu_state, &mut out,
+                    )
+                } else {
+                    gpu.gated_delta_rule_recurrent(
+                        &qkv_d, &beta_d, &g_d, gpu_batch, dims, gpu_state, &mut out,
+                    )
+                }
+                .unwrap();
+                let what = format!("delta lens {lens:?} initial {with_initial} chunked {chunked}");
+                assert_close(&gpu.read(&out, out_len).unwrap(), &want, 1e-4, &what);
+                assert_close(
+                    &gpu.read(&final_d, state_len).unwrap(),
+                    &want_final,
+                    1e-4,
+                    &what,
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The vision tower's forward pass over the [`VisionBackend`] ops: patch embedding, learned
+//! position embedding, 2-D rotary, pre-LN ViT blocks with full attention within each frame, and
+//! the 2×2 patch merger. Buffers are sized per call (a reference path, not a serving one).
+
+use anyhow::{anyhow, ensure, Context, Result};
+use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::{HeadLayout, Varlen};
+
+use super::config::{VisionConfig, VISION_LAYER_NORM_EPS};
+use super::grid::{add_position_embedding, patch_coords};
+use super::weights::{LinearWeights, NormWeights, VisionWeights};
+
+/// One image: its `pixel_values` rows (`[t·h·w, patch_dim]`, block order, as the processor emits
+/// them) and its patch grid.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageInput<'a> {
+    pub pixel_values: &'a [f32],
+    pub grid_thw: [u32; 3],
+}
+
+struct Linear<B: VisionBackend> {
+    weight: B::Buf,
+    bias: B::Buf,
+    in_dim: usize,
+    out_dim: usize,
+}
+
+struct Norm<B: VisionBackend> {
+    weight: B::Buf,
+    bias: B::Buf,
+}
+
+struct Block<B: VisionBackend> {
+    norm1: Norm<B>,
+    qkv: Linear<B>,
+    proj: Linear<B>,
+    norm2: Norm<B>,
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+}
+
+/// The vision tower on a backend.
+pub struct VisionTower<B: VisionBackend> {
+    backend: B,
+    cfg: VisionConfig,
+    /// Kept on the host: it is resampled per image grid.
+    pos_embed: Vec<f32>,
+    patch_embed: Linear<B>,
+    blocks: Vec<Block<B>>,
+    merger_norm: Norm<B>,
+    merger_fc1: Linear<B>,
+    merger_fc2: Linear<B>,
+}
+
+impl<B: VisionBackend> VisionTower<B> {
+    /// Uploads `weights` (already adapter-merged, shapes checked at load).
+    pub fn new(backend: B, cfg: &VisionConfig, weights: &VisionWeights) -> Result<Self> {
+        ensure!(
+            weights.blocks.len() == cfg.depth,
+            "vision weights have {} blocks, the config says {}",
+            weights.blocks.len(),
+            cfg.depth
+        );
+        let up = |data: &[f32]| backend.upload(data).map_err(|e| anyhow!(e));
+        let linear = |w: &LinearWeights| -> Result<Linear<B>> {
+            ensure!(w.weight.shape.len() == 2, "linear weight is not 2-D");
+            Ok(Linear {
+                weight: up(&w.weight.data)?,
+                bias: up(&w.bias.data)?,
+                in_dim: w.weight.shape[1],
+                out_dim: w.weight.shape[0],
+            })
+        };
+        let norm = |n: &NormWeights| -> Result<Norm<B>> {
+            Ok(Norm {
+                weight: up(&n.weight.data)?,
+                bias: up(&n.bias.data)?,
+            })
+        };
+        let blocks = weights
+            .blocks
+            .iter()
+            .map(|b| {
+                Ok(Block {
+                    norm1: norm(&b.norm1)?,
+                    qkv: linear(&b.qkv)?,
+                    proj: linear(&b.proj)?,
+                    norm2: norm(&b.norm2)?,
+                    fc1: linear(&b.fc1)?,
+                    fc2: linear(&b.fc2)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            patch_embed: linear(&weights.patch_embed)?,
+            merger_norm: norm(&weights.merger_norm)?,
+            merger_fc1: linear(&weights.merger_fc1)?,
+            merger_fc2: linear(&weights.merger_fc2)?,
+            pos_embed: weights.pos_embed.data.clone(),
+            blocks,
+            cfg: cfg.clone(),
+            backend,
+        })
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.cfg
+    }
+
+    /// Image features of each image (`[t·h·w / merge², out_hidden]`, row-major), in order.
+    pub fn forward(&self, images: &[ImageInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                self.forward_one(image)
+                    .with_context(|| format!("image {i}"))
+            })
+            .collect()
+    }
+
+    fn linear(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
+        let be = &self.backend;
+        be.gemm(x, &l.weight, rows, l.in_dim, l.out_dim, y)
+            .map_err(|e| anyhow!(e))?;
+        be.add_bias(y, &l.bias, rows, l.out_dim)
+            .map_err(|e| anyhow!(e))
+    }
+
+    fn forward_one(&self, image: &ImageInput<'_>) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let (h, d, heads) = (cfg.hidden_size, cfg.head_dim(), cfg.num_heads);
+        let merge = cfg.spatial_merge_size;
+        let [t, gh, gw] = image.grid_thw.map(|v| v as usize);
+        let coords = patch_coords(image.grid_thw, merge)?;
+        let n = coords.len();
+        ensure!(
+            image.pixel_values.len() == n * cfg.patch_dim(),
+            "pixel_values hold {} values, grid {:?} needs {n} patches × {}",
+            image.pixel_values.len(),
+            image.grid_thw,
+            cfg.patch_dim()
+        );
+
+        // Patch embedding (the stride-equals-kernel Conv3d is a Linear over each patch row),
+        // then the resampled learned position table, added on the host.
+        let pixels = be.upload(image.pixel_values).map_err(e)?;
+        let mut hidden = be.alloc(n * h).map_err(e)?;
+        self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
+        let mut host = be.read(&hidden, n * h).map_err(e)?;
+        add_position_embedding(
+            &mut host,
+            &coords,
+            (gh, gw),
+            &self.pos_embed,
+            cfg.grid_side(),
+            h,
+        )?;
+        be.write(&mut hidden, &host).map_err(e)?;
+
+        let flat_coords: Vec<u32> = coords
+            .iter()
+            .flat_map(|&(r, c)| [r as u32, c as u32])
+            .collect();
+        let mut positions = be.alloc_idx(2 * n).map_err(e)?;
+        be.write_idx(&mut positions, &flat_coords).map_err(e)?;
+        // One attention segment per frame.
+        let frame = gh * gw;
+        let cu: Vec<u32> = (0..=t).map(|f| (f * frame) as u32).collect();
+        let mut cu_seqlens = be.alloc_idx(t + 1).map_err(e)?;
+        be.write_idx(&mut cu_seqlens, &cu).map_err(e)?;
+
+        let mut normed = be.alloc(n * h).map_err(e)?;
+        let mut qkv = be.alloc(n * 3 * h).map_err(e)?;
+        let mut attn = be.alloc(n * h).map_err(e)?;
+        let mut out = be.alloc(n * h).map_err(e)?;
+        let mut mlp = be.alloc(n * cfg.intermediate_size).map_err(e)?;
+        let q_layout = HeadLayout {
+            heads,
+            head_dim: d,
+            head_stride: d,
+            row_stride: 3 * h,
+            offset: 0,
+        };
+        let k_layout = HeadLayout {
+            offset: h,
+            ..q_layout
+        };
+        let scale = (d as f64).powf(-0.5) as f32;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let ctx = || format!("vision block {i}");
+            be.layer_norm(
+                &hidden,
+                &block.norm1.weight,
+                &block.norm1.bias,
+                n,
+                h,
+                VISION_LAYER_NORM_EPS,
+                &mut normed,
+            )
+            .map_err(e)?;
+            self.linear(&normed, &block.qkv, n, &mut qkv)
+                .with_context(ctx)?;
+            be.rope_axial(&mut qkv, q_layout, &positions, n, cfg.rope_theta)
+                .map_err(e)?;
+            be.rope_axial(&mut qkv, k_layout, &positions, n, cfg.rope_theta)
+                .map_err(e)?;
+            let batch = Varlen {
+                cu_seqlens: &cu_seqlens,
+                num_seqs: t,
+            };
+            be.attention_bidirectional(&qkv, batch, heads, d, scale, &mut attn)
+                .map_err(e)?;
+            self.linear(&attn, &block.proj, n, &mut out)
+                .with_context(ctx)?;
+            be.add_in_place(&mut hidden, &out, n * h).map_err(e)?;
+
+            be.layer_norm(
+                &hidden,
+                &block.norm2.weight,
+                &block.norm2.bias,
+                n,
+                h,
+                VISION_LAYER_NORM_EPS,
+                &mut normed,
+            )
+            .map_err(e)?;
+            self.linear(&normed, &block.fc1, n, &mut mlp)
+                .with_context(ctx)?;
+            be.gelu(&mut mlp, n * cfg.intermediate_size, Gelu::Tanh)
+                .map_err(e)?;
+            self.linear(&mlp, &block.fc2, n, &mut out)
+                .with_context(ctx)?;
+            be.add_in_place(&mut hidden, &out, n * h).map_err(e)?;
+        }
+
+        // Merger: LayerNorm per patch; the merge² patches of a block are consecutive rows, so the
+        // [n, h] buffer read as [n / merge², merge²·h] is their concatenation in block order.
+        let tokens = n / cfg.merge_unit();
+        let m = cfg.merged_width();
+        be.layer_norm(
+            &hidden,
+            &self.merger_norm.weight,
+            &self.merger_norm.bias,
+            n,
+            h,
+            VISION_LAYER_NORM_EPS,
+            &mut normed,
+        )
+        .map_err(e)?;
+        let mut merged = be.alloc(tokens * m).map_err(e)?;
+        self.linear(&normed, &self.merger_fc1, tokens, &mut merged)?;
+        be.gelu(&mut merged, tokens * m, Gelu::Erf).map_err(e)?;
+        let mut features = be.alloc(tokens * cfg.out_hidden_size).map_err(e)?;
+        self.linear(&merged, &self.merger_fc2, tokens, &mut features)?;
+        be.read(&features, tokens * cfg.out_hidden_size).map_err(e)
+    }
+}

@@ -1,0 +1,350 @@
+//! The tiny checkpoint's vision-language path (vision tower, multimodal adapter merge, M-RoPE
+//! positions, image features scattered into the prompt, letter readout) against transformers'
+//! fp32 goldens (`tools/reference/vl_goldens.py`): image features within 1e-4 relative, positions
+//! exactly, letter probabilities within 1e-5.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use instinct_kernels::CpuBackend;
+use instinct_model::checkpoint::Snapshot;
+use instinct_model::forward::{BatchLimits, EmbeddingOverride, SequenceInput, TextModel};
+use instinct_model::lora::LoraAdapter;
+use instinct_model::mrope::{expand_image_placeholders, rope_index};
+use instinct_model::readout::LetterReadout;
+use instinct_model::vision::{ImageInput, VisionConfig, VisionTower, VisionWeights};
+use serde_json::Value;
+
+const FEATURE_REL_TOL: f64 = 1e-4;
+const PROB_TOL: f64 = 1e-5;
+const MERGE: u32 = 2;
+
+fn tiny_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/tiny")
+}
+
+fn goldens() -> &'static Value {
+    static G: OnceLock<Value> = OnceLock::new();
+    G.get_or_init(|| {
+        let text = std::fs::read_to_string(tiny_dir().join("vl_goldens.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    })
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    floats(v).iter().map(|&x| x as u32).collect()
+}
+
+fn grid(v: &Value) -> [u32; 3] {
+    u32s(v).try_into().unwrap()
+}
+
+/// Every image's `pixel_values`, decoded from one byte per value through the level table.
+fn pixel_values() -> Vec<Vec<f32>> {
+    let g = goldens();
+    let table: Vec<f32> = floats(&g["level_table"])
+        .iter()
+        .map(|&x| x as f32)
+        .collect();
+    let bytes = std::fs::read(tiny_dir().join(g["pixels_file"].as_str().unwrap())).unwrap();
+    g["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|im| {
+            let start = im["pixel_offset"].as_u64().unwrap() as usize;
+            let len =
+                (im["pixel_rows"].as_u64().unwrap() * im["pixel_cols"].as_u64().unwrap()) as usize;
+            bytes[start..start + len]
+                .iter()
+                .map(|&b| table[b as usize])
+                .collect()
+        })
+        .collect()
+}
+
+struct Loaded {
+    tower: VisionTower<CpuBackend>,
+    text: TextModel<CpuBackend>,
+    readout: LetterReadout,
+}
+
+fn load(with_adapter: bool) -> Loaded {
+    let snap = Snapshot::open(tiny_dir()).unwrap();
+    let cfg = VisionConfig::from_json(snap.config().vision.as_ref().unwrap()).unwrap();
+    let mut vision = VisionWeights::load(&snap, &cfg).unwrap();
+    let mut text = snap.load_text_weights().unwrap();
+    if with_adapter {
+        let adapter = LoraAdapter::open(tiny_dir().join("adapter-multimodal")).unwrap();
+        let report = adapter.merge_into_text(&mut text).unwrap();
+        let merged_vision = vision.merge_lora(&report.vision).unwrap();
+        assert_eq!(merged_vision, 6, "2 blocks × fc1/fc2 + merger fc1/fc2");
+        assert_eq!(
+            report.merged.len() + merged_vision,
+            adapter.modules().len(),
+            "the text and vision merges together use every adapter module"
+        );
+        assert_eq!(adapter.modules().len(), 38);
+    }
+    let letter_ids = u32s(&goldens()["letter_ids"]);
+    let readout = LetterReadout::from_embedding(&text.embed_tokens, &letter_ids).unwrap();
+    let limits = BatchLimits {
+        max_tokens: 2048,
+        max_seqs: 4,
+    };
+    Loaded {
+        tower: VisionTower::new(CpuBackend::new(), &cfg, &vision).unwrap(),
+        text: TextModel::new(CpuBackend::new(), &snap.config().text, &text, limits).unwrap(),
+        readout,
+    }
+}
+
+fn max_rel_diff(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f64, |m, w| m.max(w.abs())).max(1e-30);
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs() / scale)
+        .fold(0.0, f64::max)
+}
+
+fn check(variant: &str, with_adapter: bool) {
+    let g = goldens();
+    let image_token = g["image_token_id"].as_u64().unwrap() as u32;
+    let mut loaded = load(with_adapter);
+    let pixels = pixel_values();
+    let mut worst_feature = 0f64;
+    let mut worst_prob = 0f64;
+    let mut prompts_checked = 0;
+    for (im, px) in g["images"].as_array().unwrap().iter().zip(&pixels) {
+        let name = im["name"].as_str().unwrap();
+        let grid_thw = grid(&im["grid_thw"]);
+        let feats = loaded
+            .tower
+            .forward(&[ImageInput {
+                pixel_values: px,
+                grid_thw,
+            }])
+            .unwrap()
+            .remove(0);
+        let rel = max_rel_diff(&feats, &floats(&im[format!("features_{variant}")]));
+        assert!(
+            rel < FEATURE_REL_TOL,
+            "{name} {variant}: features differ by {rel} relative"
+        );
+        worst_feature = worst_feature.max(rel);
+
+        for p in im["prompts"].as_array().unwrap() {
+            let ids = u32s(&p["input_ids"]);
+            let n = p["n_options"].as_u64().unwrap() as usize;
+            let want_pos: Vec<[u32; 3]> = p["positions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(grid)
+                .collect();
+            let positions = rope_index(&ids, image_token, &[grid_thw], MERGE).unwrap();
+            assert_eq!(positions, want_pos, "{name}: M-RoPE positions");
+
+            let seq = SequenceInput {
+                token_ids: &ids,
+                positions: Some(&positions),
+            };
+            let over = EmbeddingOverride {
+                token_id: image_token,
+                rows: &feats,
+            };
+            let hidden = loaded
+                .text
+                .forward_last_with_embeddings(&[seq], &[Some(over)])
+                .unwrap()
+                .remove(0);
+            let want = &p[variant];
+            let hidden_rel = max_rel_diff(&hidden, &floats(&want["final_hidden"]));
+            assert!(
+                hidden_rel < FEATURE_REL_TOL,
+                "{name} n={n}: hidden off by {hidden_rel}"
+            );
+            for (k, key) in [(26, "probs_26"), (3, "probs_3")] {
+                let got = loaded.readout.probabilities(&hidden, k).unwrap();
+                for (&a, b) in got.iter().zip(floats(&want[key])) {
+                    let diff = (a as f64 - b).abs();
+                    assert!(diff < PROB_TOL, "{name} n={n} {key} {variant}: {a} vs {b}");
+                    worst_prob = worst_prob.max(diff);
+                }
+            }
+            prompts_checked += 1;
+        }
+    }
+    assert_eq!(prompts_checked, 4);
+    eprintln!(
+        "{variant}: worst feature rel diff {worst_feature:.2e}, worst prob diff {worst_prob:.2e}"
+    );
+}
+
+#[test]
+fn base_model_matches_transformers() {
+    check("base", false);
+}
+
+#[test]
+fn multimodal_adapter_matches_peft() {
+    check("adapter", true);
+}
+
+/// The scatter must put the image features at the image tokens, so wrong features move the
+/// answer, and a feature count that does not match the image tokens is refused.
+#[test]
+fn image_features_reach_the_prompt_and_counts_are_checked() {
+    let g = goldens();
+    let image_token = g["image_token_id"].as_u64().unwrap() as u32;
+    let mut loaded = load(false);
+    let im = &g["images"][1];
+    let p = &im["prompts"][0];
+    let ids = u32s(&p["input_ids"]);
+    let grid_thw = grid(&im["grid_thw"]);
+    let positions = rope_index(&ids, image_token, &[grid_thw], MERGE).unwrap();
+    let seq = SequenceInput {
+        token_ids: &ids,
+        positions: Some(&positions),
+    };
+    let feats = floats(&im["features_base"]);
+    let zeros = vec![0.0f32; feats.len()];
+    let hidden = loaded
+        .text
+        .forward_last_with_embeddings(
+            &[seq],
+            &[Some(EmbeddingOverride {
+                token_id: image_token,
+                rows: &zeros,
+            })],
+        )
+        .unwrap()
+        .remove(0);
+    let got = loaded.readout.probabilities(&hidden, 3).unwrap();
+    let want = floats(&p["base"]["probs_3"]);
+    let moved = got
+        .iter()
+        .zip(&want)
+        .map(|(&a, b)| (a as f64 - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        moved > 1e-3,
+        "zeroed image features changed nothing ({moved})"
+    );
+
+    let short = &zeros[..zeros.len() - 64];
+    let err = loaded
+        .text
+        .forward_last_with_embeddings(
+            &[seq],
+            &[Some(EmbeddingOverride {
+                token_id: image_token,
+                rows: short,
+            })],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("positions hold token"), "{err}");
+}
+
+#[test]
+fn rope_index_matches_transformers_with_two_images() {
+    let g = goldens();
+    let image_token = g["image_token_id"].as_u64().unwrap() as u32;
+    for case in g["rope_cases"].as_array().unwrap() {
+        let ids = u32s(&case["input_ids"]);
+        let grids: Vec<[u32; 3]> = case["grids"].as_array().unwrap().iter().map(grid).collect();
+        let want: Vec<[u32; 3]> = case["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(grid)
+            .collect();
+        assert_eq!(rope_index(&ids, image_token, &grids, MERGE).unwrap(), want);
+        // Too few grids, or a grid whose token count does not match its run, is an error.
+        assert!(rope_index(&ids, image_token, &grids[..1], MERGE).is_err());
+        let wrong = [grids[1], grids[0]];
+        assert!(rope_index(&ids, image_token, &wrong, MERGE).is_err());
+    }
+}
+
+#[test]
+fn placeholder_expansion_reproduces_the_processor() {
+    let g = goldens();
+    let image_token = g["image_token_id"].as_u64().unwrap() as u32;
+    for im in g["images"].as_array().unwrap() {
+        let grid_thw = grid(&im["grid_thw"]);
+        let ids = u32s(&im["prompts"][0]["input_ids"]);
+        let mut collapsed = ids.clone();
+        collapsed.dedup_by(|a, b| *a == image_token && *b == image_token);
+        assert_eq!(collapsed.iter().filter(|&&t| t == image_token).count(), 1);
+        let expanded =
+            expand_image_placeholders(&collapsed, image_token, &[grid_thw], MERGE).unwrap();
+        assert_eq!(expanded, ids);
+        assert!(expand_image_placeholders(&collapsed, image_token, &[], MERGE).is_err());
+    }
+}
+
+#[test]
+fn vision_merge_refuses_foreign_or_misshapen_modules() {
+    let snap = Snapshot::open(tiny_dir()).unwrap();
+    let cfg = VisionConfig::from_json(snap.config().vision.as_ref().unwrap()).unwrap();
+    let original = VisionWeights::load(&snap, &cfg).unwrap();
+    let adapter = LoraAdapter::open(tiny_dir().join("adapter-multimodal")).unwrap();
+    let mut text = snap.load_text_weights().unwrap();
+    let report = adapter.merge_into_text(&mut text).unwrap();
+
+    // A text module is not a vision module.
+    let mut weights = original.clone();
+    let err = weights.merge_lora(adapter.modules()).unwrap_err();
+    assert!(err.to_string().contains("not the vision tower"), "{err}");
+
+    // A module whose shape does not fit is refused before anything is merged.
+    let mut modules = report.vision.clone();
+    let last = modules.len() - 1;
+    let rank = modules[last].a.shape[0];
+    modules[last].a.shape = vec![rank, 7];
+    modules[last].a.data.truncate(rank * 7);
+    let err = weights.merge_lora(&modules).unwrap_err();
+    assert!(
+        err.to_string().contains("needs a base weight of shape"),
+        "{err}"
+    );
+    assert_eq!(weights.blocks[0].fc1.weight, original.blocks[0].fc1.weight);
+    assert_eq!(weights.merger_fc2.weight, original.merger_fc2.weight);
+
+    // The real merge changes exactly the adapted Linears.
+    weights.merge_lora(&report.vision).unwrap();
+    assert_ne!(weights.blocks[1].fc2.weight, original.blocks[1].fc2.weight);
+    assert_ne!(weights.merger_fc1.weight, original.merger_fc1.weight);
+    assert_eq!(weights.blocks[1].qkv.weight, original.blocks[1].qkv.weight);
+}
+
+#[test]
+fn vision_config_rejects_unsupported_settings() {
+    let snap = Snapshot::open(tiny_dir()).unwrap();
+    let raw = snap.config().vision.clone().unwrap();
+    let cfg = VisionConfig::from_json(&raw).unwrap();
+    assert_eq!(
+        (cfg.head_dim(), cfg.patch_dim(), cfg.grid_side()),
+        (16, 1536, 8)
+    );
+    for (key, value) in [
+        ("hidden_act", serde_json::json!("gelu")),
+        ("deepstack_visual_indexes", serde_json::json!([1])),
+        ("num_position_embeddings", serde_json::json!(60)),
+        ("num_heads", serde_json::json!(3)),
+    ] {
+        let mut bad = raw.clone();
+        bad[key] = value;
+        assert!(VisionConfig::from_json(&bad).is_err(), "{key} accepted");
+    }
+}
