@@ -26,6 +26,8 @@ const FILES: &[(&str, &[u8])] = &[
     asset!("chat_template.jinja"),
     asset!("adapter-text/adapter_config.json"),
     asset!("adapter-text/adapter_model.safetensors"),
+    asset!("adapter-multimodal/adapter_config.json"),
+    asset!("adapter-multimodal/adapter_model.safetensors"),
 ];
 
 static WRITES: AtomicU64 = AtomicU64::new(0);
@@ -36,6 +38,8 @@ pub struct DemoSnapshot {
     pub model_dir: PathBuf,
     /// Its random text adapter (real Cua-S1 adapter config, random weights).
     pub text_adapter_dir: PathBuf,
+    /// Its random multimodal adapter (real Cua-S1 multimodal config, random weights).
+    pub multimodal_adapter_dir: PathBuf,
 }
 
 /// Writes the embedded demo snapshot under `root` (once per content: the directory name carries a
@@ -62,6 +66,7 @@ pub fn materialize(root: &Path) -> std::io::Result<DemoSnapshot> {
     }
     Ok(DemoSnapshot {
         text_adapter_dir: dir.join("adapter-text"),
+        multimodal_adapter_dir: dir.join("adapter-multimodal"),
         model_dir: dir,
     })
 }

@@ -39,6 +39,21 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_TEXT_ADAPTER")]
     pub text_adapter: Option<PathBuf>,
 
+    /// PEFT adapter directory for screenshot questions (Cua-S1's `multimodal/`): its language
+    /// modules are merged into a second copy of the language model, its vision modules into the
+    /// vision tower. Without it, screenshot state is refused with 422.
+    #[arg(long, env = "INSTINCT_MULTIMODAL_ADAPTER")]
+    pub multimodal_adapter: Option<PathBuf>,
+
+    /// Byte budget of the encoded-screenshot cache, in MiB (0 disables it).
+    #[arg(long, env = "INSTINCT_IMAGE_CACHE_MIB", default_value_t = 256)]
+    pub image_cache_mib: usize,
+
+    /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
+    /// --max-body-bytes.
+    #[arg(long, env = "INSTINCT_MAX_SCREENSHOT_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_screenshot_body_bytes: usize,
+
     /// Model name clients put in the request's `model` field (it may also be omitted).
     #[arg(
         long,

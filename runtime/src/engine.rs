@@ -6,19 +6,114 @@ use std::path::Path;
 
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::chat::ChatTemplate;
-use instinct_model::decider::{load_text_cpu, Decider, ImagePrompt, Prompt};
+use std::sync::Arc;
+
+use instinct_model::decider::{load_multimodal_cpu, load_text_cpu, Decider, ImagePrompt, Prompt};
+use instinct_model::image::preprocess;
+use instinct_model::mrope::{expand_image_placeholders, rope_index};
+use instinct_model::vision::{ImageInput, VisionTower};
+use instinct_scheduler::Question;
+
+use crate::image_cache::{key_of, EncodedImage, ImageCache};
+use crate::screenshot::Screenshot;
 use instinct_model::forward::BatchLimits;
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::tokenizer::Tokenizer;
 use instinct_scheduler::{Batch, Engine};
 
-/// Renders and tokenizes prompts. Cheap to share: every method takes `&self`.
+/// Renders and tokenizes prompts, and encodes screenshots. Shared by all request tasks: every
+/// method takes `&self`.
 pub struct Preparer {
     tokenizer: Tokenizer,
     chat: ChatTemplate,
+    vision: Option<VisionSide>,
+}
+
+/// What screenshot questions need before the language model.
+pub struct VisionSide {
+    tower: VisionTower<CpuBackend>,
+    image_token_id: u32,
+    merge: u32,
+    cache: ImageCache,
+}
+
+/// A screenshot request's questions, ready for the scheduler, and whether the image was cached.
+pub struct ScreenshotQuestions {
+    pub questions: Vec<Question>,
+    pub cache_hit: bool,
 }
 
 impl Preparer {
+    /// Whether screenshot questions are served.
+    pub fn serves_screenshots(&self) -> bool {
+        self.vision.is_some()
+    }
+
+    /// Decodes, preprocesses and encodes `image` (or takes it from the cache), then builds each
+    /// question's ids (image placeholder expanded), M-RoPE positions and features. `users` are
+    /// the questions' user messages; the problem string is the client-facing reason an image
+    /// was refused.
+    pub fn screenshot_questions(
+        &self,
+        image: &Screenshot,
+        users: &[(&str, usize)],
+    ) -> Result<ScreenshotQuestions, ScreenshotError> {
+        let vision = self
+            .vision
+            .as_ref()
+            .ok_or_else(|| ScreenshotError::Internal(anyhow::anyhow!("no vision tower loaded")))?;
+        let key = key_of(&image.bytes);
+        let mut hit = true;
+        let encoded = vision.cache.get_or_encode(key, || {
+            hit = false;
+            let pre = preprocess(&image.bytes, image.format.mime())
+                .map_err(|e| ScreenshotError::Image(e.to_string()))?;
+            let features = vision
+                .tower
+                .forward(&[ImageInput {
+                    pixel_values: &pre.pixel_values,
+                    grid_thw: pre.grid_thw,
+                }])
+                .map_err(ScreenshotError::Internal)?
+                .pop()
+                .ok_or_else(|| ScreenshotError::Internal(anyhow::anyhow!("no features")))?;
+            Ok(EncodedImage {
+                features: Arc::new(features),
+                grid_thw: pre.grid_thw,
+            })
+        })?;
+        let grids = [encoded.grid_thw];
+        let mut questions = Vec::with_capacity(users.len());
+        for &(user, n_options) in users {
+            let chat = self
+                .chat
+                .render_with_image(SYSTEM_PROMPT, user)
+                .map_err(ScreenshotError::Internal)?;
+            let ids = self
+                .tokenizer
+                .encode(&chat)
+                .map_err(ScreenshotError::Internal)?;
+            let ids = expand_image_placeholders(&ids, vision.image_token_id, &grids, vision.merge)
+                .map_err(ScreenshotError::Internal)?;
+            let positions = rope_index(&ids, vision.image_token_id, &grids, vision.merge)
+                .map_err(ScreenshotError::Internal)?;
+            let context = ImagePrompt {
+                image_token_id: vision.image_token_id,
+                features: encoded.features.clone(),
+                positions,
+            };
+            questions.push(Question {
+                ids,
+                n_options,
+                context: Some(Arc::new(context)),
+            });
+        }
+        Ok(ScreenshotQuestions {
+            questions,
+            cache_hit: hit,
+        })
+    }
+
     /// The chat string of a Cua-S1 question (system prompt + `user`), with the checkpoint's own
     /// template.
     pub fn render(&self, user: &str) -> anyhow::Result<String> {
@@ -88,6 +183,15 @@ where
     }
 }
 
+/// Why a screenshot could not be prepared.
+#[derive(Debug)]
+pub enum ScreenshotError {
+    /// The image breaks a limit or does not decode: the client's problem (422).
+    Image(String),
+    /// Our failure (500).
+    Internal(anyhow::Error),
+}
+
 /// A loaded model: its preparer and its device engines.
 pub struct Loaded {
     pub preparer: Preparer,
@@ -101,23 +205,46 @@ pub struct Loaded {
 pub fn load_cpu(
     model_dir: &Path,
     text_adapter: Option<&Path>,
+    multimodal_adapter: Option<&Path>,
     limits: BatchLimits,
     cpu_engines: usize,
+    image_cache_bytes: usize,
 ) -> anyhow::Result<Loaded> {
     anyhow::ensure!(cpu_engines >= 1, "at least one engine is needed");
     let mut engines: Vec<Box<dyn Engine>> = Vec::with_capacity(cpu_engines);
-    let mut preparer = None;
+    let mut preparer: Option<Preparer> = None;
     let mut weights_bytes = 0;
     for _ in 0..cpu_engines {
         let loaded = load_text_cpu(model_dir, text_adapter, limits)?;
         weights_bytes += loaded.weights_bytes;
-        preparer.get_or_insert(Preparer {
-            tokenizer: loaded.tokenizer,
-            chat: loaded.chat,
-        });
+        let multimodal = match multimodal_adapter {
+            Some(dir) => Some(load_multimodal_cpu(model_dir, dir, limits)?),
+            None => None,
+        };
+        let (mm_decider, vision) = match multimodal {
+            Some(m) => {
+                let merge = m.vision.config().spatial_merge_size as u32;
+                let side = VisionSide {
+                    tower: m.vision,
+                    image_token_id: m.image_token_id,
+                    merge,
+                    cache: ImageCache::new(image_cache_bytes),
+                };
+                weights_bytes += loaded.weights_bytes;
+                (Some(m.decider), Some(side))
+            }
+            None => (None, None),
+        };
+        if preparer.is_none() {
+            preparer = Some(Preparer {
+                tokenizer: loaded.tokenizer,
+                chat: loaded.chat,
+                vision,
+            });
+        }
         engines.push(Box::new(DeciderEngine::<CpuBackend> {
             decider: loaded.decider,
-            multimodal: None,
+            multimodal: mm_decider,
         }));
     }
     Ok(Loaded {

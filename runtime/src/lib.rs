@@ -3,6 +3,7 @@
 pub mod cli;
 pub mod contract;
 pub mod engine;
+pub mod image_cache;
 pub mod metrics;
 pub mod problem;
 pub mod screenshot;

@@ -27,6 +27,7 @@ pub const DEMO_ID: &str = "instinct/demo-tiny-qwen3.5:text";
 struct ModelSource {
     model_dir: PathBuf,
     text_adapter: Option<PathBuf>,
+    multimodal_adapter: Option<PathBuf>,
     demo: bool,
 }
 
@@ -35,17 +36,19 @@ fn resolve_source(args: &ServeArgs) -> anyhow::Result<ModelSource> {
         Some(dir) => Ok(ModelSource {
             model_dir: dir.clone(),
             text_adapter: args.text_adapter.clone(),
+            multimodal_adapter: args.multimodal_adapter.clone(),
             demo: false,
         }),
         None => {
-            if args.text_adapter.is_some() {
-                bail!("--text-adapter needs --model (the demo model carries its own adapter)");
+            if args.text_adapter.is_some() || args.multimodal_adapter.is_some() {
+                bail!("adapters need --model (the demo model carries its own adapters)");
             }
             let demo = instinct_model::demo::materialize(&std::env::temp_dir())
                 .context("writing the built-in demo model to the temporary directory")?;
             Ok(ModelSource {
                 model_dir: demo.model_dir,
                 text_adapter: Some(demo.text_adapter_dir),
+                multimodal_adapter: Some(demo.multimodal_adapter_dir),
                 demo: true,
             })
         }
@@ -82,6 +85,7 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
 pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
     Settings {
         max_body_bytes: args.max_body_bytes,
+        max_screenshot_body_bytes: args.max_screenshot_body_bytes,
         max_prompt_tokens: args.max_prompt_tokens,
         request_timeout: (args.request_timeout_ms > 0)
             .then(|| Duration::from_millis(args.request_timeout_ms)),
@@ -124,14 +128,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_seqs: args.max_batch_seqs,
     };
     let engines = args.engines;
+    let image_cache_mib = args.image_cache_mib;
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();
         let loaded = load_cpu(
             &source.model_dir,
             source.text_adapter.as_deref(),
+            source.multimodal_adapter.as_deref(),
             limits,
             engines,
+            image_cache_mib << 20,
         )?;
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
         let scheduler = Scheduler::start(config, loaded.engines)?;

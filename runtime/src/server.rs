@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
 use crate::contract::{self, Request as ValidatedRequest};
-use crate::engine::Preparer;
+use crate::engine::{Preparer, ScreenshotError};
 use crate::metrics as m;
 use crate::problem::{Code, Problem};
 
@@ -30,6 +30,8 @@ pub struct Settings {
     /// Identity reported in answers and `/health`.
     pub model_id: String,
     pub max_body_bytes: usize,
+    /// Body limit of screenshot requests (when screenshots are served).
+    pub max_screenshot_body_bytes: usize,
     pub max_prompt_tokens: usize,
     /// Longest a request may wait in the queue before it is answered 503.
     pub request_timeout: Option<Duration>,
@@ -46,6 +48,7 @@ impl Settings {
             served_model_name: served_model_name.into(),
             model_id: model_id.into(),
             max_body_bytes: contract::MAX_BODY_BYTES,
+            max_screenshot_body_bytes: 8 * 1024 * 1024,
             max_prompt_tokens: contract::MAX_PROMPT_TOKENS,
             request_timeout: None,
             api_key: None,
@@ -306,13 +309,21 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > settings.max_body_bytes as u64) {
+    // Screenshot requests may be larger; text requests are held to their own limit after parsing.
+    let screenshots = state
+        .ready()
+        .is_some_and(|r| r.preparer.serves_screenshots());
+    let body_limit = if screenshots {
+        settings
+            .max_body_bytes
+            .max(settings.max_screenshot_body_bytes)
+    } else {
+        settings.max_body_bytes
+    };
+    if declared.is_some_and(|n| n > body_limit as u64) {
         return problem_response(&Problem::body_too_large());
     }
-    let body = match Limited::new(req.into_body(), settings.max_body_bytes)
-        .collect()
-        .await
-    {
+    let body = match Limited::new(req.into_body(), body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return problem_response(&Problem::body_too_large());
@@ -347,6 +358,11 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     };
     let prepared_at = Instant::now();
     histogram!(m::PREPARE_SECONDS).record((prepared_at - received).as_secs_f64());
+    let model_id = if request.image.is_some() {
+        multimodal_id(&settings.model_id)
+    } else {
+        settings.model_id.clone()
+    };
     let input_tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
     let n_options: Vec<usize> = questions.iter().map(|q| q.n_options).collect();
 
@@ -403,7 +419,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     };
 
     let body = match answer_body(
-        &settings.model_id,
+        &model_id,
         &request,
         &n_options,
         input_tokens,
@@ -442,21 +458,58 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
 fn prepare(state: &AppState, body: &[u8]) -> Result<(ValidatedRequest, Vec<Question>), Problem> {
     let settings = &state.settings;
     let preparer = &state.ready().expect("checked before").preparer;
-    let request = contract::parse_request(body, &settings.served_model_name)?;
-    let mut questions = Vec::with_capacity(request.questions.len());
-    let mut over = Vec::new();
-    for q in &request.questions {
-        let ids = preparer
-            .render(&q.user)
-            .and_then(|chat| preparer.tokenize(&chat))
-            .map_err(|e| {
-                tracing::error!("prompt preparation failed: {e:#}");
-                Problem::inference_failed()
-            })?;
-        if ids.len() > settings.max_prompt_tokens {
-            over.push((q.name.as_str(), ids.len()));
+    let parsed = contract::parse_request_with(
+        body,
+        &settings.served_model_name,
+        preparer.serves_screenshots(),
+    );
+    // Only a valid screenshot request may use the larger screenshot body limit.
+    let over_text_limit = body.len() > settings.max_body_bytes;
+    let request = match parsed {
+        Ok(request) if over_text_limit && request.image.is_none() => {
+            return Err(Problem::body_too_large())
         }
-        questions.push(Question::text(ids, q.option_keys.len()));
+        Err(_) if over_text_limit => return Err(Problem::body_too_large()),
+        parsed => parsed?,
+    };
+    let questions = match &request.image {
+        None => {
+            let mut questions = Vec::with_capacity(request.questions.len());
+            for q in &request.questions {
+                let ids = preparer
+                    .render(&q.user)
+                    .and_then(|chat| preparer.tokenize(&chat))
+                    .map_err(|e| {
+                        tracing::error!("prompt preparation failed: {e:#}");
+                        Problem::inference_failed()
+                    })?;
+                questions.push(Question::text(ids, q.option_keys.len()));
+            }
+            questions
+        }
+        Some(image) => {
+            let users: Vec<(&str, usize)> = request
+                .questions
+                .iter()
+                .map(|q| (q.user.as_str(), q.option_keys.len()))
+                .collect();
+            match preparer.screenshot_questions(image, &users) {
+                Ok(prepared) => prepared.questions,
+                Err(ScreenshotError::Image(detail)) => {
+                    return Err(Problem::new(Code::InvalidImage, detail))
+                }
+                Err(ScreenshotError::Internal(e)) => {
+                    tracing::error!("screenshot preparation failed: {e:#}");
+                    return Err(Problem::inference_failed());
+                }
+            }
+        }
+    };
+    let mut over = Vec::new();
+    for (q, prepared) in request.questions.iter().zip(&questions) {
+        if prepared.ids.len() > settings.max_prompt_tokens {
+            over.push((q.name.as_str(), prepared.ids.len()));
+        }
     }
     if let Some(problem) = Problem::prompts_too_long(&over, settings.max_prompt_tokens) {
         return Err(problem);
@@ -509,6 +562,14 @@ fn answer_body(
         "answers": answers,
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
     }))
+}
+
+/// The identity of answers to screenshot questions: upstream's `…:multimodal` form.
+fn multimodal_id(text_id: &str) -> String {
+    match text_id.strip_suffix(":text") {
+        Some(base) => format!("{base}:multimodal"),
+        None => format!("{text_id}:multimodal"),
+    }
 }
 
 fn overloaded(code: Code, detail: &str, retry_after: Duration) -> Response<Body> {

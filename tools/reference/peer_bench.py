@@ -163,6 +163,16 @@ def batch_letter_probabilities(model, ids, mask, last) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=-1)
 
 
+def padding_check(model, ids, mask, last, device) -> float:
+    """Right padding must not change a row's answer: each row of the batch against the row alone."""
+    batched = batch_letter_probabilities(model, ids, mask, last).cpu()
+    alone = [
+        letter_probabilities(last_letter_logits(model, ids[row, : int(last[row]) + 1].tolist(), device), 26)
+        for row in range(ids.shape[0])
+    ]
+    return float((batched - torch.stack(alone)).abs().max())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
@@ -223,6 +233,8 @@ def main() -> None:
         runs = sizes["batch_runs"] if time.time() - started < args.budget_s else 2
         times = [clock.time_ms(lambda: batch_letter_probabilities(model, ids, mask, last))[0] for _ in range(runs)]
         summary = describe_runs(times)
+        if batch_size == sizes["batch_sizes"][0]:
+            report["padding_check_max_abs_diff"] = padding_check(model, ids, mask, last, device)
         report["batch"][str(batch_size)] = dict(
             summary,
             questions=batch_size,
@@ -231,7 +243,8 @@ def main() -> None:
             prompt_tokens_per_s=round(real_tokens / (summary["median_ms"] / 1e3), 1),
             questions_per_s=round(batch_size / (summary["median_ms"] / 1e3), 2),
         )
-        print(f"[peer_bench {args.backend}] batch {batch_size}: {report['batch'][str(batch_size)]['prompt_tokens_per_s']} tok/s", flush=True)
+        rate = report["batch"][str(batch_size)]["prompt_tokens_per_s"]
+        print(f"[peer_bench {args.backend}] batch {batch_size}: {rate} tok/s", flush=True)
         save()
 
     if device.type == "cuda":

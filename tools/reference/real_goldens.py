@@ -229,7 +229,8 @@ def main() -> None:
     print(json.dumps({k: report[k] for k in ("summary", "settings", "seconds")}, indent=1))
     tokenizer = report["tokenizer"]
     if "ids_equal_fixture" in tokenizer:
-        print(f"[real_goldens] tokenizer.json reproduces {tokenizer['ids_equal_fixture']}/{tokenizer['fixtures']} fixture ids")
+        matched = f"{tokenizer['ids_equal_fixture']}/{tokenizer['fixtures']}"
+        print(f"[real_goldens] tokenizer.json reproduces {matched} fixture ids")
 
 
 if __name__ == "__main__":

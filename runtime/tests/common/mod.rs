@@ -30,7 +30,15 @@ pub fn demo_ready_with(config: Config) -> Ready {
         max_tokens: config.max_batch_tokens,
         max_seqs: config.max_batch_seqs,
     };
-    let loaded = load_cpu(&demo.model_dir, Some(&demo.text_adapter_dir), limits, 1).unwrap();
+    let loaded = load_cpu(
+        &demo.model_dir,
+        Some(&demo.text_adapter_dir),
+        Some(&demo.multimodal_adapter_dir),
+        limits,
+        1,
+        64 << 20,
+    )
+    .unwrap();
     Ready {
         preparer: loaded.preparer,
         scheduler: Scheduler::start(config, loaded.engines).unwrap(),
