@@ -230,6 +230,8 @@ pub fn load_cpu(
                     merge,
                     cache: ImageCache::new(image_cache_bytes),
                 };
+                // The second language copy is the text model's size; the (small) vision tower's
+                // weights are not counted.
                 weights_bytes += loaded.weights_bytes;
                 (Some(m.decider), Some(side))
             }

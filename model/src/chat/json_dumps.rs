@@ -116,6 +116,11 @@ fn write_container<T>(
 /// usual control characters, `\u00XX` for the others, and with `ensure_ascii` every non-ASCII
 /// character as `\uXXXX` (UTF-16 units).
 fn write_string(out: &mut String, s: &str, ensure_ascii: bool) {
+    if !ensure_ascii {
+        // The request renderer already writes exactly this form.
+        out.push_str(&crate::pyjson::dumps_str(s));
+        return;
+    }
     out.push('"');
     for c in s.chars() {
         match c {
