@@ -124,6 +124,16 @@ pub fn load_text_cpu(
     text_adapter: Option<&Path>,
     limits: BatchLimits,
 ) -> Result<LoadedText<CpuBackend>> {
+    load_text(CpuBackend::new(), model_dir, text_adapter, limits)
+}
+
+/// Loads a snapshot (and optionally a text adapter merged at load, in f32) onto `backend`.
+pub fn load_text<B: Backend>(
+    backend: B,
+    model_dir: &Path,
+    text_adapter: Option<&Path>,
+    limits: BatchLimits,
+) -> Result<LoadedText<B>> {
     let snapshot = Snapshot::open(model_dir)
         .with_context(|| format!("opening snapshot {}", model_dir.display()))?;
     let mut weights = snapshot.load_text_weights()?;
@@ -139,7 +149,7 @@ pub fn load_text_cpu(
     let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids)?;
     let weights_bytes = 4 * weights.element_count() as u64;
     ensure!(limits.max_tokens > 0, "max batch tokens must be positive");
-    let model = TextModel::new(CpuBackend::new(), &snapshot.config().text, &weights, limits)?;
+    let model = TextModel::new(backend, &snapshot.config().text, &weights, limits)?;
     Ok(LoadedText {
         tokenizer,
         chat,

