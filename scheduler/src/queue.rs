@@ -257,6 +257,8 @@ impl QueueState {
     fn fail(&mut self, id: u64, failure: Failure) {
         if let Some(entry) = self.requests.remove(&id) {
             self.unqueue(id, &entry);
+            // Gauges first: whoever receives the reply must see them without this request.
+            self.publish_gauges();
             // The client may have gone already; nothing to do then.
             let _ = entry.reply.send(Err(failure));
         }
@@ -414,6 +416,8 @@ impl QueueState {
                     queued: first_start.saturating_duration_since(entry.admitted),
                     infer: end.saturating_duration_since(first_start),
                 };
+                // Gauges first: whoever receives the reply must see them without this request.
+                self.publish_gauges();
                 let _ = entry.reply.send(Ok(answer));
             }
         }
