@@ -69,7 +69,8 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_MODEL_ID")]
     pub model_id: Option<String>,
 
-    /// Compute device. Only `cpu` is built so far.
+    /// Compute device: `cpu` (the f32 reference backend) or `cuda:N` (text questions only, so
+    /// far).
     #[arg(long, env = "INSTINCT_DEVICE", default_value = "cpu")]
     pub device: String,
 

@@ -255,3 +255,32 @@ pub fn load_cpu(
         weights_bytes,
     })
 }
+
+/// Loads the text model onto `cuda:ordinal`, one engine. Screenshots are not served on the GPU
+/// yet (the vision tower has CPU kernels only).
+pub fn load_cuda(
+    ordinal: usize,
+    model_dir: &Path,
+    text_adapter: Option<&Path>,
+    limits: BatchLimits,
+) -> anyhow::Result<Loaded> {
+    use instinct_kernels::cuda::{CudaBackend, CudaOptions};
+    let backend = CudaBackend::new(CudaOptions {
+        ordinal,
+        ..CudaOptions::default()
+    })?;
+    let loaded = instinct_model::decider::load_text(backend, model_dir, text_adapter, limits)?;
+    let weights_bytes = loaded.weights_bytes / 2; // bf16 on the device
+    Ok(Loaded {
+        preparer: Preparer {
+            tokenizer: loaded.tokenizer,
+            chat: loaded.chat,
+            vision: None,
+        },
+        engines: vec![Box::new(DeciderEngine {
+            decider: loaded.decider,
+            multimodal: None,
+        })],
+        weights_bytes,
+    })
+}

@@ -14,7 +14,7 @@ use instinct_scheduler::{Bucket, Config, Question, Scheduler};
 use tokio::net::TcpListener;
 
 use crate::cli::ServeArgs;
-use crate::engine::{load_cpu, Preparer};
+use crate::engine::{load_cpu, load_cuda, Preparer};
 use crate::server::{self, AppState, Ready, Settings};
 
 /// The identity of Cua-S1's text adapter at its pinned revision, reported for a real snapshot.
@@ -97,12 +97,13 @@ pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
 
 /// Runs the server until SIGINT or SIGTERM, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    if args.device != "cpu" {
-        bail!(
-            "--device {}: only `cpu` is built so far (the CUDA backend is not part of this build)",
-            args.device
-        );
-    }
+    let cuda_ordinal = match args.device.as_str() {
+        "cpu" => None,
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(ordinal)) => Some(ordinal),
+            _ => bail!("--device {other}: expected cpu or cuda:N"),
+        },
+    };
     let config = scheduler_config(&args)?;
     let source = resolve_source(&args)?;
     if source.demo {
@@ -132,14 +133,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();
-        let loaded = load_cpu(
-            &source.model_dir,
-            source.text_adapter.as_deref(),
-            source.multimodal_adapter.as_deref(),
-            limits,
-            engines,
-            image_cache_mib << 20,
-        )?;
+        let loaded = match cuda_ordinal {
+            None => load_cpu(
+                &source.model_dir,
+                source.text_adapter.as_deref(),
+                source.multimodal_adapter.as_deref(),
+                limits,
+                engines,
+                image_cache_mib << 20,
+            )?,
+            Some(ordinal) => {
+                if source.multimodal_adapter.is_some() && !source.demo {
+                    bail!("screenshots are not served on the GPU yet: drop --multimodal-adapter");
+                }
+                load_cuda(
+                    ordinal,
+                    &source.model_dir,
+                    source.text_adapter.as_deref(),
+                    limits,
+                )?
+            }
+        };
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
         let scheduler = Scheduler::start(config, loaded.engines)?;
         let load = t0.elapsed();
