@@ -331,11 +331,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         Err(e) => return problem_response(&Problem::unreadable_body(e)),
     };
     if state.is_draining() {
-        return overloaded(
-            Code::Draining,
-            "the server is shutting down",
-            Duration::from_secs(1),
-        );
+        return draining(Duration::from_secs(1));
     }
     if state.ready().is_none() {
         return with_retry_after(
@@ -379,9 +375,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
                     "the queue is full; retry after the time in Retry-After",
                     retry,
                 ),
-                RejectReason::Draining => {
-                    overloaded(Code::Draining, "the server is shutting down", retry)
-                }
+                RejectReason::Draining => draining(retry),
                 RejectReason::TooLarge => problem_response(&Problem::new(
                     Code::PromptTooLong,
                     format!(
@@ -405,13 +399,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
                 Duration::from_secs(1),
             )
         }
-        Err(Failure::ShuttingDown) => {
-            return overloaded(
-                Code::Draining,
-                "the server is shutting down",
-                Duration::from_secs(1),
-            )
-        }
+        Err(Failure::ShuttingDown) => return draining(Duration::from_secs(1)),
         Err(Failure::Internal(e)) => {
             tracing::error!("inference failed: {e}");
             return problem_response(&Problem::inference_failed());
@@ -570,6 +558,11 @@ fn multimodal_id(text_id: &str) -> String {
         Some(base) => format!("{base}:multimodal"),
         None => format!("{text_id}:multimodal"),
     }
+}
+
+/// 503 `draining`: this replica is shutting down; another one should take the request.
+fn draining(retry_after: Duration) -> Response<Body> {
+    overloaded(Code::Draining, "the server is shutting down", retry_after)
 }
 
 fn overloaded(code: Code, detail: &str, retry_after: Duration) -> Response<Body> {
