@@ -48,3 +48,15 @@ extern "C" __global__ void gather_last(const float* __restrict__ x, const u32* _
     const bool valid = end > start && end <= rows_cap;
     out[(i64)s * dim + d] = valid ? x[(i64)(end - 1) * dim + d] : F32_NAN;
 }
+
+// out[i] = bf16(x[i]) (round to nearest even) for i < n: the GEMM input, as a bf16 model holds it.
+// Two values per thread through the packed bf16x2 conversion.
+extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, __nv_bfloat16* __restrict__ out, i64 n) {
+    const i64 i = 2 * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i + 1 < n) {
+        const float2 v = *reinterpret_cast<const float2*>(x + i);
+        *reinterpret_cast<__nv_bfloat162*>(out + i) = __float22bfloat162_rn(v);
+    } else if (i < n) {
+        out[i] = __float2bfloat16_rn(x[i]);
+    }
+}

@@ -18,9 +18,15 @@ pub type KernelResult<T> = Result<T, KernelError>;
 
 /// The packed sequences of one batch: `cu_seqlens[s]..cu_seqlens[s + 1]` are the rows of
 /// sequence `s`. Only the first `num_seqs + 1` entries of the buffer are read.
+///
+/// `rows` is the batch's total token count (`cu_seqlens[num_seqs]`), known on the host: device
+/// kernels size their launches by it, so a short batch in a large buffer costs only its rows.
+/// The CPU backend checks it against `cu_seqlens`; device kernels never touch a row at or beyond
+/// it, whatever `cu_seqlens` holds.
 pub struct Varlen<'a, I> {
     pub cu_seqlens: &'a I,
     pub num_seqs: usize,
+    pub rows: usize,
 }
 
 impl<I> Clone for Varlen<'_, I> {
@@ -235,6 +241,28 @@ pub trait Backend: Buffers {
         out_dim: usize,
         y: &mut Self::Buf,
     ) -> KernelResult<()>;
+
+    /// `yᵢ = x Wᵢᵀ` for every `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same
+    /// `x: [rows, in_dim]` (a device backend prepares `x` once for all of them).
+    fn gemm_shared_input(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        in_dim: usize,
+        outputs: &mut [(&Self::Buf, usize, &mut Self::Buf)],
+    ) -> KernelResult<()> {
+        for (w, out_dim, y) in outputs.iter_mut() {
+            self.gemm(x, w, rows, in_dim, *out_dim, y)?;
+        }
+        Ok(())
+    }
+
+    /// Sizes any scratch the GEMMs need for inputs of up to `values` values now, so that no
+    /// forward pass allocates. Backends without scratch do nothing.
+    fn reserve_gemm_input(&self, values: usize) -> KernelResult<()> {
+        let _ = values;
+        Ok(())
+    }
 
     /// Zero-centred RMSNorm of every head in place (q/k norm): `(1 + w)` with `w: [head_dim]`.
     fn head_rms_norm(

@@ -64,6 +64,7 @@ fn run(inp: &Inputs, chunked: bool, initial: Option<&Vec<f32>>) -> (Vec<f32>, Ve
     let batch = Varlen {
         cu_seqlens: &inp.cu,
         num_seqs: seqs,
+        rows,
     };
     let state = DeltaState {
         initial,
@@ -274,6 +275,7 @@ fn rejects_bad_shapes() {
         Varlen {
             cu_seqlens: &cu,
             num_seqs: 1,
+            rows: 5,
         },
         SMALL,
         DeltaState {
@@ -294,6 +296,7 @@ fn rejects_bad_shapes() {
         Varlen {
             cu_seqlens: &vec![0u32, 1],
             num_seqs: 1,
+            rows: 1,
         },
         bad,
         DeltaState {

@@ -316,6 +316,7 @@ fn attention_matches_naive_is_causal_and_packs() {
         let batch = Varlen {
             cu_seqlens: cu,
             num_seqs: cu.len() - 1,
+            rows,
         };
         cpu.attention(
             &qg.to_vec(),
@@ -367,6 +368,7 @@ fn conv_with_carried_window_equals_conv_over_concatenation() {
         let batch = Varlen {
             cu_seqlens: &cu,
             num_seqs: seqs,
+            rows,
         };
         cpu.conv1d_silu(
             &x.to_vec(),
@@ -520,6 +522,7 @@ fn embedding_and_gather_last_index_correctly_and_reject_bad_input() {
         Varlen {
             cu_seqlens: &cu,
             num_seqs: 2,
+            rows: 4,
         },
         3,
         &mut last,
@@ -532,7 +535,8 @@ fn embedding_and_gather_last_index_correctly_and_reject_bad_input() {
             &out,
             Varlen {
                 cu_seqlens: &empty,
-                num_seqs: 2
+                num_seqs: 2,
+                rows: 4,
             },
             3,
             &mut last
@@ -544,7 +548,21 @@ fn embedding_and_gather_last_index_correctly_and_reject_bad_input() {
             &out,
             Varlen {
                 cu_seqlens: &decreasing,
-                num_seqs: 2
+                num_seqs: 2,
+                rows: 2,
+            },
+            3,
+            &mut last
+        )
+        .is_err());
+    // `rows` must agree with cu_seqlens.
+    assert!(cpu
+        .gather_last(
+            &out,
+            Varlen {
+                cu_seqlens: &cu,
+                num_seqs: 2,
+                rows: 3,
             },
             3,
             &mut last
@@ -556,7 +574,8 @@ fn embedding_and_gather_last_index_correctly_and_reject_bad_input() {
             &out,
             Varlen {
                 cu_seqlens: &too_long,
-                num_seqs: 1
+                num_seqs: 1,
+                rows: 5,
             },
             3,
             &mut last

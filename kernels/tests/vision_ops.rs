@@ -192,6 +192,7 @@ fn bidirectional_attention_matches_formula_within_segments() {
         let batch = Varlen {
             cu_seqlens: &cu,
             num_seqs: 2,
+            rows,
         };
         be.attention_bidirectional(qkv, batch, heads, d, scale, &mut out)
             .unwrap();

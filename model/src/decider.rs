@@ -62,6 +62,11 @@ impl<B: Backend> Decider<B> {
         self.model.limits()
     }
 
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        self.model.backend()
+    }
+
     /// Probabilities of each prompt's first `n_options` letters. Prompts are packed into as few
     /// forward passes as the batch limits allow; a prompt's answer does not depend on what else
     /// shares its pass.

@@ -395,6 +395,10 @@ impl<B: Backend> TextModel<B> {
         let f = |width: usize| backend.alloc(t * width).map_err(|e| anyhow!(e));
         let proj_w = d.delta.qkv_width().max(d.q_gate_width()).max(2 * d.inter);
         let core_w = d.value_width().max(d.attn_out_width()).max(d.inter);
+        // Every GEMM input is `normed` (hidden wide) or `core`.
+        backend
+            .reserve_gemm_input(t * d.hidden.max(core_w))
+            .map_err(|e| anyhow!(e))?;
         Ok(Workspace {
             ids: backend.alloc_idx(t).map_err(|e| anyhow!(e))?,
             positions: backend.alloc_idx(3 * t).map_err(|e| anyhow!(e))?,
@@ -533,6 +537,7 @@ impl<B: Backend> TextModel<B> {
         let batch = Varlen {
             cu_seqlens: &ws.cu_seqlens,
             num_seqs: n,
+            rows,
         };
         be.gather_last(&ws.normed, batch, h, &mut ws.last)
             .map_err(e)?;
@@ -659,6 +664,7 @@ impl<B: Backend> TextModel<B> {
         let batch = Varlen {
             cu_seqlens: &ws.cu_seqlens,
             num_seqs: n,
+            rows,
         };
         let (h, qkv, vw, hv) = (
             d.hidden,
@@ -666,14 +672,18 @@ impl<B: Backend> TextModel<B> {
             d.value_width(),
             d.delta.v_heads,
         );
-        be.gemm(&ws.normed, &w.in_proj_qkv, rows, h, qkv, &mut ws.proj)
-            .map_err(e)?;
-        be.gemm(&ws.normed, &w.in_proj_z, rows, h, vw, &mut ws.z)
-            .map_err(e)?;
-        be.gemm(&ws.normed, &w.in_proj_b, rows, h, hv, &mut ws.beta)
-            .map_err(e)?;
-        be.gemm(&ws.normed, &w.in_proj_a, rows, h, hv, &mut ws.decay)
-            .map_err(e)?;
+        be.gemm_shared_input(
+            &ws.normed,
+            rows,
+            h,
+            &mut [
+                (&w.in_proj_qkv, qkv, &mut ws.proj),
+                (&w.in_proj_z, vw, &mut ws.z),
+                (&w.in_proj_b, hv, &mut ws.beta),
+                (&w.in_proj_a, hv, &mut ws.decay),
+            ],
+        )
+        .map_err(e)?;
         be.conv1d_silu(
             &ws.proj,
             &w.conv1d,
@@ -729,19 +739,17 @@ impl<B: Backend> TextModel<B> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let (h, kv) = (d.hidden, d.kv_width());
         let kv_layout = HeadLayout::dense(d.attn.kv_heads, d.attn.head_dim);
-        be.gemm(
+        be.gemm_shared_input(
             &ws.normed,
-            &w.q_proj,
             rows,
             h,
-            d.q_gate_width(),
-            &mut ws.proj,
+            &mut [
+                (&w.q_proj, d.q_gate_width(), &mut ws.proj),
+                (&w.k_proj, kv, &mut ws.k),
+                (&w.v_proj, kv, &mut ws.v),
+            ],
         )
         .map_err(e)?;
-        be.gemm(&ws.normed, &w.k_proj, rows, h, kv, &mut ws.k)
-            .map_err(e)?;
-        be.gemm(&ws.normed, &w.v_proj, rows, h, kv, &mut ws.v)
-            .map_err(e)?;
         be.head_rms_norm(&mut ws.proj, &w.q_norm, d.q_layout(), rows, d.eps)
             .map_err(e)?;
         be.head_rms_norm(&mut ws.k, &w.k_norm, kv_layout, rows, d.eps)
@@ -753,6 +761,7 @@ impl<B: Backend> TextModel<B> {
         let batch = Varlen {
             cu_seqlens: &ws.cu_seqlens,
             num_seqs: n,
+            rows,
         };
         be.attention(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
             .map_err(e)?;

@@ -198,6 +198,21 @@ pub struct Loaded {
     pub engines: Vec<Box<dyn Engine>>,
     /// Bytes of weights the engines hold (f32 on the CPU backend).
     pub weights_bytes: u64,
+    /// The GPUs the engines run on, if any.
+    pub devices: Vec<DeviceMemory>,
+}
+
+/// Memory of one GPU an engine runs on, for metrics.
+#[derive(Clone)]
+pub struct DeviceMemory {
+    /// `cuda:N`.
+    pub device: String,
+    /// Bytes of weights uploaded.
+    pub weights_bytes: u64,
+    /// Bytes of activation buffers, GEMM workspace and scratch, allocated once at load.
+    pub activations_bytes: u64,
+    /// Reads (free, total) at scrape time.
+    pub probe: instinct_kernels::cuda::MemoryProbe,
 }
 
 /// Loads a snapshot (and optionally a text adapter, merged at load) onto `cpu_engines` CPU engine
@@ -253,6 +268,7 @@ pub fn load_cpu(
         preparer: preparer.expect("at least one engine was loaded"),
         engines,
         weights_bytes,
+        devices: Vec::new(),
     })
 }
 
@@ -269,8 +285,10 @@ pub fn load_cuda(
         ordinal,
         ..CudaOptions::default()
     })?;
+    let name = backend.name();
+    let probe = backend.memory_probe();
     let loaded = instinct_model::decider::load_text(backend, model_dir, text_adapter, limits)?;
-    let weights_bytes = loaded.weights_bytes / 2; // bf16 on the device
+    let (weights_bytes, activations_bytes) = loaded.decider.backend().allocated_bytes();
     Ok(Loaded {
         preparer: Preparer {
             tokenizer: loaded.tokenizer,
@@ -282,5 +300,11 @@ pub fn load_cuda(
             multimodal: None,
         })],
         weights_bytes,
+        devices: vec![DeviceMemory {
+            device: name,
+            weights_bytes,
+            activations_bytes,
+            probe,
+        }],
     })
 }

@@ -3,12 +3,14 @@
 //! Histograms use explicit buckets, so they aggregate across replicas with
 //! `histogram_quantile(0.99, sum by (le) (rate(..._bucket[1m])))`.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use instinct_scheduler::telemetry;
+
+use crate::engine::DeviceMemory;
 
 /// Histogram, per request: from the first byte of the body to the answer.
 pub const REQUEST_DURATION_SECONDS: &str = "instinct_request_duration_seconds";
@@ -30,6 +32,9 @@ pub const PROCESS_RESIDENT_BYTES: &str = "instinct_process_resident_memory_bytes
 pub const WEIGHTS_BYTES: &str = "instinct_model_weights_bytes";
 /// Gauge: 1 once the model is loaded and warmed up, 0 before and while draining.
 pub const READY: &str = "instinct_ready";
+/// Gauge, per GPU (`device`) and `kind`: `weights`, `activations` (buffers, workspace and scratch
+/// allocated once at load), `free` and `total` (read from the driver at scrape time).
+pub const DEVICE_MEMORY_BYTES: &str = "instinct_device_memory_bytes";
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -118,6 +123,40 @@ fn describe() {
         "Model weights held by the engine"
     );
     describe_gauge!(READY, "1 when ready to serve, 0 while loading or draining");
+    describe_gauge!(
+        DEVICE_MEMORY_BYTES,
+        Unit::Bytes,
+        "GPU memory by kind: weights, activations, free, total"
+    );
+}
+
+/// GPUs whose free memory is read at every scrape.
+static DEVICES: Mutex<Vec<DeviceMemory>> = Mutex::new(Vec::new());
+
+/// Publishes the GPUs' fixed allocations now and has every scrape refresh their free memory.
+pub fn register_devices(devices: &[DeviceMemory]) {
+    for d in devices {
+        let gauge = |kind: &'static str| gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => kind);
+        gauge("weights").set(d.weights_bytes as f64);
+        gauge("activations").set(d.activations_bytes as f64);
+    }
+    DEVICES
+        .lock()
+        .expect("device list")
+        .extend(devices.iter().cloned());
+    refresh_devices();
+}
+
+fn refresh_devices() {
+    for d in DEVICES.lock().expect("device list").iter() {
+        // A failed read leaves the last values: a scrape must not fail because of it.
+        if let Ok((free, total)) = d.probe.read() {
+            gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => "free")
+                .set(free as f64);
+            gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => "total")
+                .set(total as f64);
+        }
+    }
 }
 
 /// Counts one finished `/v1/systemone` request.
@@ -132,6 +171,7 @@ pub fn render() -> String {
     if let Some(bytes) = resident_bytes() {
         gauge!(PROCESS_RESIDENT_BYTES).set(bytes as f64);
     }
+    refresh_devices();
     handle.render()
 }
 

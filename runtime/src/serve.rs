@@ -155,6 +155,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         };
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
+        crate::metrics::register_devices(&loaded.devices);
         let scheduler = Scheduler::start(config, loaded.engines)?;
         let load = t0.elapsed();
         let t1 = Instant::now();

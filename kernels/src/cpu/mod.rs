@@ -68,6 +68,15 @@ pub(crate) fn seq_ranges(
         ranges.push(a..b);
     }
     let total = cu[batch.num_seqs] as usize;
+    if total != batch.rows {
+        return Err(KernelError::invalid(
+            op,
+            format!(
+                "cu_seqlens covers {total} rows, the batch says {}",
+                batch.rows
+            ),
+        ));
+    }
     if total > rows_cap {
         return Err(KernelError::invalid(
             op,

@@ -1,9 +1,13 @@
 //! [`CudaBackend`]: the [`Backend`] ops as CUDA kernels (bf16 weights, f32 activations, f32
 //! accumulation), launched on one stream.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
+use super::blas::Blas;
 use super::buffers::{act, act_mut, idx, weight, CudaBuf};
 use super::compile::GpuArch;
 use super::device::{driver_err, CudaOptions, Device};
@@ -29,17 +33,41 @@ const DELTA_MAX_THREADS: usize = 256;
 
 /// The CUDA backend on one GPU.
 pub struct CudaBackend {
-    device: Device,
+    pub(super) device: Device,
+    blas: Blas,
     ordinal: usize,
+    /// Bytes uploaded as weights, and allocated as activation/index buffers (for metrics).
+    weight_bytes: AtomicU64,
+    buffer_bytes: AtomicU64,
+}
+
+/// Reads a device's free and total memory; cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct MemoryProbe {
+    ctx: Arc<CudaContext>,
+}
+
+impl MemoryProbe {
+    /// (free, total) bytes.
+    pub fn read(&self) -> KernelResult<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| driver_err("mem_get_info", e))
+    }
 }
 
 impl CudaBackend {
     /// Checks the CUDA libraries, opens the GPU, compiles (or loads from the disk cache) every
     /// kernel for its architecture. Every failure is an error naming what is missing.
     pub fn new(options: CudaOptions) -> KernelResult<Self> {
+        let device = Device::start(&options)?;
+        let blas = Blas::new(device.stream.clone())?;
         Ok(Self {
-            device: Device::start(&options)?,
+            device,
+            blas,
             ordinal: options.ordinal,
+            weight_bytes: AtomicU64::new(0),
+            buffer_bytes: AtomicU64::new(0),
         })
     }
 
@@ -50,10 +78,22 @@ impl CudaBackend {
 
     /// (free, total) device memory in bytes.
     pub fn memory_info(&self) -> KernelResult<(usize, usize)> {
-        self.device
-            .ctx
-            .mem_get_info()
-            .map_err(|e| driver_err("mem_get_info", e))
+        self.memory_probe().read()
+    }
+
+    /// A handle that reads this device's free and total memory from any thread (for metrics).
+    pub fn memory_probe(&self) -> MemoryProbe {
+        MemoryProbe {
+            ctx: self.device.ctx.clone(),
+        }
+    }
+
+    /// Device bytes this backend has allocated so far: (weights uploaded, everything else:
+    /// activation and index buffers, GEMM workspace and scratch).
+    pub fn allocated_bytes(&self) -> (u64, u64) {
+        let weights = self.weight_bytes.load(Ordering::Relaxed);
+        let buffers = self.buffer_bytes.load(Ordering::Relaxed) + self.blas.bytes();
+        (weights, buffers)
     }
 
     /// Waits for every queued op to finish.
@@ -65,16 +105,16 @@ impl CudaBackend {
     }
 }
 
-fn to_i32(op: &'static str, what: &str, v: usize) -> KernelResult<i32> {
+pub(super) fn to_i32(op: &'static str, what: &str, v: usize) -> KernelResult<i32> {
     i32::try_from(v).map_err(|_| KernelError::invalid(op, format!("{what} {v} exceeds i32")))
 }
 
-fn to_u32(op: &'static str, what: &str, v: usize) -> KernelResult<u32> {
+pub(super) fn to_u32(op: &'static str, what: &str, v: usize) -> KernelResult<u32> {
     u32::try_from(v).map_err(|_| KernelError::invalid(op, format!("{what} {v} exceeds u32")))
 }
 
 /// A 1-D launch with one thread per item.
-fn linear(op: &'static str, items: usize, block: u32) -> KernelResult<LaunchConfig> {
+pub(super) fn linear(op: &'static str, items: usize, block: u32) -> KernelResult<LaunchConfig> {
     let blocks = to_u32(op, "grid size", items.div_ceil(block as usize))?;
     Ok(LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -106,11 +146,23 @@ fn check_layout(op: &'static str, layout: HeadLayout, len: usize, rows: usize) -
     Ok(())
 }
 
-/// Checks the host-known part of a batch: `cu_seqlens` has `num_seqs + 1` entries. Its contents
-/// stay on the device (kernels read them there and never step outside the buffers they get).
-fn check_batch(op: &'static str, batch: &Varlen<'_, CudaSlice<u32>>) -> KernelResult<()> {
+/// Checks the host-known part of a batch (`cu_seqlens` has `num_seqs + 1` entries, `batch.rows`
+/// fits in `rows_cap`, the rows every buffer of the op holds) and returns the rows to launch over.
+/// The contents of `cu_seqlens` stay on the device: kernels read them there and never step beyond
+/// the returned row count, whatever they hold.
+pub(super) fn check_batch(
+    op: &'static str,
+    batch: &Varlen<'_, CudaSlice<u32>>,
+    rows_cap: usize,
+) -> KernelResult<usize> {
     idx(op, "cu_seqlens", batch.cu_seqlens, batch.num_seqs + 1)?;
-    Ok(())
+    if batch.rows > rows_cap {
+        return Err(KernelError::invalid(
+            op,
+            format!("batch has {} rows, buffers hold {rows_cap}", batch.rows),
+        ));
+    }
+    Ok(batch.rows)
 }
 
 /// The rope kernel's by-value frequency table (`RopeTable` in rope.cu).
@@ -136,19 +188,28 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, len: usize) -> KernelResult<CudaBuf> {
         let slice = self.device.stream.alloc_zeros::<f32>(len);
-        Ok(CudaBuf::F32(slice.map_err(|e| driver_err("alloc", e))?))
+        let slice = slice.map_err(|e| driver_err("alloc", e))?;
+        self.buffer_bytes
+            .fetch_add(4 * len as u64, Ordering::Relaxed);
+        Ok(CudaBuf::F32(slice))
     }
 
     fn alloc_idx(&self, len: usize) -> KernelResult<CudaSlice<u32>> {
         let slice = self.device.stream.alloc_zeros::<u32>(len);
-        slice.map_err(|e| driver_err("alloc_idx", e))
+        let slice = slice.map_err(|e| driver_err("alloc_idx", e))?;
+        self.buffer_bytes
+            .fetch_add(4 * len as u64, Ordering::Relaxed);
+        Ok(slice)
     }
 
     /// Uploads a weight, converted to bf16 on the host (the model stores its weights in bf16).
     fn upload(&self, data: &[f32]) -> KernelResult<CudaBuf> {
         let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         let slice = self.device.stream.clone_htod(&host);
-        Ok(CudaBuf::Bf16(slice.map_err(|e| driver_err("upload", e))?))
+        let slice = slice.map_err(|e| driver_err("upload", e))?;
+        self.weight_bytes
+            .fetch_add(2 * data.len() as u64, Ordering::Relaxed);
+        Ok(CudaBuf::Bf16(slice))
     }
 
     fn write(&self, dst: &mut CudaBuf, data: &[f32]) -> KernelResult<()> {
@@ -318,33 +379,40 @@ impl Backend for CudaBackend {
         if rows == 0 || out_dim == 0 {
             return Ok(());
         }
-        let rows_a = to_i32(OP, "rows", rows)?;
-        let in_a = to_i32(OP, "in_dim", in_dim)?;
-        let out_a = to_i32(OP, "out_dim", out_dim)?;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                to_u32(OP, "grid", out_dim.div_ceil(GEMM_TILE as usize))?,
-                to_u32(OP, "grid", rows.div_ceil(GEMM_TILE as usize))?,
-                1,
-            ),
-            block_dim: (GEMM_TILE, GEMM_TILE, 1),
-            shared_mem_bytes: 0,
-        };
-        if cfg.grid_dim.1 > 65_535 {
-            return Err(KernelError::invalid(OP, format!("{rows} rows is too many")));
+        if in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, y)])? {
+            return Ok(());
         }
-        let f = self.device.function("gemm_xwt")?;
-        let mut launch = self.device.stream.launch_builder(f);
-        launch
-            .arg(x)
-            .arg(w)
-            .arg(y)
-            .arg(&rows_a)
-            .arg(&in_a)
-            .arg(&out_a);
-        // SAFETY: argument types match the kernel; lengths checked above.
-        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        self.tiled_gemm(x, w, rows, in_dim, out_dim, y)
+    }
+
+    fn gemm_shared_input(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        in_dim: usize,
+        outputs: &mut [(&CudaBuf, usize, &mut CudaBuf)],
+    ) -> KernelResult<()> {
+        const OP: &str = "gemm";
+        let x = act(OP, "x", x, rows * in_dim)?;
+        let mut checked = Vec::with_capacity(outputs.len());
+        for (w, out_dim, y) in outputs.iter_mut() {
+            let w = weight(OP, "w", w, *out_dim * in_dim)?;
+            let y = act_mut(OP, "y", y, rows * *out_dim)?;
+            if rows > 0 && *out_dim > 0 {
+                checked.push((w, *out_dim, y));
+            }
+        }
+        if checked.is_empty() || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut checked)?) {
+            return Ok(());
+        }
+        for (w, out_dim, y) in checked {
+            self.tiled_gemm(x, w, rows, in_dim, out_dim, y)?;
+        }
         Ok(())
+    }
+
+    fn reserve_gemm_input(&self, values: usize) -> KernelResult<()> {
+        self.blas.reserve(values)
     }
 
     fn head_rms_norm(
@@ -431,7 +499,6 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "attention";
-        check_batch(OP, &batch)?;
         let AttentionDims {
             q_heads,
             kv_heads,
@@ -463,12 +530,17 @@ impl Backend for CudaBackend {
         .into_iter()
         .min()
         .unwrap_or(0);
+        let rows_cap = check_batch(OP, &batch, rows_cap)?;
         let qg = act(OP, "qg", qg, 0)?;
         let k = act(OP, "k", k, 0)?;
         let v = act(OP, "v", v, 0)?;
         let out = act_mut(OP, "out", out, 0)?;
         if rows_cap == 0 || batch.num_seqs == 0 {
             return Ok(());
+        }
+        // Head dims that are multiples of 16 up to 256 take the tensor-core kernel.
+        if super::flash::flash_variant(head_dim).is_some() {
+            return self.flash_attention(qg, k, v, batch, dims, out);
         }
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let q_heads_a = to_i32(OP, "q_heads", q_heads)?;
@@ -514,8 +586,7 @@ impl Backend for CudaBackend {
         if kernel == 0 || channels == 0 {
             return Err(KernelError::invalid(OP, "kernel and channels must be > 0"));
         }
-        check_batch(OP, &batch)?;
-        let rows_cap = x.len().min(out.len()) / channels;
+        let rows_cap = check_batch(OP, &batch, x.len().min(out.len()) / channels)?;
         let win_len = batch.num_seqs * (kernel - 1) * channels;
         let x = act(OP, "x", x, 0)?;
         let w = weight(OP, "weight", weight_buf, channels * kernel)?;
@@ -621,8 +692,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    /// Runs the token-by-token kernel: the contract is the same result up to rounding, and a
-    /// chunked tensor-core kernel is a later speed-up.
+    /// The chunked kernel (delta_chunked.cu) where it takes the dims, else the token-by-token one.
     fn gated_delta_rule_chunked(
         &self,
         qkv: &CudaBuf,
@@ -633,7 +703,11 @@ impl Backend for CudaBackend {
         state: DeltaState<'_, Self>,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        self.delta_rule(qkv, beta, g, batch, dims, state, out)
+        if self.delta_chunked_supports(dims) {
+            self.delta_rule_chunked(qkv, beta, g, batch, dims, state, out)
+        } else {
+            self.delta_rule(qkv, beta, g, batch, dims, state, out)
+        }
     }
 
     fn gated_delta_rule_recurrent(
@@ -706,8 +780,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "gather_last";
-        check_batch(OP, &batch)?;
-        let rows_cap = x.len() / dim.max(1);
+        let rows_cap = check_batch(OP, &batch, x.len() / dim.max(1))?;
         let x = act(OP, "x", x, 0)?;
         let out = act_mut(OP, "out", out, batch.num_seqs * dim)?;
         if batch.num_seqs == 0 || dim == 0 {
@@ -742,6 +815,80 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// cuBLASLt GEMMs sharing the input `x`, rounded to bf16 once; `false` if it has no plan.
+    fn blas_gemm(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        in_dim: usize,
+        outputs: &mut [(&CudaSlice<bf16>, usize, &mut CudaSlice<f32>)],
+    ) -> KernelResult<bool> {
+        let convert = |x_bf16: &mut CudaSlice<bf16>| self.round_to_bf16(x, rows * in_dim, x_bf16);
+        self.blas.gemm_many(rows, in_dim, outputs, convert)
+    }
+
+    /// The shared-memory tiled GEMM on f32 `x` (no bf16 rounding): for shapes cuBLASLt refuses.
+    fn tiled_gemm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<bf16>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> KernelResult<()> {
+        const OP: &str = "gemm";
+        let rows_a = to_i32(OP, "rows", rows)?;
+        let in_a = to_i32(OP, "in_dim", in_dim)?;
+        let out_a = to_i32(OP, "out_dim", out_dim)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(OP, "grid", out_dim.div_ceil(GEMM_TILE as usize))?,
+                to_u32(OP, "grid", rows.div_ceil(GEMM_TILE as usize))?,
+                1,
+            ),
+            block_dim: (GEMM_TILE, GEMM_TILE, 1),
+            shared_mem_bytes: 0,
+        };
+        if cfg.grid_dim.1 > 65_535 {
+            return Err(KernelError::invalid(OP, format!("{rows} rows is too many")));
+        }
+        let f = self.device.function("gemm_xwt")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(x)
+            .arg(w)
+            .arg(y)
+            .arg(&rows_a)
+            .arg(&in_a)
+            .arg(&out_a);
+        // SAFETY: argument types match the kernel; lengths checked above.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    /// `out[..n] = bf16(x[..n])`.
+    fn round_to_bf16(
+        &self,
+        x: &CudaSlice<f32>,
+        n: usize,
+        out: &mut CudaSlice<bf16>,
+    ) -> KernelResult<()> {
+        const OP: &str = "f32_to_bf16";
+        if n == 0 {
+            return Ok(());
+        }
+        let n_a = i64::try_from(n).map_err(|_| KernelError::invalid(OP, "too many values"))?;
+        let f = self.device.function("f32_to_bf16")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(x).arg(out).arg(&n_a);
+        // SAFETY: x and out hold at least n values (checked by the callers); the kernel reads and
+        // writes below n.
+        unsafe { launch.launch(linear(OP, n.div_ceil(2), BLOCK)?) }
+            .map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
     /// The gated delta rule, token by token (see delta.cu).
     #[allow(clippy::too_many_arguments)]
     fn delta_rule(
@@ -773,7 +920,6 @@ impl CudaBackend {
                 format!("k_dim {k_dim} (max {DELTA_MAX_K}) or v_dim {v_dim} (max {DELTA_MAX_THREADS}) too large"),
             ));
         }
-        check_batch(OP, &batch)?;
         // Rows every buffer can hold: the kernel clamps the sequences to it.
         let rows_cap = [
             qkv.len() / dims.qkv_width(),
@@ -784,6 +930,7 @@ impl CudaBackend {
         .into_iter()
         .min()
         .unwrap_or(0);
+        let rows_cap = check_batch(OP, &batch, rows_cap)?;
         let state_len = batch.num_seqs * dims.state_len();
         let qkv = act(OP, "qkv", qkv, 0)?;
         let beta = act(OP, "beta", beta, 0)?;

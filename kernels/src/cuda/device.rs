@@ -50,6 +50,7 @@ impl Device {
         // Check every library before its first use: cudarc panics on a missing one.
         CudaLibrary::Driver.require()?;
         let compiler = Compiler::new(&toolkit)?;
+        toolkit.load_cublaslt()?;
 
         let ctx = CudaContext::new(options.ordinal)
             .map_err(|e| driver_err(&format!("opening cuda:{}", options.ordinal), e))?;

@@ -6,15 +6,18 @@
 //! driver. Weights live on the device in bf16, activations in f32 (see [`CudaBuf`]).
 
 mod backend;
+mod blas;
 mod buffers;
 mod cache;
 mod compile;
+mod delta_chunked;
 mod device;
+mod flash;
 mod libs;
 mod sources;
 mod toolkit;
 
-pub use backend::CudaBackend;
+pub use backend::{CudaBackend, MemoryProbe};
 pub use buffers::{CudaBuf, DType};
 pub use cache::{CacheKey, KernelCache};
 pub use compile::{CompiledKernel, Compiler, GpuArch};

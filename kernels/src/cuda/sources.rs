@@ -50,7 +50,13 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "elementwise.cu",
         code: include_str!("../../cuda/elementwise.cu"),
-        functions: &["embedding", "swiglu", "delta_gates", "gather_last"],
+        functions: &[
+            "embedding",
+            "swiglu",
+            "delta_gates",
+            "gather_last",
+            "f32_to_bf16",
+        ],
     },
     KernelSource {
         file: "rope.cu",
@@ -73,8 +79,25 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         functions: &["attention_gated"],
     },
     KernelSource {
+        file: "flash_attention.cu",
+        code: include_str!("../../cuda/flash_attention.cu"),
+        functions: &[
+            "flash_attention_d64",
+            "flash_attention_d128",
+            "flash_attention_d256",
+        ],
+    },
+    KernelSource {
         file: "delta.cu",
         code: include_str!("../../cuda/delta.cu"),
         functions: &["gated_delta_rule_recurrent"],
+    },
+    KernelSource {
+        file: "delta_chunked.cu",
+        code: include_str!("../../cuda/delta_chunked.cu"),
+        functions: &[
+            "gated_delta_rule_chunked_v32",
+            "gated_delta_rule_chunked_v64",
+        ],
     },
 ];

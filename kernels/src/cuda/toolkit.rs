@@ -98,4 +98,18 @@ impl CudaToolkit {
         }
         CudaLibrary::Nvrtc.require()
     }
+
+    /// Loads this toolkit's `libcublasLt` (and the `libcublas` it links against) if it has them,
+    /// then checks that cuBLASLt can be opened at all (from here or the loader's paths).
+    pub fn load_cublaslt(&self) -> KernelResult<()> {
+        if let Some(dir) = &self.lib_dir {
+            for name in ["libcublas.so.13", CudaLibrary::CublasLt.file_name()] {
+                let path = dir.join(name);
+                if path.exists() {
+                    preload(&path)?;
+                }
+            }
+        }
+        CudaLibrary::CublasLt.require()
+    }
 }

@@ -210,6 +210,7 @@ impl<B: VisionBackend> VisionTower<B> {
             let batch = Varlen {
                 cu_seqlens: &cu_seqlens,
                 num_seqs: t,
+                rows: n,
             };
             be.attention_bidirectional(&qkv, batch, heads, d, scale, &mut attn)
                 .map_err(e)?;

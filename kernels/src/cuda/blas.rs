@@ -1,0 +1,284 @@
+//! GEMMs through cuBLASLt: bf16 operands, f32 accumulation and f32 output.
+//!
+//! Activations are f32 in this backend, so `y = x Wᵀ` first rounds `x` to bf16 into a scratch
+//! buffer (as a bf16 model's activations are), then runs one cuBLASLt matmul against the bf16
+//! weight. A plan (descriptors plus the algorithm the heuristic picked) is built once per shape and
+//! reused; the workspace is allocated once.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use half::bf16;
+
+use super::device::driver_err;
+use crate::backend::KernelResult;
+use crate::error::KernelError;
+
+/// cuBLASLt's recommended workspace on Hopper (also enough elsewhere).
+const WORKSPACE_BYTES: usize = 32 << 20;
+/// Shapes whose plans are kept; serving sees one shape per distinct batch row count, so the map is
+/// bounded and simply rebuilt when full.
+const MAX_PLANS: usize = 4096;
+
+fn blas_err(op: &str, e: lt::CublasError) -> KernelError {
+    KernelError::Backend(format!("{op}: cuBLASLt {e:?}"))
+}
+
+/// Descriptors and algorithm of one GEMM shape.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    w_layout: sys::cublasLtMatrixLayout_t,
+    x_layout: sys::cublasLtMatrixLayout_t,
+    y_layout: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created by this plan and is destroyed once; errors at tear-down
+        // have no one to report to.
+        unsafe {
+            let _ = lt::destroy_matmul_desc(self.desc);
+            let _ = lt::destroy_matrix_layout(self.w_layout);
+            let _ = lt::destroy_matrix_layout(self.x_layout);
+            let _ = lt::destroy_matrix_layout(self.y_layout);
+        }
+    }
+}
+
+/// Shape key: (rows, in_dim, out_dim).
+type Shape = (usize, usize, usize);
+
+struct State {
+    plans: HashMap<Shape, Option<Plan>>,
+    /// `x` rounded to bf16; grows to the largest GEMM input seen (sized at warm-up).
+    scratch: Option<CudaSlice<bf16>>,
+}
+
+/// A cuBLASLt handle, its workspace and the plans built so far.
+pub(crate) struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+    state: Mutex<State>,
+}
+
+// SAFETY: the handle and plan descriptors are used only under `state`'s lock or by `&self` calls that
+// enqueue on the one stream; cuBLASLt handles may be used from any thread.
+unsafe impl Send for Blas {}
+unsafe impl Sync for Blas {}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        if let Ok(state) = self.state.get_mut() {
+            state.plans.clear();
+        }
+        // SAFETY: created in `new`, destroyed once, after every plan using it.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+impl Blas {
+    pub fn new(stream: Arc<CudaStream>) -> KernelResult<Self> {
+        let handle = lt::create_handle().map_err(|e| blas_err("cublasLtCreate", e))?;
+        // SAFETY: a plain byte buffer only cuBLASLt writes.
+        let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
+            .map_err(|e| driver_err("cuBLASLt workspace", e))?;
+        Ok(Self {
+            handle,
+            workspace,
+            stream,
+            state: Mutex::new(State {
+                plans: HashMap::new(),
+                scratch: None,
+            }),
+        })
+    }
+
+    /// Device bytes held: the workspace and the input scratch.
+    pub fn bytes(&self) -> u64 {
+        let state = self.state.lock().expect("blas state");
+        let scratch = state.scratch.as_ref().map_or(0, |s| 2 * s.len());
+        (WORKSPACE_BYTES + scratch) as u64
+    }
+
+    /// Makes room for `values` bf16 activation values, so no GEMM allocates later.
+    pub fn reserve(&self, values: usize) -> KernelResult<()> {
+        let mut state = self.state.lock().expect("blas state");
+        self.scratch(&mut state, values).map(|_| ())
+    }
+
+    fn scratch<'a>(
+        &self,
+        state: &'a mut State,
+        values: usize,
+    ) -> KernelResult<&'a mut CudaSlice<bf16>> {
+        let big_enough = state.scratch.as_ref().is_some_and(|s| s.len() >= values);
+        if !big_enough {
+            state.scratch = None;
+            let fresh = self
+                .stream
+                .alloc_zeros::<bf16>(values.max(1))
+                .map_err(|e| driver_err("gemm scratch", e))?;
+            state.scratch = Some(fresh);
+        }
+        Ok(state.scratch.as_mut().expect("just set"))
+    }
+
+    /// `yᵢ = x Wᵢᵀ` for every `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same `x`, which
+    /// `convert` rounds to bf16 once (it must write `rows·in_dim` values into the slice it gets).
+    /// Returns `false` (and does nothing) when cuBLASLt has no algorithm for one of the shapes (odd
+    /// leading dimensions), so the caller can fall back. Conversion and matmuls run under one lock,
+    /// so concurrent callers never share the scratch buffer.
+    pub fn gemm_many(
+        &self,
+        rows: usize,
+        in_dim: usize,
+        outputs: &mut [(&CudaSlice<bf16>, usize, &mut CudaSlice<f32>)],
+        convert: impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>,
+    ) -> KernelResult<bool> {
+        const OP: &str = "gemm";
+        let mut state = self.state.lock().expect("blas state");
+        for &mut (_, out_dim, _) in outputs.iter_mut() {
+            let key = (rows, in_dim, out_dim);
+            if !state.plans.contains_key(&key) {
+                if state.plans.len() >= MAX_PLANS {
+                    state.plans.clear();
+                }
+                let plan = self.plan(rows, in_dim, out_dim)?;
+                state.plans.insert(key, plan);
+            }
+            if state.plans[&key].is_none() {
+                return Ok(false);
+            }
+        }
+        self.scratch(&mut state, rows * in_dim)?;
+        let State { plans, scratch } = &mut *state;
+        let x = scratch.as_mut().expect("sized just above");
+        convert(x)?;
+        let stream = &self.stream;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (x_ptr, _x_rec) = x.device_ptr(stream);
+        let (ws_ptr, _ws_rec) = self.workspace.device_ptr(stream);
+        for (w, out_dim, y) in outputs.iter_mut() {
+            let plan = plans[&(rows, in_dim, *out_dim)]
+                .as_ref()
+                .expect("checked above");
+            let (w_ptr, _w_rec) = w.device_ptr(stream);
+            let (y_ptr, _y_rec) = y.device_ptr_mut(stream);
+            // SAFETY: the layouts describe w [out, in], x [rows, in] and y [rows, out], whose
+            // lengths the caller checked; the workspace is WORKSPACE_BYTES long; all on `stream`.
+            unsafe {
+                lt::matmul(
+                    self.handle,
+                    plan.desc,
+                    (&alpha) as *const f32 as *const c_void,
+                    (&beta) as *const f32 as *const c_void,
+                    w_ptr as *const c_void,
+                    plan.w_layout,
+                    x_ptr as *const c_void,
+                    plan.x_layout,
+                    y_ptr as *const c_void,
+                    plan.y_layout,
+                    y_ptr as *mut c_void,
+                    plan.y_layout,
+                    &plan.algo,
+                    ws_ptr as *mut c_void,
+                    WORKSPACE_BYTES,
+                    stream.cu_stream() as sys::cudaStream_t,
+                )
+            }
+            .map_err(|e| blas_err(OP, e))?;
+        }
+        Ok(true)
+    }
+
+    /// Builds the plan of one shape, or `None` when cuBLASLt offers no algorithm for it.
+    ///
+    /// cuBLASLt is column-major: the row-major `y [rows, out]` is the column-major `yᵀ [out, rows]`
+    /// `= W xᵀ`, where the row-major `W [out, in]` is a column-major `[in, out]` used transposed
+    /// and the row-major `x [rows, in]` a column-major `[in, rows]` used as is.
+    fn plan(&self, rows: usize, in_dim: usize, out_dim: usize) -> KernelResult<Option<Plan>> {
+        const OP: &str = "gemm plan";
+        let e = |err| blas_err(OP, err);
+        let (r, k, n) = (rows as u64, in_dim as u64, out_dim as u64);
+        let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        let f32t = sys::cudaDataType_t::CUDA_R_32F;
+        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32t)
+            .map_err(e)?;
+        let plan_parts = (|| {
+            let w_layout = lt::create_matrix_layout(bf, k, n, k as i64)?;
+            let x_layout = lt::create_matrix_layout(bf, k, r, k as i64)?;
+            let y_layout = lt::create_matrix_layout(f32t, n, r, n as i64)?;
+            Ok::<_, lt::CublasError>((w_layout, x_layout, y_layout))
+        })();
+        let (w_layout, x_layout, y_layout) = match plan_parts {
+            Ok(parts) => parts,
+            Err(err) => {
+                // SAFETY: created above, not used elsewhere.
+                unsafe {
+                    let _ = lt::destroy_matmul_desc(desc);
+                }
+                return Err(e(err));
+            }
+        };
+        let mut plan = Plan {
+            desc,
+            w_layout,
+            x_layout,
+            y_layout,
+            // SAFETY: plain data, overwritten by the heuristic's choice below before any use.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        let transpose: i32 = 1;
+        // SAFETY: the descriptor is live; the attribute is an i32 (cublasOperation_t).
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                plan.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&transpose) as *const i32 as *const c_void,
+                size_of::<i32>(),
+            )
+        }
+        .map_err(e)?;
+        let pref = lt::create_matmul_pref().map_err(e)?;
+        let workspace = WORKSPACE_BYTES as u64;
+        // SAFETY: the preference is live; the attribute is a u64 byte count.
+        let heuristic = unsafe {
+            let set = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&workspace) as *const u64 as *const c_void,
+                size_of::<u64>(),
+            );
+            let found = set.and_then(|()| {
+                lt::get_matmul_algo_heuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.w_layout,
+                    plan.x_layout,
+                    plan.y_layout,
+                    plan.y_layout,
+                    pref,
+                )
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            found
+        };
+        match heuristic {
+            Ok(h) => {
+                plan.algo = h.algo;
+                Ok(Some(plan))
+            }
+            Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
+            Err(err) => Err(e(err)),
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The chunked gated delta rule (`delta_chunked.cu`): one block per (sequence, value head, slice of
+//! value columns) walking its sequence 64 tokens at a time, for prefill.
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::backend::{check_batch, to_i32, to_u32, CudaBackend};
+use super::buffers::{act, act_mut, CudaBuf};
+use super::device::driver_err;
+use crate::backend::{DeltaDims, DeltaState, KernelResult, Varlen};
+use crate::error::KernelError;
+
+/// Tokens per chunk (`DC_CHUNK`).
+const CHUNK: usize = 64;
+/// Key heads are zero-padded to this width (`DC_DK`); wider ones run the recurrent kernel.
+const MAX_K: usize = 128;
+/// Widest value head the chunked kernel takes; wider ones run the recurrent kernel.
+const MAX_V: usize = 128;
+/// Threads per block (`DC_THREADS`).
+const THREADS: u32 = 256;
+/// Row stride of the kernel's 64×64 A and P tiles (`DC_AP`).
+const AP_STRIDE: usize = 68;
+
+/// Dynamic shared memory of the kernel with `sv` value columns per block: k and q/W tiles, the
+/// state slice, the v/U/V' tile, A and P, and five per-token vectors (the layout at the top of
+/// `delta_chunked` in the .cu file).
+fn smem_bytes(sv: usize) -> usize {
+    4 * (2 * CHUNK * MAX_K + MAX_K * sv + CHUNK * sv + 2 * CHUNK * AP_STRIDE + 5 * CHUNK)
+}
+
+/// Whether 64-column slices beat 32-column ones for `pairs` (sequence, head) pairs on `sms` SMs
+/// (one block per SM fits, by shared memory). A 64-column block costs about 3/2 of a 32-column
+/// one per chunk (A, P and W are recomputed per slice, the rest scales with the width), so wide
+/// slices win unless narrow ones fill the GPU in as many waves: one long prompt (32 pairs) runs
+/// 128 narrow blocks in one wave rather than 64 wide ones with half the SMs idle. Sequences are
+/// assumed equally long.
+fn wide_slices_win(pairs: usize, v_dim: usize, sms: usize) -> bool {
+    let waves = |sv: usize| (pairs * v_dim.div_ceil(sv)).div_ceil(sms);
+    v_dim > 32 && 3 * waves(64) <= 2 * waves(32)
+}
+
+impl CudaBackend {
+    /// Whether [`Self::delta_rule_chunked`] takes `dims` on this GPU (else the recurrent kernel
+    /// runs, which also reports invalid dims).
+    pub(super) fn delta_chunked_supports(&self, dims: DeltaDims) -> bool {
+        let DeltaDims {
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+        } = dims;
+        let shapes = k_heads > 0
+            && v_heads.is_multiple_of(k_heads)
+            && (1..=MAX_K).contains(&k_dim)
+            && (1..=MAX_V).contains(&v_dim);
+        shapes && self.max_dynamic_smem().is_some_and(|m| m >= smem_bytes(32))
+    }
+
+    /// Opt-in shared memory per block of this GPU (227 KB on Hopper, 163 KB on A100).
+    fn max_dynamic_smem(&self) -> Option<usize> {
+        self.device
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .ok()
+            .and_then(|v| usize::try_from(v).ok())
+    }
+
+    /// The gated delta rule by 64-token chunks; the caller checked
+    /// [`Self::delta_chunked_supports`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn delta_rule_chunked(
+        &self,
+        qkv: &CudaBuf,
+        beta: &CudaBuf,
+        g: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "gated_delta_rule_chunked";
+        let DeltaDims {
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+        } = dims;
+        if !self.delta_chunked_supports(dims) {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "unsupported dims {dims:?} (k_dim, v_dim ≤ 128, v_heads a multiple of k_heads)"
+                ),
+            ));
+        }
+        // Rows every buffer can hold: the kernel clamps the sequences to it.
+        let rows_cap = [
+            qkv.len() / dims.qkv_width(),
+            beta.len() / v_heads.max(1),
+            g.len() / v_heads.max(1),
+            out.len() / (v_heads * v_dim).max(1),
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0);
+        let rows_cap = check_batch(OP, &batch, rows_cap)?;
+        let state_len = batch.num_seqs * dims.state_len();
+        let qkv = act(OP, "qkv", qkv, 0)?;
+        let beta = act(OP, "beta", beta, 0)?;
+        let g = act(OP, "g", g, 0)?;
+        let out = act_mut(OP, "out", out, 0)?;
+        let initial = state
+            .initial
+            .map(|s| act(OP, "initial state", s, state_len))
+            .transpose()?;
+        let final_out = state
+            .final_out
+            .map(|s| act_mut(OP, "final state", s, state_len))
+            .transpose()?;
+        if batch.num_seqs == 0 || v_heads == 0 {
+            return Ok(());
+        }
+
+        let sms = self
+            .device
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| driver_err(OP, e))?;
+        let sms = usize::try_from(sms).unwrap_or(1).max(1);
+        let fits_64 = self.max_dynamic_smem().is_some_and(|m| m >= smem_bytes(64));
+        let sv = if fits_64 && wide_slices_win(batch.num_seqs * v_heads, v_dim, sms) {
+            64
+        } else {
+            32
+        };
+        let (kernel, smem) = if sv == 64 {
+            ("gated_delta_rule_chunked_v64", smem_bytes(64))
+        } else {
+            ("gated_delta_rule_chunked_v32", smem_bytes(32))
+        };
+
+        let has_initial = i32::from(initial.is_some());
+        let has_final = i32::from(final_out.is_some());
+        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
+        let initial = initial.unwrap_or(qkv);
+        let k_heads_a = to_i32(OP, "k_heads", k_heads)?;
+        let v_heads_a = to_i32(OP, "v_heads", v_heads)?;
+        let k_dim_a = to_i32(OP, "k_dim", k_dim)?;
+        let v_dim_a = to_i32(OP, "v_dim", v_dim)?;
+        let scale = (k_dim as f64).powf(-0.5) as f32;
+        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        let smem_a = to_u32(OP, "shared memory", smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(OP, "num_seqs", batch.num_seqs)?,
+                to_u32(OP, "v_heads", v_heads)?,
+                to_u32(OP, "value slices", v_dim.div_ceil(sv))?,
+            ),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: smem_a,
+        };
+        let f = self.device.function(kernel)?;
+        // Above the default 48 KB of dynamic shared memory a kernel must opt in (a driver call on
+        // the function, made with its context current).
+        self.device
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err(OP, e))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            to_i32(OP, "shared memory", smem)?,
+        )
+        .map_err(|e| driver_err(OP, e))?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(qkv)
+            .arg(beta)
+            .arg(g)
+            .arg(batch.cu_seqlens)
+            .arg(initial)
+            .arg(&has_initial);
+        match final_out {
+            Some(final_state) => launch.arg(final_state),
+            None => launch.arg(qkv),
+        };
+        launch
+            .arg(&has_final)
+            .arg(out)
+            .arg(&k_heads_a)
+            .arg(&v_heads_a)
+            .arg(&k_dim_a)
+            .arg(&v_dim_a)
+            .arg(&scale)
+            .arg(&rows_cap_a);
+        // SAFETY: argument types match the kernel; state buffers hold num_seqs states; the kernel
+        // clamps every sequence to rows_cap rows; the shared memory size is the kernel's layout.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+}

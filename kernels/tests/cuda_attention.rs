@@ -1,0 +1,364 @@
+//! The tensor-core flash attention kernel (`kernels/cuda/flash_attention.cu`) against the CPU
+//! reference, plus a timing run at the serving shapes.
+//!
+//! These need a GPU, so every test is ignored; on the GPU machine:
+//! `cargo test -p instinct-kernels --test cuda_attention -- --ignored --nocapture --test-threads 1`
+//! (`--nocapture` shows the error statistics and the timings; one thread keeps the timing run
+//! alone on the GPU). The CPU reference is optimised even in test builds; the longest test is the
+//! 2,500-token one, bound by the CPU reference.
+//!
+//! The kernel rounds q (pre-scaled), k, v and the probabilities to bf16 and accumulates in f32.
+//! With inputs uniform in ±2 (v in ±1) an emulation of those roundings stays below 3e-3 of
+//! `1 + |reference|` up to 2,500 keys, so 1e-2 leaves a margin; a wrong mask, tile boundary or
+//! softmax rescale gives errors of order one.
+
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::{AttentionDims, Backend, CpuBackend, Varlen};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Qwen3.5-4B full attention: 16 query heads over 4 kv heads of 256.
+const REAL: AttentionDims = AttentionDims {
+    q_heads: 16,
+    kv_heads: 4,
+    head_dim: 256,
+    scale: 0.0625,
+};
+
+/// Tolerance of the flash kernel (bf16 operands) for inputs in ±2.
+const FLASH_TOL: f32 = 1e-2;
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
+}
+
+/// An f32 activation buffer holding `data`, then `extra` copies of `fill`.
+fn activation(gpu: &CudaBackend, data: &[f32], extra: usize, fill: f32) -> CudaBuf {
+    let mut buf = gpu.alloc(data.len() + extra).unwrap();
+    let mut host = data.to_vec();
+    host.resize(data.len() + extra, fill);
+    gpu.write(&mut buf, &host).unwrap();
+    buf
+}
+
+fn indices(gpu: &CudaBackend, data: &[u32]) -> CudaSlice<u32> {
+    let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
+    gpu.write_idx(&mut buf, data).unwrap();
+    buf
+}
+
+fn cu_of(lens: &[usize]) -> Vec<u32> {
+    let mut cu = vec![0u32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as u32);
+    }
+    cu
+}
+
+/// Random inputs of one attention call: `qg`, `k`, `v` for `rows` rows. q and k in ±`qk`, the
+/// gates in ±2, v in ±1.
+struct Inputs {
+    qg: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Inputs {
+    fn new(rng: &mut StdRng, rows: usize, dims: AttentionDims, qk: f32) -> Self {
+        let d = dims.head_dim;
+        let mut qg = rand_vec(rng, rows * dims.q_heads * 2 * d, 2.0);
+        // Queries (the first half of every head) in ±qk; the gates stay in ±2.
+        for head in qg.chunks_mut(2 * d) {
+            for x in &mut head[..d] {
+                *x *= qk / 2.0;
+            }
+        }
+        Self {
+            qg,
+            k: rand_vec(rng, rows * dims.kv_heads * d, qk),
+            v: rand_vec(rng, rows * dims.kv_heads * d, 1.0),
+        }
+    }
+}
+
+fn cpu_attention(inputs: &Inputs, lens: &[usize], dims: AttentionDims) -> Vec<f32> {
+    let cu = cu_of(lens);
+    let rows = *cu.last().unwrap() as usize;
+    let mut want = vec![0.0; rows * dims.q_heads * dims.head_dim];
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: lens.len(),
+        rows,
+    };
+    CpuBackend::new()
+        .attention(&inputs.qg, &inputs.k, &inputs.v, batch, dims, &mut want)
+        .unwrap();
+    want
+}
+
+/// Runs the CUDA attention on `inputs` (buffers exactly `rows` long) and reads the output.
+fn gpu_attention(
+    gpu: &CudaBackend,
+    inputs: &Inputs,
+    lens: &[usize],
+    dims: AttentionDims,
+) -> Vec<f32> {
+    let cu = cu_of(lens);
+    let rows = *cu.last().unwrap() as usize;
+    let out_len = rows * dims.q_heads * dims.head_dim;
+    let qg = activation(gpu, &inputs.qg, 0, 0.0);
+    let k = activation(gpu, &inputs.k, 0, 0.0);
+    let v = activation(gpu, &inputs.v, 0, 0.0);
+    let cu_d = indices(gpu, &cu);
+    let mut out = gpu.alloc(out_len).unwrap();
+    let batch = Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs: lens.len(),
+        rows,
+    };
+    gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+    gpu.read(&out, out_len).unwrap()
+}
+
+/// Asserts |got − want| ≤ tol·(1 + |want|) everywhere; prints the worst and mean error.
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f32, dims: AttentionDims, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let width = dims.q_heads * dims.head_dim;
+    let (mut worst, mut worst_at, mut sum) = (0.0f32, 0, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / (1.0 + w.abs());
+        // NaN must fail too.
+        if err.is_nan() || err > worst {
+            worst = if err.is_nan() { f32::INFINITY } else { err };
+            worst_at = i;
+        }
+        sum += f64::from(err);
+    }
+    eprintln!(
+        "{what}: worst relative error {worst:.2e} (row {}, head {}, dim {}), mean {:.2e}",
+        worst_at / width,
+        worst_at % width / dims.head_dim,
+        worst_at % dims.head_dim,
+        sum / got.len().max(1) as f64
+    );
+    assert!(
+        worst <= tol,
+        "{what}: index {worst_at} (row {}, head {}, dim {}): cuda {} vs cpu {} (error {worst:.3e} > \
+         tolerance {tol:.1e})",
+        worst_at / width,
+        worst_at % width / dims.head_dim,
+        worst_at % dims.head_dim,
+        got[worst_at],
+        want[worst_at]
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_matches_cpu_on_ragged_batches_at_the_real_shape() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(21);
+    // Length 1, lengths around the 64-key and 128-query tiles, and sequences after long ones (so
+    // tiles map to sequences with non-zero starts).
+    let batches: &[&[usize]] = &[
+        &[1],
+        &[1, 63, 64, 65, 200, 777],
+        &[128, 127, 129, 1, 256, 2],
+        &[300, 300, 300],
+    ];
+    for lens in batches {
+        let rows = lens.iter().sum();
+        let inputs = Inputs::new(&mut rng, rows, REAL, 2.0);
+        let want = cpu_attention(&inputs, lens, REAL);
+        let got = gpu_attention(&gpu, &inputs, lens, REAL);
+        assert_close(&got, &want, FLASH_TOL, REAL, &format!("lens {lens:?}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_matches_cpu_on_a_long_sequence() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(22);
+    // 2,500 keys: 20 query tiles, up to 40 key tiles per row; a short sequence after it.
+    let lens = [2_500, 37];
+    let rows = lens.iter().sum();
+    let inputs = Inputs::new(&mut rng, rows, REAL, 2.0);
+    let t = Instant::now();
+    let want = cpu_attention(&inputs, &lens, REAL);
+    eprintln!("cpu reference: {:.1?}", t.elapsed());
+    let got = gpu_attention(&gpu, &inputs, &lens, REAL);
+    assert_close(&got, &want, FLASH_TOL, REAL, &format!("lens {lens:?}"));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn flash_tracks_a_moving_max_with_peaked_scores() {
+    // q and k in ±4: scores spread over tens of units, so the running max changes often and the
+    // rescaling of the accumulator matters. Rounding q and k to bf16 costs more here (an emulation
+    // gives ~1.2e-2 worst case), hence the looser bound; a broken rescale is still of order one.
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(23);
+    let lens = [700, 1, 190];
+    let rows = lens.iter().sum();
+    let inputs = Inputs::new(&mut rng, rows, REAL, 4.0);
+    let want = cpu_attention(&inputs, &lens, REAL);
+    let got = gpu_attention(&gpu, &inputs, &lens, REAL);
+    assert_close(&got, &want, 5e-2, REAL, "peaked scores");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn every_head_size_takes_the_right_kernel() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(24);
+    let lens = [1, 130, 70];
+    let rows = lens.iter().sum();
+    // Multiples of 16 up to 256 run on the flash kernel (padded up to 64, 128 or 256 inside);
+    // the rest on the exact naive kernel, which must keep its f32 accuracy. Group sizes 1, 2, 8.
+    for (head_dim, q_heads, kv_heads) in [
+        (16, 4, 2),
+        (48, 8, 1),
+        (64, 8, 2),
+        (80, 4, 4),
+        (128, 4, 2),
+        (144, 8, 1),
+        (240, 4, 2),
+        (8, 4, 2),
+        (40, 4, 2),
+        (264, 2, 1),
+    ] {
+        let dims = AttentionDims {
+            q_heads,
+            kv_heads,
+            head_dim,
+            scale: (head_dim as f32).powf(-0.5),
+        };
+        let flash = head_dim.is_multiple_of(16) && head_dim <= 256;
+        let inputs = Inputs::new(&mut rng, rows, dims, 2.0);
+        let want = cpu_attention(&inputs, &lens, dims);
+        let got = gpu_attention(&gpu, &inputs, &lens, dims);
+        let (tol, kernel) = if flash {
+            (FLASH_TOL, "flash")
+        } else {
+            (1e-4, "naive")
+        };
+        let what = format!("head_dim {head_dim}, {q_heads}/{kv_heads} heads ({kernel})");
+        assert_close(&got, &want, tol, dims, &what);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn rows_beyond_the_batch_stay_untouched() {
+    const SENTINEL: f32 = 7.25;
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(25);
+    let dims = REAL;
+    let d = dims.head_dim;
+    let (qg_w, kv_w, out_w) = (dims.q_heads * 2 * d, dims.kv_heads * d, dims.q_heads * d);
+    let lens = [65, 1, 130];
+    let rows: usize = lens.iter().sum();
+    let extra_rows = 150;
+    let inputs = Inputs::new(&mut rng, rows, dims, 2.0);
+    let want = cpu_attention(&inputs, &lens, dims);
+    // Buffers for rows + extra_rows, the extra rows holding large values the kernel must not read
+    // (they would change the result) and an output the kernel must not write.
+    let qg = activation(&gpu, &inputs.qg, extra_rows * qg_w, 50.0);
+    let k = activation(&gpu, &inputs.k, extra_rows * kv_w, 50.0);
+    let v = activation(&gpu, &inputs.v, extra_rows * kv_w, 50.0);
+    let total = (rows + extra_rows) * out_w;
+    let mut out = activation(&gpu, &[], total, SENTINEL);
+    let cu = cu_of(&lens);
+    let cu_d = indices(&gpu, &cu);
+    let batch = Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs: lens.len(),
+        rows,
+    };
+    gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+    let got = gpu.read(&out, total).unwrap();
+    assert_close(&got[..rows * out_w], &want, FLASH_TOL, dims, "short batch");
+    assert!(
+        got[rows * out_w..].iter().all(|&x| x == SENTINEL),
+        "rows beyond the batch were written"
+    );
+
+    // cu_seqlens claiming more rows than `rows` (a stale or corrupt buffer): the kernel must still
+    // stop at `rows`. What it computes for the rows it covers is unspecified.
+    let bad_cu = [0u32, 40, 10_000, 5, 1_000_000];
+    let bad_cu_d = indices(&gpu, &bad_cu);
+    let short = 100;
+    let mut out = activation(&gpu, &[], total, SENTINEL);
+    let batch = Varlen {
+        cu_seqlens: &bad_cu_d,
+        num_seqs: bad_cu.len() - 1,
+        rows: short,
+    };
+    gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+    let got = gpu.read(&out, total).unwrap();
+    assert!(
+        got[short * out_w..].iter().all(|&x| x == SENTINEL),
+        "a corrupt cu_seqlens made the kernel write beyond `rows`"
+    );
+    assert!(
+        got[..short * out_w].iter().all(|x| x.is_finite()),
+        "rows inside the batch must still get finite values"
+    );
+}
+
+/// Causal attention FLOPs: QKᵀ and PV, 2 FLOPs per multiply-add, over the lower triangle.
+fn causal_flops(lens: &[usize], dims: AttentionDims) -> f64 {
+    let pairs: f64 = lens.iter().map(|&l| (l as f64) * (l as f64) / 2.0).sum();
+    4.0 * pairs * dims.head_dim as f64 * dims.q_heads as f64
+}
+
+#[test]
+#[ignore = "needs a GPU; prints timings"]
+fn flash_attention_throughput() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(26);
+    let long = [15_446usize];
+    let many = [300usize; 128];
+    for (name, lens) in [("1 x 15,446", &long[..]), ("128 x 300", &many[..])] {
+        let dims = REAL;
+        let rows: usize = lens.iter().sum();
+        let inputs = Inputs::new(&mut rng, rows, dims, 2.0);
+        let qg = activation(&gpu, &inputs.qg, 0, 0.0);
+        let k = activation(&gpu, &inputs.k, 0, 0.0);
+        let v = activation(&gpu, &inputs.v, 0, 0.0);
+        let cu_d = indices(&gpu, &cu_of(lens));
+        let mut out = gpu.alloc(rows * dims.q_heads * dims.head_dim).unwrap();
+        let batch = Varlen {
+            cu_seqlens: &cu_d,
+            num_seqs: lens.len(),
+            rows,
+        };
+        for _ in 0..3 {
+            gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+        }
+        gpu.synchronize().unwrap();
+        let iters = 20;
+        let t = Instant::now();
+        for _ in 0..iters {
+            gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+        }
+        gpu.synchronize().unwrap();
+        let secs = t.elapsed().as_secs_f64() / f64::from(iters);
+        let tflops = causal_flops(lens, dims) / secs / 1e12;
+        eprintln!(
+            "flash attention {name}: {:.3} ms, {tflops:.1} TFLOP/s",
+            secs * 1e3
+        );
+        let sample = gpu.read(&out, 16).unwrap();
+        assert!(sample.iter().all(|x| x.is_finite()));
+    }
+}
