@@ -1,6 +1,7 @@
 // Causal depthwise conv1d (no bias) + SiLU over packed sequences. Sequence boundaries come from
 // cu_seqlens in device memory, so one launch shape serves any batch up to `rows_cap` rows.
 
+
 // Pre-conv input of sequence `s` at sequence-local time `t` (t < 0 reads the carried window, whose
 // rows are oldest first; 0 without a window or beyond it).
 __device__ __forceinline__ float conv_input(const float* x, const float* window_in, int has_window, u32 start,
@@ -10,26 +11,69 @@ __device__ __forceinline__ float conv_input(const float* x, const float* window_
     return window_in[((i64)s * hist + hist + t) * channels + c];
 }
 
-// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]); one thread per (row, channel) of rows_cap rows.
+#define CONV_ROWS 16       // rows one thread walks (CONV_ROWS in the launcher)
+#define CONV_MAX_KERNEL 8  // largest kernel width (taps held in registers)
+
+// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]). Each thread owns one channel over CONV_ROWS
+// consecutive rows (grid.x: row runs, grid.y × block: channels), sliding the window in registers,
+// so every input is read once and the sequence lookup happens once per run, not per element.
 extern "C" __global__ void conv1d_silu(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                        const u32* __restrict__ cu_seqlens, int num_seqs,
                                        const float* __restrict__ window_in, int has_window,
                                        float* __restrict__ out, int channels, int kernel, u32 rows_cap) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (i64)rows_cap * channels) return;
-    const u32 row = (u32)(i / channels);
-    const int c = (int)(i % channels);
-    const int s = sequence_of_row(cu_seqlens, num_seqs, row);
-    if (s < 0) return;
-    const u32 start = cu_seqlens[s];
-    const int local = (int)(row - start);
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    const u32 r0 = blockIdx.x * CONV_ROWS;
+    if (c >= channels || r0 >= rows_cap) return;
+    const u32 r1 = min(r0 + CONV_ROWS, rows_cap);
     const int hist = kernel - 1;
-    float acc = 0.0f;
-    for (int k = 0; k < kernel; ++k) {
-        const float v = conv_input(x, window_in, has_window, start, s, local - hist + k, c, channels, hist);
-        acc += load_bf16(w, (i64)c * kernel + k) * v;
+    float taps[CONV_MAX_KERNEL];
+#pragma unroll
+    for (int k = 0; k < CONV_MAX_KERNEL; ++k) taps[k] = k < kernel ? load_bf16(w, (i64)c * kernel + k) : 0.0f;
+    int s = sequence_of_row(cu_seqlens, num_seqs, r0);
+    if (s < 0) return;
+    u32 start = cu_seqlens[s];
+    u32 end = cu_seqlens[s + 1];
+    // win[i]: the input `hist - i` steps back (oldest first).
+    float win[CONV_MAX_KERNEL];
+    bool fresh = true;
+    for (u32 r = r0; r < r1; ++r) {
+        while (r >= end) {  // the next sequence (skipping empty ones)
+            if (++s >= num_seqs) return;
+            start = cu_seqlens[s];
+            end = cu_seqlens[s + 1];
+            fresh = true;
+        }
+        const i64 at = (i64)r * channels + c;
+        if (r < start) {  // corrupt boundaries: never index before the sequence
+            out[at] = F32_NAN;
+            fresh = true;
+            continue;
+        }
+        const int local = (int)(r - start);
+        if (fresh) {
+#pragma unroll
+            for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
+                if (i < hist) win[i] = conv_input(x, window_in, has_window, start, s, local - hist + i, c, channels, hist);
+            }
+            fresh = false;
+        }
+        const float cur = x[at];
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
+            if (i < hist) acc += taps[i] * win[i];
+        }
+#pragma unroll
+        for (int k = 0; k < CONV_MAX_KERNEL; ++k) {
+            if (k == hist) acc += taps[k] * cur;
+        }
+        out[at] = silu_f(acc);
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
+            if (i + 1 < hist) win[i] = win[i + 1];
+            else if (i + 1 == hist) win[i] = cur;
+        }
     }
-    out[i] = silu_f(acc);
 }
 
 // window_out[s][i][c] = pre-conv input at local time len - hist + i (the window to resume from).

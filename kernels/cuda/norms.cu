@@ -33,19 +33,19 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ residual, const floa
     }
 }
 
-// x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w).
+// x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w). One warp per row: the rows are
+// short (a value head, 128 wide) and there are many of them.
 extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __restrict__ z,
-                                          const __nv_bfloat16* __restrict__ w, int dim, float eps) {
-    const i64 base = (i64)blockIdx.x * dim;
+                                          const __nv_bfloat16* __restrict__ w, int rows, int dim, float eps) {
+    const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float* xr = x + row * dim;
+    const float* zr = z + row * dim;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = x[base + i];
-        ss += v * v;
-    }
-    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        x[base + i] = load_bf16(w, i) * (x[base + i] * inv) * silu_f(z[base + i]);
-    }
+    for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
+    const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
+    for (int i = lane; i < dim; i += 32) xr[i] = load_bf16(w, i) * (xr[i] * inv) * silu_f(zr[i]);
 }
 
 // Start of head `head` of row `row` in a HeadLayout.

@@ -382,6 +382,23 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
+    /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ`, `gate_up: [rows, 2·inter]`,
+    /// `w: [out_dim, inter]`. `act` (`[rows, inter]`) may receive the SwiGLU output; a backend that
+    /// feeds it straight into its GEMM leaves `act` untouched.
+    fn swiglu_gemm(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        inter: usize,
+        w: &Self::Buf,
+        out_dim: usize,
+        act: &mut Self::Buf,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.swiglu(gate_up, rows, inter, act)?;
+        self.gemm(act, w, rows, inter, out_dim, y)
+    }
+
     /// `out[s] = x[cu_seqlens[s + 1] − 1]` (each sequence's last row), `[num_seqs, dim]`.
     fn gather_last(
         &self,

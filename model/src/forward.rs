@@ -518,10 +518,16 @@ impl<B: Backend> TextModel<B> {
                 &mut ws.proj,
             )
             .map_err(e)?;
-            be.swiglu(&ws.proj, rows, d.inter, &mut ws.core)
-                .map_err(e)?;
-            be.gemm(&ws.core, &layer.down, rows, d.inter, h, &mut ws.block_out)
-                .map_err(e)?;
+            be.swiglu_gemm(
+                &ws.proj,
+                rows,
+                d.inter,
+                &layer.down,
+                h,
+                &mut ws.core,
+                &mut ws.block_out,
+            )
+            .map_err(e)?;
             let next_norm = layers.get(i + 1).map_or(&*final_norm, |l| &l.input_norm);
             be.add_rms_norm(
                 &mut ws.residual,

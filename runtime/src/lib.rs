@@ -1,5 +1,6 @@
 //! The instinct server: HTTP API, request validation, configuration and subcommands.
 
+pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod contract;

@@ -22,6 +22,7 @@ fn main() -> anyhow::Result<()> {
             .build()?
             .block_on(instinct::serve::run(*args)),
         Command::Check(args) => instinct::check::run(&args),
+        Command::Bench(args) => instinct::bench::run(&args),
         Command::BuildTokenizer(args) => {
             let tokenizer = instinct_model::tokenizer::build_qwen35_tokenizer(&args.vocab)?;
             tokenizer

@@ -11,6 +11,8 @@ Measures: load and warm-up time separately; warm latency of one question at ~139
 of >= 20 runs, CUDA events); prompt tokens/s for batches of 8, 32 and 128 questions of ~300 ids. transformers
 has no varlen packing, so a batch is right-padded with an attention mask, and each row's last real position
 is read from the hidden states. Ceilings: device-to-device copy bandwidth and an 8192^3 bf16 GEMM.
+The prompts come from bench_prompts.py, which also writes them for `instinct bench --prompts`; the report's
+`prompt_ids_sha256` is their digest.
 
     python3 peer_bench.py --model /tmp/real --backend torch --out peer_torch.json [--small]
 """
@@ -20,7 +22,6 @@ import importlib.metadata
 import importlib.util
 import json
 import platform
-import random
 import statistics
 import sys
 import time
@@ -28,35 +29,33 @@ from pathlib import Path
 
 import torch
 
+from bench_prompts import BATCH_SIZES, LATENCY_LENGTHS, batch_prompts, digest, latency_prompts
 from real_common import (
     delta_rule_implementations,
     last_letter_logits,
     letter_probabilities,
     load_fixtures,
-    prompt_of_length,
 )
 from tiny_common import LETTER_IDS
 
 SIZES = {
     False: {
-        "latency_lengths": [139, 712, 15446],
+        "latency_lengths": LATENCY_LENGTHS[False],
         "latency_runs": 20,
-        "batch_sizes": [8, 32, 128],
+        "batch_sizes": BATCH_SIZES[False],
         "batch_runs": 5,
         "copy_bytes": 4 << 30,
         "gemm": 8192,
     },
     True: {
-        "latency_lengths": [139, 712, 2000],
+        "latency_lengths": LATENCY_LENGTHS[True],
         "latency_runs": 3,
-        "batch_sizes": [2, 4, 8],
+        "batch_sizes": BATCH_SIZES[True],
         "batch_runs": 2,
         "copy_bytes": 64 << 20,
         "gemm": 1024,
     },
 }
-BATCH_LENGTH_RANGE = (280, 320)  # "about 300 ids" per question, varied as real prompts are
-BATCH_SEED = 7
 WARMUP_RUNS = 2
 
 
@@ -141,8 +140,7 @@ def load_model(model_dir: Path, device: torch.device):
 
 def batch_inputs(bodies: list[list[int]], batch_size: int, device: torch.device):
     """Right-padded ids and mask for `batch_size` questions of ~300 ids, and each row's last real position."""
-    rng = random.Random(BATCH_SEED + batch_size)
-    prompts = [prompt_of_length(rng.choice(bodies), rng.randint(*BATCH_LENGTH_RANGE)) for _ in range(batch_size)]
+    prompts = batch_prompts(bodies, batch_size)
     width = max(len(p) for p in prompts)
     ids = torch.zeros(batch_size, width, dtype=torch.long)
     mask = torch.zeros(batch_size, width, dtype=torch.long)
@@ -210,9 +208,13 @@ def main() -> None:
     print(f"[peer_bench {args.backend}] load {report['load_seconds']} s", flush=True)
 
     bodies = [fixture["input_ids"] for fixture in load_fixtures()["fixtures"]]
+    singles = latency_prompts(bodies, sizes["latency_lengths"])
+    report["prompt_ids_sha256"] = digest(
+        [(str(length), ids) for length, ids in zip(sizes["latency_lengths"], singles)],
+        [(f"{size}x300", batch_prompts(bodies, size)) for size in sizes["batch_sizes"]],
+    )
     report["warmup_ms"], report["latency"], report["batch"] = {}, {}, {}
-    for index, length in enumerate(sizes["latency_lengths"]):
-        ids = prompt_of_length(bodies[index], length)
+    for length, ids in zip(sizes["latency_lengths"], singles):
         warmups = [clock.time_ms(lambda: last_letter_logits(model, ids, device))[0] for _ in range(WARMUP_RUNS)]
         report["warmup_ms"][f"single_{length}"] = [round(t, 1) for t in warmups]
         runs = sizes["latency_runs"] if time.time() - started < args.budget_s else 5

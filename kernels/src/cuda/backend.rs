@@ -24,6 +24,10 @@ const ATTN_THREADS: u32 = 128;
 const ATTN_MAX_HEAD_DIM: usize = 512;
 /// Tile edge of the naive GEMM (`GEMM_TILE` in gemm.cu).
 const GEMM_TILE: u32 = 16;
+/// Rows one conv1d thread walks, and the widest kernel it holds (`CONV_ROWS`, `CONV_MAX_KERNEL`
+/// in conv.cu).
+const CONV_ROWS: usize = 16;
+const CONV_MAX_KERNEL: usize = 8;
 /// Frequency pairs the rope kernel's by-value table holds (`ROPE_MAX_PAIRS` in rope.cu).
 const ROPE_MAX_PAIRS: usize = 64;
 /// Largest key head of the delta rule kernel (`DELTA_MAX_K` in delta.cu).
@@ -583,8 +587,11 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "conv1d_silu";
-        if kernel == 0 || channels == 0 {
-            return Err(KernelError::invalid(OP, "kernel and channels must be > 0"));
+        if kernel == 0 || channels == 0 || kernel > CONV_MAX_KERNEL {
+            return Err(KernelError::invalid(
+                OP,
+                format!("kernel must be 1..={CONV_MAX_KERNEL} and channels > 0"),
+            ));
         }
         let rows_cap = check_batch(OP, &batch, x.len().min(out.len()) / channels)?;
         let win_len = batch.num_seqs * (kernel - 1) * channels;
@@ -618,7 +625,16 @@ impl Backend for CudaBackend {
                 .arg(&channels_a)
                 .arg(&kernel_a)
                 .arg(&rows_cap_a);
-            let cfg = linear(OP, rows_cap * channels, BLOCK)?;
+            // grid.x: runs of CONV_ROWS rows, grid.y × BLOCK: channels (see conv.cu).
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    to_u32(OP, "rows", rows_cap.div_ceil(CONV_ROWS))?,
+                    to_u32(OP, "channels", channels.div_ceil(BLOCK as usize))?,
+                    1,
+                ),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: argument types match the kernel; it stays below rows_cap rows.
             unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         }
@@ -742,9 +758,16 @@ impl Backend for CudaBackend {
         let dim_a = to_i32(OP, "dim", dim)?;
         let f = self.device.function("gated_rms_norm")?;
         let mut launch = self.device.stream.launch_builder(f);
-        launch.arg(x).arg(z).arg(w).arg(&dim_a).arg(&eps);
-        // SAFETY: argument types match the kernel; lengths checked above.
-        unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+        let rows_a = to_i32(OP, "rows", rows)?;
+        launch
+            .arg(x)
+            .arg(z)
+            .arg(w)
+            .arg(&rows_a)
+            .arg(&dim_a)
+            .arg(&eps);
+        // SAFETY: argument types match the kernel; lengths checked above. One warp per row.
+        unsafe { launch.launch(linear(OP, rows * 32, BLOCK)?) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
     }
 
@@ -767,9 +790,52 @@ impl Backend for CudaBackend {
         let mut launch = self.device.stream.launch_builder(f);
         launch.arg(gate_up).arg(out).arg(&rows_a).arg(&inter_a);
         // SAFETY: argument types match the kernel; lengths checked above.
-        unsafe { launch.launch(linear(OP, rows * inter, BLOCK)?) }
-            .map_err(|e| driver_err(OP, e))?;
+        // One block per row.
+        unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
+    }
+
+    fn swiglu_gemm(
+        &self,
+        gate_up: &CudaBuf,
+        rows: usize,
+        inter: usize,
+        w_buf: &CudaBuf,
+        out_dim: usize,
+        act_buf: &mut CudaBuf,
+        y_buf: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "swiglu_gemm";
+        let gu = act(OP, "gate_up", gate_up, rows * 2 * inter)?;
+        let w = weight(OP, "w", w_buf, out_dim * inter)?;
+        let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
+        if rows == 0 || out_dim == 0 {
+            return Ok(());
+        }
+        let rows_a = to_i32(OP, "rows", rows)?;
+        let inter_a = to_i32(OP, "inter", inter)?;
+        let convert = |x_bf16: &mut CudaSlice<bf16>| {
+            if inter == 0 {
+                return Ok(());
+            }
+            let f = self.device.function("swiglu_bf16")?;
+            let mut launch = self.device.stream.launch_builder(f);
+            launch.arg(gu).arg(x_bf16).arg(&rows_a).arg(&inter_a);
+            // SAFETY: argument types match the kernel; gate_up holds rows·2·inter values and the
+            // scratch rows·inter (sized by gemm_many). One block per row.
+            unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+            Ok(())
+        };
+        if inter > 0
+            && self
+                .blas
+                .gemm_many(rows, inter, &mut [(w, out_dim, y)], convert)?
+        {
+            return Ok(());
+        }
+        // No cuBLASLt plan for the shape: the two-step form.
+        self.swiglu(gate_up, rows, inter, act_buf)?;
+        self.gemm(act_buf, w_buf, rows, inter, out_dim, y_buf)
     }
 
     fn gather_last(

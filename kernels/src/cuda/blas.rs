@@ -21,6 +21,11 @@ use crate::error::KernelError;
 
 /// cuBLASLt's recommended workspace on Hopper (also enough elsewhere).
 const WORKSPACE_BYTES: usize = 32 << 20;
+/// Algorithms the heuristic proposes per shape; each is timed once and the fastest kept (the
+/// heuristic's first pick is often far from the best for skinny GEMMs, such as one short question).
+const CANDIDATES: usize = 8;
+/// Timed runs per candidate (after one untimed run).
+const TUNING_RUNS: usize = 3;
 /// Shapes whose plans are kept; serving sees one shape per distinct batch row count, so the map is
 /// bounded and simply rebuilt when full.
 const MAX_PLANS: usize = 4096;
@@ -35,7 +40,11 @@ struct Plan {
     w_layout: sys::cublasLtMatrixLayout_t,
     x_layout: sys::cublasLtMatrixLayout_t,
     y_layout: sys::cublasLtMatrixLayout_t,
+    /// The algorithm in use: the heuristic's first choice until the shape is timed.
     algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's candidates, timed on the shape's first real call.
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+    tuned: bool,
 }
 
 impl Drop for Plan {
@@ -164,40 +173,91 @@ impl Blas {
         let x = scratch.as_mut().expect("sized just above");
         convert(x)?;
         let stream = &self.stream;
-        let (alpha, beta) = (1.0f32, 0.0f32);
         let (x_ptr, _x_rec) = x.device_ptr(stream);
         let (ws_ptr, _ws_rec) = self.workspace.device_ptr(stream);
         for (w, out_dim, y) in outputs.iter_mut() {
-            let plan = plans[&(rows, in_dim, *out_dim)]
-                .as_ref()
+            let plan = plans
+                .get_mut(&(rows, in_dim, *out_dim))
+                .and_then(Option::as_mut)
                 .expect("checked above");
             let (w_ptr, _w_rec) = w.device_ptr(stream);
             let (y_ptr, _y_rec) = y.device_ptr_mut(stream);
-            // SAFETY: the layouts describe w [out, in], x [rows, in] and y [rows, out], whose
-            // lengths the caller checked; the workspace is WORKSPACE_BYTES long; all on `stream`.
-            unsafe {
-                lt::matmul(
-                    self.handle,
-                    plan.desc,
-                    (&alpha) as *const f32 as *const c_void,
-                    (&beta) as *const f32 as *const c_void,
-                    w_ptr as *const c_void,
-                    plan.w_layout,
-                    x_ptr as *const c_void,
-                    plan.x_layout,
-                    y_ptr as *const c_void,
-                    plan.y_layout,
-                    y_ptr as *mut c_void,
-                    plan.y_layout,
-                    &plan.algo,
-                    ws_ptr as *mut c_void,
-                    WORKSPACE_BYTES,
-                    stream.cu_stream() as sys::cudaStream_t,
-                )
+            let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
+            if !plan.tuned {
+                self.tune(plan, ptrs)?;
             }
-            .map_err(|e| blas_err(OP, e))?;
+            // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
+            // checked by the caller) and the workspace; all on `stream`.
+            unsafe { self.run(plan, &plan.algo, ptrs) }.map_err(|e| blas_err(OP, e))?;
         }
         Ok(true)
+    }
+
+    /// One matmul with `algo`: `y = x Wᵀ` over `[w, x, y, workspace]` device pointers.
+    ///
+    /// # Safety
+    /// The pointers must hold the plan's shapes (and the workspace WORKSPACE_BYTES).
+    unsafe fn run(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        [w, x, y, ws]: [u64; 4],
+    ) -> Result<(), lt::CublasError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        lt::matmul(
+            self.handle,
+            plan.desc,
+            (&alpha) as *const f32 as *const c_void,
+            (&beta) as *const f32 as *const c_void,
+            w as *const c_void,
+            plan.w_layout,
+            x as *const c_void,
+            plan.x_layout,
+            y as *const c_void,
+            plan.y_layout,
+            y as *mut c_void,
+            plan.y_layout,
+            algo,
+            ws as *mut c_void,
+            WORKSPACE_BYTES,
+            self.stream.cu_stream() as sys::cudaStream_t,
+        )
+    }
+
+    /// Times every candidate algorithm on the real operands and keeps the fastest. `y` is
+    /// overwritten (the caller runs the real matmul afterwards). A candidate that fails is skipped.
+    fn tune(&self, plan: &mut Plan, ptrs: [u64; 4]) -> KernelResult<()> {
+        const OP: &str = "gemm tuning";
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
+        for algo in &plan.candidates {
+            // SAFETY: as in `gemm_many`: the pointers hold the plan's shapes.
+            if unsafe { self.run(plan, algo, ptrs) }.is_err() {
+                continue;
+            }
+            let start = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err(OP, e))?;
+            let mut ok = true;
+            for _ in 0..TUNING_RUNS {
+                // SAFETY: as above.
+                ok &= unsafe { self.run(plan, algo, ptrs) }.is_ok();
+            }
+            let end = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err(OP, e))?;
+            let ms = start.elapsed_ms(&end).map_err(|e| driver_err(OP, e))?;
+            if ok && best.is_none_or(|(best_ms, _)| ms < best_ms) {
+                best = Some((ms, *algo));
+            }
+        }
+        if let Some((_, algo)) = best {
+            plan.algo = algo;
+        }
+        plan.tuned = true;
+        Ok(())
     }
 
     /// Builds the plan of one shape, or `None` when cuBLASLt offers no algorithm for it.
@@ -236,6 +296,8 @@ impl Blas {
             y_layout,
             // SAFETY: plain data, overwritten by the heuristic's choice below before any use.
             algo: unsafe { std::mem::zeroed() },
+            candidates: Vec::new(),
+            tuned: false,
         };
         let transpose: i32 = 1;
         // SAFETY: the descriptor is live; the attribute is an i32 (cublasOperation_t).
@@ -250,16 +312,20 @@ impl Blas {
         .map_err(e)?;
         let pref = lt::create_matmul_pref().map_err(e)?;
         let workspace = WORKSPACE_BYTES as u64;
-        // SAFETY: the preference is live; the attribute is a u64 byte count.
+        // SAFETY: the preference is live; the attribute is a u64 byte count; `results` has room
+        // for CANDIDATES entries and cuBLASLt fills `found` of them.
         let heuristic = unsafe {
-            let set = lt::set_matmul_pref_attribute(
+            let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+                std::mem::zeroed();
+            let mut found = 0i32;
+            let searched = lt::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 (&workspace) as *const u64 as *const c_void,
                 size_of::<u64>(),
-            );
-            let found = set.and_then(|()| {
-                lt::get_matmul_algo_heuristic(
+            )
+            .and_then(|()| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
                     plan.desc,
                     plan.w_layout,
@@ -267,17 +333,30 @@ impl Blas {
                     plan.y_layout,
                     plan.y_layout,
                     pref,
+                    CANDIDATES as i32,
+                    results.as_mut_ptr(),
+                    &mut found,
                 )
+                .result()
             });
             let _ = lt::destroy_matmul_pref(pref);
-            found
+            searched.map(|()| {
+                results[..found.clamp(0, CANDIDATES as i32) as usize]
+                    .iter()
+                    .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                    .map(|r| r.algo)
+                    .collect::<Vec<_>>()
+            })
         };
         match heuristic {
-            Ok(h) => {
-                plan.algo = h.algo;
+            Ok(algos) if !algos.is_empty() => {
+                plan.algo = algos[0];
+                plan.candidates = algos;
                 Ok(Some(plan))
             }
-            Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
+            Ok(_) | Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
+                Ok(None)
+            }
             Err(err) => Err(e(err)),
         }
     }

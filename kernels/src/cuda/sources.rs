@@ -56,6 +56,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "delta_gates",
             "gather_last",
             "f32_to_bf16",
+            "swiglu_bf16",
         ],
     },
     KernelSource {

@@ -1,0 +1,316 @@
+//! Where the time of one Qwen3.5-4B forward goes: every CUDA op at the real shapes, timed alone,
+//! and the per-forward total it implies (24 Gated DeltaNet + 8 attention layers). Needs a GPU:
+//! run with `cargo test --release -p instinct-kernels --test cuda_op_timing -- --ignored
+//! --nocapture`. Prints a table; asserts only that every op ran.
+//!
+//! Times are host wall time over back-to-back launches followed by one synchronize, so a tiny op
+//! shows its launch cost, as it does inside a forward pass.
+
+use std::time::Instant;
+
+use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::{AttentionDims, Backend, DeltaDims, DeltaState, HeadLayout, Rope, Varlen};
+
+const HIDDEN: usize = 2560;
+const INTER: usize = 9216;
+const DELTA: DeltaDims = DeltaDims {
+    k_heads: 16,
+    v_heads: 32,
+    k_dim: 128,
+    v_dim: 128,
+};
+const ATTN: AttentionDims = AttentionDims {
+    q_heads: 16,
+    kv_heads: 4,
+    head_dim: 256,
+    scale: 0.0625,
+};
+const DELTA_LAYERS: usize = 24;
+const ATTN_LAYERS: usize = 8;
+
+/// Mean seconds of `f` over `runs` launches, after one warm-up call.
+fn time(gpu: &CudaBackend, runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    gpu.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..runs {
+        f();
+    }
+    gpu.synchronize().unwrap();
+    t.elapsed().as_secs_f64() / runs as f64
+}
+
+fn filled(gpu: &CudaBackend, len: usize, value: f32) -> CudaBuf {
+    let mut b = gpu.alloc(len).unwrap();
+    gpu.write(&mut b, &vec![value; len]).unwrap();
+    b
+}
+
+fn weight(gpu: &CudaBackend, len: usize) -> CudaBuf {
+    let host: Vec<f32> = (0..len)
+        .map(|i| ((i * 2_654_435_761) % 1000) as f32 * 1e-5 - 5e-3)
+        .collect();
+    gpu.upload(&host).unwrap()
+}
+
+struct Row {
+    op: &'static str,
+    per_call_ms: f64,
+    calls: usize,
+}
+
+fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
+    let rows: usize = lens.iter().sum();
+    let num_seqs = lens.len();
+    let mut cu = vec![0u32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as u32);
+    }
+    let mut cu_d = gpu.alloc_idx(cu.len()).unwrap();
+    gpu.write_idx(&mut cu_d, &cu).unwrap();
+    let positions: Vec<u32> = lens
+        .iter()
+        .flat_map(|&l| (0..l as u32).flat_map(|p| [p, p, p]))
+        .collect();
+    let mut pos_d = gpu.alloc_idx(positions.len()).unwrap();
+    gpu.write_idx(&mut pos_d, &positions).unwrap();
+    let batch = || Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs,
+        rows,
+    };
+    let runs = if rows > 10_000 { 5 } else { 20 };
+    let qkv_w = DELTA.qkv_width();
+    let vw = DELTA.v_heads * DELTA.v_dim;
+    let hv = DELTA.v_heads;
+    let kvw = ATTN.kv_heads * ATTN.head_dim;
+    let qg_w = 2 * ATTN.q_heads * ATTN.head_dim;
+
+    // Weights.
+    let (w_qkv, w_z, w_b, w_a) = (
+        weight(gpu, qkv_w * HIDDEN),
+        weight(gpu, vw * HIDDEN),
+        weight(gpu, hv * HIDDEN),
+        weight(gpu, hv * HIDDEN),
+    );
+    let w_out = weight(gpu, HIDDEN * vw);
+    let (w_q, w_k, w_v) = (
+        weight(gpu, qg_w * HIDDEN),
+        weight(gpu, kvw * HIDDEN),
+        weight(gpu, kvw * HIDDEN),
+    );
+    let w_o = weight(gpu, HIDDEN * ATTN.q_heads * ATTN.head_dim);
+    let w_gate_up = weight(gpu, 2 * INTER * HIDDEN);
+    let w_down = weight(gpu, HIDDEN * INTER);
+    let norm_w = weight(gpu, HIDDEN);
+    let conv_w = weight(gpu, qkv_w * 4);
+    let small = weight(gpu, 256);
+    let a_log = weight(gpu, hv);
+
+    // Activations.
+    let normed = filled(gpu, rows * HIDDEN, 0.5);
+    let mut residual = filled(gpu, rows * HIDDEN, 0.1);
+    let mut out_h = gpu.alloc(rows * HIDDEN).unwrap();
+    let mut proj = gpu.alloc(rows * 2 * INTER).unwrap();
+    let mut z = filled(gpu, rows * vw, 0.2);
+    let mut beta = filled(gpu, rows * hv, 0.3);
+    let mut decay = filled(gpu, rows * hv, -0.1);
+    let mut conv = filled(gpu, rows * qkv_w, 0.05);
+    let mut core = filled(gpu, rows * INTER, 0.1);
+    let mut k = filled(gpu, rows * kvw, 0.1);
+    let mut v = filled(gpu, rows * kvw, 0.1);
+    let mut qg = filled(gpu, rows * qg_w, 0.1);
+
+    let mut out = Vec::new();
+    let mut row = |op, calls, secs: f64| {
+        out.push(Row {
+            op,
+            per_call_ms: secs * 1e3,
+            calls,
+        })
+    };
+    gpu.reserve_gemm_input(rows * INTER).unwrap();
+
+    let t = time(gpu, runs, || {
+        gpu.gemm_shared_input(
+            &normed,
+            rows,
+            HIDDEN,
+            &mut [
+                (&w_qkv, qkv_w, &mut proj),
+                (&w_z, vw, &mut z),
+                (&w_b, hv, &mut beta),
+                (&w_a, hv, &mut decay),
+            ],
+        )
+        .unwrap()
+    });
+    row("deltanet in_proj (4 GEMMs)", DELTA_LAYERS, t);
+    let t = time(gpu, runs, || {
+        gpu.conv1d_silu(&proj, &conv_w, batch(), qkv_w, 4, None, None, &mut conv)
+            .unwrap()
+    });
+    row("conv1d + silu", DELTA_LAYERS, t);
+    let qk_layout = HeadLayout {
+        heads: 2 * DELTA.k_heads,
+        head_dim: DELTA.k_dim,
+        head_stride: DELTA.k_dim,
+        row_stride: qkv_w,
+        offset: 0,
+    };
+    let t = time(gpu, runs, || {
+        gpu.l2_norm(&mut conv, qk_layout, rows, 1e-6).unwrap()
+    });
+    row("l2 norm q,k", DELTA_LAYERS, t);
+    let t = time(gpu, runs, || {
+        gpu.delta_gates(&mut beta, &mut decay, &a_log, &a_log, rows, hv)
+            .unwrap()
+    });
+    row("delta gates", DELTA_LAYERS, t);
+    // Gates must stay valid decays for the rule: refill after the in-place gate op.
+    let beta = filled(gpu, rows * hv, 0.5);
+    let decay = filled(gpu, rows * hv, -0.1);
+    let t = time(gpu, runs.min(5), || {
+        let state = DeltaState {
+            initial: None,
+            final_out: None,
+        };
+        gpu.gated_delta_rule_chunked(&conv, &beta, &decay, batch(), DELTA, state, &mut core)
+            .unwrap()
+    });
+    row("gated delta rule (chunked)", DELTA_LAYERS, t);
+    let t = time(gpu, runs, || {
+        gpu.gated_rms_norm(&mut core, &z, &small, rows * hv, DELTA.v_dim, 1e-6)
+            .unwrap()
+    });
+    row("gated rms norm", DELTA_LAYERS, t);
+    let t = time(gpu, runs, || {
+        gpu.gemm(&core, &w_out, rows, vw, HIDDEN, &mut out_h)
+            .unwrap()
+    });
+    row("deltanet out_proj GEMM", DELTA_LAYERS, t);
+
+    let t = time(gpu, runs, || {
+        gpu.gemm_shared_input(
+            &normed,
+            rows,
+            HIDDEN,
+            &mut [
+                (&w_q, qg_w, &mut qg),
+                (&w_k, kvw, &mut k),
+                (&w_v, kvw, &mut v),
+            ],
+        )
+        .unwrap()
+    });
+    row("attention q/k/v (3 GEMMs)", ATTN_LAYERS, t);
+    let q_layout = HeadLayout {
+        heads: ATTN.q_heads,
+        head_dim: ATTN.head_dim,
+        head_stride: 2 * ATTN.head_dim,
+        row_stride: qg_w,
+        offset: 0,
+    };
+    let kv_layout = HeadLayout::dense(ATTN.kv_heads, ATTN.head_dim);
+    let t = time(gpu, runs, || {
+        gpu.head_rms_norm(&mut qg, &small, q_layout, rows, 1e-6)
+            .unwrap();
+        gpu.head_rms_norm(&mut k, &small, kv_layout, rows, 1e-6)
+            .unwrap();
+    });
+    row("q/k head norms", ATTN_LAYERS, t);
+    let rope = Rope {
+        rotary_dim: 64,
+        theta: 1e7,
+        section: [11, 11, 10],
+        interleaved: true,
+    };
+    let t = time(gpu, runs, || {
+        gpu.rope(&mut qg, q_layout, &pos_d, rows, &rope).unwrap();
+        gpu.rope(&mut k, kv_layout, &pos_d, rows, &rope).unwrap();
+    });
+    row("rope q,k", ATTN_LAYERS, t);
+    // Norm and rope leave values of order one; the softmax stays finite.
+    let t = time(gpu, runs.min(5), || {
+        gpu.attention(&qg, &k, &v, batch(), ATTN, &mut core)
+            .unwrap()
+    });
+    row("flash attention", ATTN_LAYERS, t);
+    let t = time(gpu, runs, || {
+        gpu.gemm(
+            &core,
+            &w_o,
+            rows,
+            ATTN.q_heads * ATTN.head_dim,
+            HIDDEN,
+            &mut out_h,
+        )
+        .unwrap()
+    });
+    row("attention o_proj GEMM", ATTN_LAYERS, t);
+
+    let layers = DELTA_LAYERS + ATTN_LAYERS;
+    let mut normed_out = gpu.alloc(rows * HIDDEN).unwrap();
+    let t = time(gpu, runs, || {
+        gpu.add_rms_norm(
+            &mut residual,
+            &out_h,
+            &norm_w,
+            rows,
+            HIDDEN,
+            1e-6,
+            &mut normed_out,
+        )
+        .unwrap()
+    });
+    row("add + rms norm", 2 * layers, t);
+    let t = time(gpu, runs, || {
+        gpu.gemm(&normed, &w_gate_up, rows, HIDDEN, 2 * INTER, &mut proj)
+            .unwrap()
+    });
+    row("mlp gate|up GEMM", layers, t);
+    let t = time(gpu, runs, || {
+        gpu.swiglu(&proj, rows, INTER, &mut core).unwrap()
+    });
+    row("swiglu", layers, t);
+    let t = time(gpu, runs, || {
+        gpu.gemm(&core, &w_down, rows, INTER, HIDDEN, &mut out_h)
+            .unwrap()
+    });
+    row("mlp down GEMM", layers, t);
+    out
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn where_the_forward_time_goes() {
+    let gpu = CudaBackend::new(CudaOptions::default()).unwrap();
+    let shapes: [(&str, Vec<usize>); 4] = [
+        ("1 x 139", vec![139]),
+        ("1 x 712", vec![712]),
+        ("1 x 15446", vec![15446]),
+        ("128 x 300", vec![300; 128]),
+    ];
+    for (name, lens) in shapes {
+        let rows = profile(&gpu, &lens);
+        assert!(!rows.is_empty());
+        let total: f64 = rows.iter().map(|r| r.per_call_ms * r.calls as f64).sum();
+        println!("\n== {name} tokens: ops sum to {total:.2} ms per forward");
+        println!(
+            "{:<30} {:>10} {:>6} {:>12} {:>6}",
+            "op", "ms/call", "calls", "ms/forward", "share"
+        );
+        for r in &rows {
+            let per_forward = r.per_call_ms * r.calls as f64;
+            assert!(r.per_call_ms > 0.0, "{} did not run", r.op);
+            println!(
+                "{:<30} {:>10.4} {:>6} {:>12.3} {:>5.1}%",
+                r.op,
+                r.per_call_ms,
+                r.calls,
+                per_forward,
+                100.0 * per_forward / total
+            );
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! `instinct bench` on the built-in demo model (CPU): forward rows, a prompts file, the ceilings,
+//! the HTTP rows against a real demo server, and the errors.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use instinct::bench::{prompts_digest, BenchArgs, Row, RowKind, PROMPTS_FORMAT};
+use instinct::cli::{Cli, Command};
+use serde_json::{json, Value};
+
+fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+    let argv = ["instinct", "bench"].iter().chain(args).copied();
+    match Cli::try_parse_from(argv)?.command {
+        Some(Command::Bench(args)) => Ok(*args),
+        other => panic!("parsed as {other:?}"),
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("instinct-bench-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn read(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+/// Every row has its raw runs, ordered statistics and the analytic columns.
+fn check_row(row: &Value, runs: usize, tokens: usize) {
+    assert_eq!(row["runs"], runs, "{row}");
+    assert_eq!(row["runs_ms"].as_array().unwrap().len(), runs);
+    assert_eq!(row["tokens"], tokens);
+    let (p10, median, p90) = (f(&row["p10_ms"]), f(&row["median_ms"]), f(&row["p90_ms"]));
+    assert!(median > 0.0 && p10 <= median && median <= p90, "{row}");
+    assert!(f(&row["min_ms"]) <= p10 && p90 <= f(&row["max_ms"]));
+    assert!(f(&row["tokens_per_s"]) > 0.0);
+    assert!(f(&row["flops"]["total"]) > f(&row["flops"]["dense"]));
+    assert!(f(&row["flops"]["attention"]) > 0.0 && f(&row["flops"]["delta_rule"]) > 0.0);
+    assert!(row["weight_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn forward_rows_on_the_demo_model() {
+    let dir = scratch("forward");
+    let out = dir.join("bench.json");
+    let ceilings = dir.join("peer.json");
+    std::fs::write(
+        &ceilings,
+        json!({"device": "test", "ceilings": {"copy_GBps_read_plus_write": 50.0, "gemm_bf16_TFLOPs": 0.5}})
+            .to_string(),
+    )
+    .unwrap();
+    let args = parse(&[
+        "--device",
+        "cpu",
+        "--lengths",
+        "8,40,96",
+        "--batch-sizes",
+        "2,3",
+        "--batch-prompt-tokens",
+        "16",
+        "--runs",
+        "3",
+        "--batch-runs",
+        "2",
+        "--warmup",
+        "1",
+        "--revision",
+        "abc123",
+        "--hardware",
+        "test cpu",
+        "--ceilings",
+        ceilings.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    instinct::bench::run(&args).unwrap();
+    let report = read(&out);
+    assert_eq!(report["mode"], "forward");
+    assert_eq!(report["revision"], "abc123");
+    assert_eq!(report["hardware"], "test cpu");
+    assert_eq!(report["backend"], "cpu");
+    assert_eq!(report["demo_model"], true);
+    assert!(report["command"].is_array());
+    assert!(f(&report["load"]["model_load_s"]) > 0.0);
+    assert!(f(&report["warmup"]["first_call_ms"]) > 0.0);
+    assert_eq!(report["limits"], json!({"max_tokens": 96, "max_seqs": 3}));
+    assert_eq!(report["ceilings"]["measured"]["gemm_bf16_TFLOPs"], 0.5);
+    assert_eq!(report["skipped"], json!([]));
+    assert_eq!(
+        report["prompts"]["sha256"].as_str().unwrap().len(),
+        64,
+        "{}",
+        report["prompts"]
+    );
+
+    let latency = report["latency"].as_array().unwrap();
+    let names: Vec<&str> = latency
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["8", "40", "96"]);
+    for (row, tokens) in latency.iter().zip([8, 40, 96]) {
+        check_row(row, 3, tokens);
+        assert_eq!(row["questions"], 1);
+        assert_eq!(row["warmup_ms"].as_array().unwrap().len(), 1);
+        let p: Vec<f64> = row["probs_26"].as_array().unwrap().iter().map(f).collect();
+        assert_eq!(p.len(), 26);
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-4);
+        let ceiling = &row["ceiling"];
+        let bound = f(&ceiling["bound_ms"]);
+        assert_eq!(
+            bound,
+            f(&ceiling["bandwidth_ms"]).max(f(&ceiling["flops_ms"]))
+        );
+        let want_fraction = bound / f(&row["median_ms"]);
+        assert!((f(&ceiling["fraction_of_ceiling"]) - want_fraction).abs() < 1e-12);
+    }
+    // Attention grows with the square of the length, the dense work linearly.
+    let dense = |i: usize| f(&latency[i]["flops"]["dense"]);
+    assert!((dense(2) / dense(0) - 12.0).abs() < 1e-9);
+
+    let batch = report["batch"].as_array().unwrap();
+    let names: Vec<&str> = batch.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["2x16", "3x16"]);
+    for (row, questions) in batch.iter().zip([2, 3]) {
+        check_row(row, 2, 16 * questions);
+        assert_eq!(row["questions"], questions);
+        assert_eq!(row["lengths"], json!(vec![16; questions]));
+        assert_eq!(row["forward_passes"], 1);
+        assert!(f(&row["questions_per_s"]) > 0.0);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn prompts_file_ids_are_run_and_its_digest_is_checked() {
+    let dir = scratch("prompts");
+    let rows = vec![
+        Row {
+            name: "12".into(),
+            kind: RowKind::Latency,
+            seqs: vec![(100..112).collect()],
+            source: Some("fixture-a".into()),
+            text: None,
+        },
+        Row {
+            name: "2x300".into(),
+            kind: RowKind::Batch,
+            seqs: vec![(0..10).collect(), (500..507).collect()],
+            source: None,
+            text: None,
+        },
+    ];
+    let digest = prompts_digest(&rows);
+    let mut file = json!({
+        "format": PROMPTS_FORMAT,
+        "generator": "test",
+        "sha256": digest,
+        "latency": [{"name": "12", "source": "fixture-a", "ids": rows[0].seqs[0]}],
+        "batches": [{"name": "2x300", "questions": 2, "prompts": rows[1].seqs}],
+    });
+    let prompts = dir.join("prompts.json");
+    let out = dir.join("bench.json");
+    std::fs::write(&prompts, file.to_string()).unwrap();
+    let argv = [
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--runs",
+        "2",
+        "--batch-runs",
+        "2",
+        "--warmup",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    instinct::bench::run(&parse(&argv).unwrap()).unwrap();
+    let report = read(&out);
+    assert_eq!(report["prompts"]["sha256"], digest.as_str());
+    assert_eq!(report["latency"][0]["source"], "fixture-a");
+    check_row(&report["latency"][0], 2, 12);
+    check_row(&report["batch"][0], 2, 17);
+    assert_eq!(report["batch"][0]["lengths"], json!([10, 7]));
+    assert_eq!(report["ceilings"], Value::Null);
+    assert_eq!(report["latency"][0]["ceiling"], Value::Null);
+
+    // Ids that are not the digest's are refused.
+    file["latency"][0]["ids"][0] = json!(101);
+    std::fs::write(&prompts, file.to_string()).unwrap();
+    let e = format!(
+        "{:#}",
+        instinct::bench::run(&parse(&argv).unwrap()).unwrap_err()
+    );
+    assert!(e.contains("SHA-256"), "{e}");
+    // Ids outside the vocabulary are refused before any work.
+    file["latency"][0]["ids"][0] = json!(5_000_000);
+    file["sha256"] = json!(prompts_digest(&[
+        Row {
+            seqs: vec![file["latency"][0]["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()],
+            ..rows[0].clone()
+        },
+        rows[1].clone()
+    ]));
+    std::fs::write(&prompts, file.to_string()).unwrap();
+    let e = format!(
+        "{:#}",
+        instinct::bench::run(&parse(&argv).unwrap()).unwrap_err()
+    );
+    assert!(e.contains("outside the model's vocabulary"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn refuses_long_prompts_unknown_devices_and_mixed_prompt_sources() {
+    let run = |args: &[&str]| {
+        let e = instinct::bench::run(&parse(args).unwrap()).unwrap_err();
+        format!("{e:#}")
+    };
+    let e = run(&["--lengths", "20000", "--batch-sizes", "1"]);
+    assert!(e.contains("--max-prompt-tokens 16384"), "{e}");
+    let e = run(&[
+        "--lengths",
+        "64",
+        "--batch-sizes",
+        "1",
+        "--max-prompt-tokens",
+        "50",
+    ]);
+    assert!(
+        e.contains("64 tokens is longer than --max-prompt-tokens 50"),
+        "{e}"
+    );
+    let e = run(&[
+        "--lengths",
+        "64",
+        "--batch-sizes",
+        "4",
+        "--max-batch-tokens",
+        "100",
+    ]);
+    assert!(e.contains("do not fit in one forward pass"), "{e}");
+    for device in ["tpu:0", "cuda", "cuda:first"] {
+        let e = run(&["--device", device, "--lengths", "8"]);
+        assert!(e.contains("expected cpu or cuda:N"), "{device}: {e}");
+    }
+    let e = run(&["--http", "https://127.0.0.1:1", "--lengths", "300"]);
+    assert!(e.contains("expected http://host:port"), "{e}");
+    assert!(parse(&["--prompts", "p.json", "--lengths", "8"]).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_rows_against_the_demo_server() {
+    let addr = common::start(true).await;
+    let dir = scratch("http");
+    let out = dir.join("http.json");
+    let url = format!("http://{addr}");
+    let args = parse(&[
+        "--http",
+        &url,
+        "--wait-ready-s",
+        "30",
+        "--lengths",
+        "240,300",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    tokio::task::spawn_blocking(move || instinct::bench::run(&args))
+        .await
+        .unwrap()
+        .unwrap();
+    let report = read(&out);
+    assert_eq!(report["mode"], "http");
+    assert_eq!(report["url"], url.as_str());
+    let rows = report["latency"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (row, tokens) in rows.iter().zip([240, 300]) {
+        check_row(row, 3, tokens);
+        assert_eq!(row["target_tokens"], tokens);
+        assert_eq!(row["exact_tokens"], true);
+        assert!(f(&row["server_timing_median_ms"]["infer"]) > 0.0, "{row}");
+        assert!(f(&row["server_timing_median_ms"]["total"]) <= f(&row["max_ms"]));
+    }
+
+    // Shorter than any request the native format can make: a clear error.
+    let args = parse(&["--http", &url, "--lengths", "20", "--runs", "1"]).unwrap();
+    let e = tokio::task::spawn_blocking(move || instinct::bench::run(&args))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("shortest request built has"),
+        "{e:#}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `tools/reference/bench_table.py` reads this report beside the committed peer reports (skipped
+/// where no `python3` is installed).
+#[test]
+fn bench_table_reads_the_report() {
+    if std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("no python3: skipped");
+        return;
+    }
+    let dir = scratch("table");
+    let out = dir.join("instinct.json");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let peers = root.join("docs/benchmarks/peers-h200");
+    let torch = peers.join("peer_torch.json");
+    let args = parse(&[
+        "--lengths",
+        "139,712",
+        "--batch-sizes",
+        "8",
+        "--batch-prompt-tokens",
+        "16",
+        "--runs",
+        "1",
+        "--batch-runs",
+        "1",
+        "--warmup",
+        "0",
+        "--ceilings",
+        torch.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    instinct::bench::run(&args).unwrap();
+    let table = std::process::Command::new("python3")
+        .arg(root.join("tools/reference/bench_table.py"))
+        .args([
+            "--instinct",
+            out.to_str().unwrap(),
+            "--torch",
+            torch.to_str().unwrap(),
+        ])
+        .arg("--fla")
+        .arg(peers.join("peer_fla.json"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    let row = |label: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {label}")))
+            .unwrap_or_else(|| panic!("no row {label:?} in\n{text}"))
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let r = row("139 ids, forward");
+    assert_eq!(r[2], "91.4", "{r:?}"); // transformers eager, committed
+    assert!(
+        r[4].ends_with('×') && r[6].ends_with(" ms") && r[7].ends_with('%'),
+        "{r:?}"
+    );
+    let r = row("8 × ~300 ids");
+    assert!(r[6].ends_with("tok/s"), "{r:?}");
+    assert_eq!(row("15,446 ids, forward")[1], "not measured");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
