@@ -22,7 +22,9 @@
 // way: β = 0 and k = q = v = 0 make its padded rows of A, W, U, V' and P vanish.
 //
 // f32 SIMT arithmetic throughout, so results match the token-by-token kernel to f32 rounding.
-// 256 threads; every product is a register-tiled loop over shared memory.
+// 256 threads; every product is a register-tiled loop over shared memory. A second kernel at the
+// end of the file (delta_chunked_tc, the one the host runs) does the same with its products on
+// tensor cores.
 
 #define DC_CHUNK 64
 #define DC_DK 128

@@ -2,9 +2,9 @@
 // m16n8k16, sm_80+). Same contract as attention_gated in attention.cu; used for head dims that are
 // multiples of 16 up to 256 (attention_gated stays the fallback for the others).
 //
-// One block = FA_BM query rows of one sequence and one query head; 8 warps, each owning 16 rows.
-// Key/value tiles of FA_BN rows stream through shared memory. Per tile a warp computes S = Q Kᵀ
-// (16 x FA_BN, f32 in registers), updates its online softmax in f32, rounds P to bf16 and adds
+// One block = BM query rows of one sequence and one query head; BM / 16 warps, each owning 16
+// rows. Key/value tiles of FA_BN rows stream through shared memory. Per tile a warp computes
+// S = Q Kᵀ (16 x FA_BN, f32 in registers), updates its online softmax in f32, rounds P to bf16 and adds
 // P V into its 16 x D f32 accumulator, which never leaves registers. The C-fragment layout of S
 // equals the A-fragment layout P needs, so P goes from S to the PV product without shared memory.
 //
@@ -16,12 +16,18 @@
 // Shared memory rows are padded by 16 bytes: the 8 row addresses of every ldmatrix then fall in
 // distinct 16-byte bank groups (no conflicts), without an XOR swizzle.
 
-#define FA_BM 128                 // query rows per block
+// Two shapes of the same kernel (template parameters WARPS and STAGE):
+//  - wide (flash_attention_d*): 8 warps, 128 query rows per block, one block per SM at D = 256.
+//    Grid (query tiles, q_heads). For long sequences.
+//  - narrow (flash_attention_narrow_d*): 4 warps, 64 query rows per block, 99 KiB of shared memory
+//    at D = 256, so two blocks share an SM and one block's memory waits overlap the other's MMAs;
+//    8 staged float4s per thread (so half the threads still load a tile in 4 round trips, as the
+//    wide kernel does). Grid (q_heads, query tiles):
+//    the heads of one kv group run side by side, so their K/V reads hit L2. It finds its tile with
+//    a warp-parallel scan of cu_seqlens (32 sequences per load) instead of a serial walk. For
+//    batches of short sequences, where the wide kernel waits on memory with one block per SM.
 #define FA_BN 64                  // keys per tile
-#define FA_WARPS 8                // FA_BM / 16
-#define FA_THREADS (FA_WARPS * 32)
 #define FA_PAD 8                  // bf16 padding per shared-memory row (16 bytes)
-#define FA_STAGE 4                // float4 per thread per staged chunk (16 registers in flight)
 
 extern __shared__ __align__(16) unsigned char fa_smem[];
 
@@ -70,20 +76,20 @@ __device__ __forceinline__ void fa_store_bf16x4(__nv_bfloat16* dst, float4 x) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(fa_pack(x.x, x.y), fa_pack(x.z, x.w));
 }
 
-// Chunk `c` of a K or V tile: FA_STAGE float4s per thread, consecutive threads on consecutive
-// float4s of a row (coalesced). Pass e of chunk c covers tile rows (c·FA_STAGE + e)·rows_per_pass
+// Chunk `c` of a K or V tile: STAGE float4s per thread, consecutive threads on consecutive
+// float4s of a row (coalesced). Pass e of chunk c covers tile rows (c·STAGE + e)·rows_per_pass
 // + ld_row, column ld_col. `src` points at column ld_col of sequence row key0 + ld_row; stepping it
 // by `step` (rows_per_pass rows) keeps the per-thread addressing to one pointer. Keys at or beyond
 // `kv_len`, and columns at or beyond head_dim (when head_dim < D), load as zeros: causal masking
 // hides those keys, and zero columns add nothing.
-template <int D>
-__device__ __forceinline__ void fa_issue(float4 (&stage)[FA_STAGE], const float* src, i64 step,
+template <int D, int THREADS, int STAGE>
+__device__ __forceinline__ void fa_issue(float4 (&stage)[STAGE], const float* src, i64 step,
                                          int key, int kv_len, bool col_ok, int c) {
-    constexpr int RPP = FA_THREADS * 4 / D;  // tile rows per pass of all threads
-    src += (i64)(c * FA_STAGE) * step;
-    key += c * FA_STAGE * RPP;
+    constexpr int RPP = THREADS * 4 / D;  // tile rows per pass of all threads
+    src += (i64)(c * STAGE) * step;
+    key += c * STAGE * RPP;
 #pragma unroll
-    for (int e = 0; e < FA_STAGE; ++e) {
+    for (int e = 0; e < STAGE; ++e) {
         stage[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (col_ok && key + e * RPP < kv_len) stage[e] = *reinterpret_cast<const float4*>(src);
         src += step;
@@ -91,51 +97,112 @@ __device__ __forceinline__ void fa_issue(float4 (&stage)[FA_STAGE], const float*
 }
 
 // Stores chunk `c` into a tile; `dst` is the thread's (ld_row, ld_col) element of the tile.
-template <int D>
-__device__ __forceinline__ void fa_commit(const float4 (&stage)[FA_STAGE], __nv_bfloat16* dst, int c) {
-    constexpr int RPP = FA_THREADS * 4 / D;
+template <int D, int THREADS, int STAGE>
+__device__ __forceinline__ void fa_commit(const float4 (&stage)[STAGE], __nv_bfloat16* dst, int c) {
+    constexpr int RPP = THREADS * 4 / D;
 #pragma unroll
-    for (int e = 0; e < FA_STAGE; ++e) {
-        fa_store_bf16x4(dst + (c * FA_STAGE + e) * RPP * (D + FA_PAD), stage[e]);
+    for (int e = 0; e < STAGE; ++e) {
+        fa_store_bf16x4(dst + (c * STAGE + e) * RPP * (D + FA_PAD), stage[e]);
     }
 }
 
-// D: the head size the block is laid out for (64, 128 or 256); head_dim <= D, a multiple of 16.
-template <int D>
-__device__ __forceinline__ void flash_attention_impl(
-    const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v,
-    const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, float* __restrict__ out,
-    int q_heads, int kv_heads, int head_dim, float scale) {
-    constexpr int STRIDE = D + FA_PAD;  // shared-memory row stride, bf16 elements
-    constexpr int KSTEPS = D / 16;      // 16-wide steps over the head dim (QKᵀ depth, PV width)
-    constexpr int CHUNKS = FA_BN * D / 4 / FA_THREADS / FA_STAGE;  // staged chunks per tile
-    constexpr int PERIOD = KSTEPS / CHUNKS;  // steps between chunks: 4 for every D
-    static_assert(CHUNKS * FA_STAGE * FA_THREADS * 4 == FA_BN * D, "tile splits into chunks");
-    static_assert(PERIOD * CHUNKS == KSTEPS, "chunks spread evenly over the steps");
-
-    // Map blockIdx.x to (sequence, query tile) by walking cu_seqlens. Every boundary is clamped to
-    // `rows`, so no row at or beyond it is touched whatever cu_seqlens holds. Tiles run last to
-    // first within a sequence: the long causal tiles start first, the short ones fill the tail.
-    int t = blockIdx.x;
-    int tile = -1;
-    u32 seq_start = 0;
-    int len = 0;
+// Block `t` of the batch as (sequence start, length, query tile), tiles of BM rows: sequence by
+// sequence, last tile to first within a sequence (the long causal tiles start first, the short
+// ones fill the tail). Every boundary is clamped to `rows`, so no row at or beyond it is touched
+// whatever cu_seqlens holds. Returns false for blocks beyond the batch's tiles.
+//
+// Serial walk, one boundary per step.
+template <int BM>
+__device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_seqlens,
+                                                    int num_seqs, u32 rows, int t, int& tile,
+                                                    u32& seq_start, int& len) {
     u32 a = min(cu_seqlens[0], rows);
     for (int s = 0; s < num_seqs; ++s) {
         const u32 b = min(cu_seqlens[s + 1], rows);
-        const int n = b > a ? (int)((b - a + FA_BM - 1) / FA_BM) : 0;
+        const int n = b > a ? (int)((b - a + BM - 1) / BM) : 0;
         if (t < n) {
             tile = n - 1 - t;
             seq_start = a;
             len = (int)(b - a);
-            break;
+            return true;
         }
         t -= n;
         a = b;
     }
-    if (tile < 0) return;  // uniform over the block, before any barrier
+    return false;
+}
 
-    const int h = blockIdx.y;
+// The same mapping, 32 sequences per step: lane i takes sequence base + i, an inclusive warp scan
+// of the tile counts finds the sequence holding tile t. Every warp runs it (same loads, same
+// answer), so no shared memory or barrier is needed. Counts are unsigned: a sequence has at most
+// ceil(2^32 / BM) tiles, 32 of them fit in 32 bits for BM >= 2.
+template <int BM>
+__device__ __forceinline__ bool fa_find_tile_warp(const u32* __restrict__ cu_seqlens,
+                                                  int num_seqs, u32 rows, int t_in, int& tile,
+                                                  u32& seq_start, int& len) {
+    const int lane = threadIdx.x & 31;
+    u32 t = (u32)t_in;
+    for (int base = 0; base < num_seqs; base += 32) {
+        const int s = base + lane;
+        u32 a = 0, b = 0, n = 0;
+        if (s < num_seqs) {
+            a = min(cu_seqlens[s], rows);
+            b = min(cu_seqlens[s + 1], rows);
+            n = b > a ? (b - a - 1) / BM + 1 : 0;
+        }
+        u32 incl = n;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const u32 total = __shfl_sync(0xffffffffu, incl, 31);
+        if (t < total) {
+            // The first lane whose inclusive count passes t holds the tile.
+            const int src = __ffs(__ballot_sync(0xffffffffu, t < incl)) - 1;
+            const u32 before = __shfl_sync(0xffffffffu, incl - n, src);
+            const u32 count = __shfl_sync(0xffffffffu, n, src);
+            seq_start = __shfl_sync(0xffffffffu, a, src);
+            len = (int)(__shfl_sync(0xffffffffu, b, src) - seq_start);
+            tile = (int)(count - 1 - (t - before));
+            return true;
+        }
+        t -= total;
+    }
+    return false;
+}
+
+// D: the head size the block is laid out for (64, 128 or 256); head_dim <= D, a multiple of 16.
+// WARPS: warps per block (16 query rows each). STAGE: float4s per thread per staged K/V chunk.
+// NARROW: grid (q_heads, tiles) with the warp-parallel tile search, else (tiles, q_heads) with the
+// serial one.
+template <int D, int WARPS, int STAGE, bool NARROW>
+__device__ __forceinline__ void flash_attention_impl(
+    const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v,
+    const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, float* __restrict__ out,
+    int q_heads, int kv_heads, int head_dim, float scale) {
+    constexpr int FA_BM = WARPS * 16;      // query rows per block
+    constexpr int FA_THREADS = WARPS * 32;
+    constexpr int STRIDE = D + FA_PAD;  // shared-memory row stride, bf16 elements
+    constexpr int KSTEPS = D / 16;      // 16-wide steps over the head dim (QKᵀ depth, PV width)
+    constexpr int CHUNKS = FA_BN * D / 4 / FA_THREADS / STAGE;  // staged chunks per tile
+    constexpr int PERIOD = KSTEPS / CHUNKS;  // steps between chunks
+    static_assert(CHUNKS >= 1, "a tile holds at least one chunk");
+    static_assert(CHUNKS * STAGE * FA_THREADS * 4 == FA_BN * D, "tile splits into chunks");
+    static_assert(PERIOD * CHUNKS == KSTEPS, "chunks spread evenly over the steps");
+    static_assert(FA_THREADS * 4 % D == 0, "a pass of all threads covers whole tile rows");
+
+    int tile = -1;
+    u32 seq_start = 0;
+    int len = 0;
+    const bool found =
+        NARROW
+            ? fa_find_tile_warp<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.y, tile, seq_start, len)
+            : fa_find_tile_serial<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, tile, seq_start,
+                                         len);
+    if (!found) return;  // uniform over the block, before any barrier
+
+    const int h = NARROW ? blockIdx.x : blockIdx.y;
     const int kvh = h / (q_heads / kv_heads);
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
@@ -167,7 +234,7 @@ __device__ __forceinline__ void flash_attention_impl(
     // Q, pre-scaled in f32 by scale·log2(e) so the softmax can use exp2.
     {
         const float qs = scale * 1.4426950408889634f;
-#pragma unroll 8
+#pragma unroll(NARROW ? 16 : 8)
         for (int i = tid; i < FA_BM * D / 4; i += FA_THREADS) {
             const int r = i / (D / 4);
             const int col = (i % (D / 4)) * 4;
@@ -183,11 +250,11 @@ __device__ __forceinline__ void flash_attention_impl(
             fa_store_bf16x4(s_q + r * STRIDE + col, x);
         }
     }
-    float4 stage[FA_STAGE];
+    float4 stage[STAGE];
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        fa_issue<D>(stage, k_ld, ld_step, ld_row, kv_len, ld_col_ok, c);
-        fa_commit<D>(stage, k_st, c);
+        fa_issue<D, FA_THREADS, STAGE>(stage, k_ld, ld_step, ld_row, kv_len, ld_col_ok, c);
+        fa_commit<D, FA_THREADS, STAGE>(stage, k_st, c);
     }
     __syncthreads();
 
@@ -220,9 +287,9 @@ __device__ __forceinline__ void flash_attention_impl(
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
             if (kk % PERIOD == 0) {
-                if (kk > 0) fa_commit<D>(stage, v_st, kk / PERIOD - 1);
-                fa_issue<D>(stage, v_ld + key0 * kv_stride, ld_step, key0 + ld_row, kv_len, ld_col_ok,
-                            kk / PERIOD);
+                if (kk > 0) fa_commit<D, FA_THREADS, STAGE>(stage, v_st, kk / PERIOD - 1);
+                fa_issue<D, FA_THREADS, STAGE>(stage, v_ld + key0 * kv_stride, ld_step,
+                                               key0 + ld_row, kv_len, ld_col_ok, kk / PERIOD);
             }
             if (active) {
                 u32 qa[4];
@@ -236,7 +303,7 @@ __device__ __forceinline__ void flash_attention_impl(
                 }
             }
         }
-        fa_commit<D>(stage, v_st, CHUNKS - 1);
+        fa_commit<D, FA_THREADS, STAGE>(stage, v_st, CHUNKS - 1);
         __syncthreads();  // V_j visible to all; every warp is done reading K_j
 
         // Online softmax over this tile, then P as bf16 A fragments.
@@ -306,9 +373,10 @@ __device__ __forceinline__ void flash_attention_impl(
 #pragma unroll
         for (int dp = 0; dp < KSTEPS; ++dp) {
             if (dp % PERIOD == 0 && has_next) {
-                if (dp > 0) fa_commit<D>(stage, k_st, dp / PERIOD - 1);
-                fa_issue<D>(stage, k_ld + (key0 + FA_BN) * kv_stride, ld_step, key0 + FA_BN + ld_row,
-                            kv_len, ld_col_ok, dp / PERIOD);
+                if (dp > 0) fa_commit<D, FA_THREADS, STAGE>(stage, k_st, dp / PERIOD - 1);
+                fa_issue<D, FA_THREADS, STAGE>(stage, k_ld + (key0 + FA_BN) * kv_stride, ld_step,
+                                               key0 + FA_BN + ld_row, kv_len, ld_col_ok,
+                                               dp / PERIOD);
             }
             if (active) {
 #pragma unroll
@@ -320,7 +388,7 @@ __device__ __forceinline__ void flash_attention_impl(
                 }
             }
         }
-        if (has_next) fa_commit<D>(stage, k_st, CHUNKS - 1);
+        if (has_next) fa_commit<D, FA_THREADS, STAGE>(stage, k_st, CHUNKS - 1);
         __syncthreads();  // K_{j+1} visible to all; every warp is done reading V_j
     }
 
@@ -350,18 +418,22 @@ __device__ __forceinline__ void flash_attention_impl(
     }
 }
 
-// One entry point per head-size bucket: the shared-memory layout and register tiles are fixed at
-// compile time. Launch with FA_THREADS threads, grid (ceil(rows / FA_BM) + num_seqs, q_heads) and
-// (FA_BM + 2 * FA_BN) * (D + FA_PAD) * 2 bytes of dynamic shared memory.
-#define FA_ENTRY(D)                                                                               \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) flash_attention_d##D(              \
+// One entry point per head-size bucket and shape: the shared-memory layout and register tiles are
+// fixed at compile time. Launch with 32·WARPS threads and (16·WARPS + 2·FA_BN)·(D + FA_PAD)·2
+// bytes of dynamic shared memory; grid (ceil(rows / BM) + num_seqs, q_heads) for the wide kernel,
+// (q_heads, ceil(rows / BM) + num_seqs) for the narrow one.
+#define FA_ENTRY(NAME, D, WARPS, STAGE, NARROW, MIN_BLOCKS)                                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(                     \
         const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v,   \
         const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, float* __restrict__ out,      \
         int q_heads, int kv_heads, int head_dim, float scale) {                                   \
-        flash_attention_impl<D>(qg, k, v, cu_seqlens, num_seqs, rows, out, q_heads, kv_heads,     \
-                                head_dim, scale);                                                 \
+        flash_attention_impl<D, WARPS, STAGE, NARROW>(qg, k, v, cu_seqlens, num_seqs, rows, out,  \
+                                                      q_heads, kv_heads, head_dim, scale);        \
     }
 
-FA_ENTRY(64)
-FA_ENTRY(128)
-FA_ENTRY(256)
+FA_ENTRY(flash_attention_d64, 64, 8, 4, false, 1)
+FA_ENTRY(flash_attention_d128, 128, 8, 4, false, 1)
+FA_ENTRY(flash_attention_d256, 256, 8, 4, false, 1)
+FA_ENTRY(flash_attention_narrow_d64, 64, 4, 8, true, 2)
+FA_ENTRY(flash_attention_narrow_d128, 128, 4, 8, true, 2)
+FA_ENTRY(flash_attention_narrow_d256, 256, 4, 8, true, 2)

@@ -3,8 +3,12 @@
 
 #define GEMM_TILE 16
 
-extern "C" __global__ void gemm_xwt(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                    float* __restrict__ y, int rows, int in_dim, int out_dim) {
+__device__ __forceinline__ float load_x(const float* x, i64 i) { return x[i]; }
+__device__ __forceinline__ float load_x(const __nv_bfloat16* x, i64 i) { return __bfloat162float(x[i]); }
+
+template <typename X>
+__device__ void gemm_xwt_tile(const X* __restrict__ x, const __nv_bfloat16* __restrict__ w, float* __restrict__ y,
+                              int rows, int in_dim, int out_dim) {
     __shared__ float xs[GEMM_TILE][GEMM_TILE];
     __shared__ float ws[GEMM_TILE][GEMM_TILE + 1];
     const int r = blockIdx.y * GEMM_TILE + threadIdx.y;  // row of x and y
@@ -13,11 +17,22 @@ extern "C" __global__ void gemm_xwt(const float* __restrict__ x, const __nv_bflo
     float acc = 0.0f;
     for (int k0 = 0; k0 < in_dim; k0 += GEMM_TILE) {
         const int k = k0 + threadIdx.x;
-        xs[threadIdx.y][threadIdx.x] = (r < rows && k < in_dim) ? x[(i64)r * in_dim + k] : 0.0f;
+        xs[threadIdx.y][threadIdx.x] = (r < rows && k < in_dim) ? load_x(x, (i64)r * in_dim + k) : 0.0f;
         ws[threadIdx.y][threadIdx.x] = (w_row < out_dim && k < in_dim) ? load_bf16(w, (i64)w_row * in_dim + k) : 0.0f;
         __syncthreads();
         for (int kk = 0; kk < GEMM_TILE; ++kk) acc += xs[threadIdx.y][kk] * ws[threadIdx.x][kk];
         __syncthreads();
     }
     if (r < rows && o < out_dim) y[(i64)r * out_dim + o] = acc;
+}
+
+extern "C" __global__ void gemm_xwt(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                    float* __restrict__ y, int rows, int in_dim, int out_dim) {
+    gemm_xwt_tile(x, w, y, rows, in_dim, out_dim);
+}
+
+// The same with a bf16 x (a GEMM-input buffer), for shapes cuBLASLt has no algorithm for.
+extern "C" __global__ void gemm_xwt_bf16x(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                          float* __restrict__ y, int rows, int in_dim, int out_dim) {
+    gemm_xwt_tile(x, w, y, rows, in_dim, out_dim);
 }

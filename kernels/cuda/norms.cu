@@ -1,8 +1,13 @@
 // Row and per-head normalisations. Row kernels: one block per row; head kernels: one warp per head.
 
+// The norms' outputs are f32, or bf16 when they only feed GEMMs (which read bf16 operands).
+__device__ __forceinline__ void store_out(float* out, i64 i, float v) { out[i] = v; }
+__device__ __forceinline__ void store_out(__nv_bfloat16* out, i64 i, float v) { out[i] = __float2bfloat16_rn(v); }
+
 // out = x / sqrt(mean(x²) + eps) · (1 + w), the zero-centred RMSNorm.
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                    float* __restrict__ out, int dim, float eps) {
+template <typename Out>
+__device__ void rms_norm_row(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w, Out* __restrict__ out,
+                             int dim, float eps) {
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -11,14 +16,24 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const __nv_bflo
     }
     const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        out[base + i] = (x[base + i] * inv) * (1.0f + load_bf16(w, i));
+        store_out(out, base + i, (x[base + i] * inv) * (1.0f + load_bf16(w, i)));
     }
 }
 
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                    float* __restrict__ out, int dim, float eps) {
+    rms_norm_row(x, w, out, dim, eps);
+}
+
+extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                         __nv_bfloat16* __restrict__ out, int dim, float eps) {
+    rms_norm_row(x, w, out, dim, eps);
+}
+
 // residual += delta, then out = rms_norm(residual).
-extern "C" __global__ void add_rms_norm(float* __restrict__ residual, const float* __restrict__ delta,
-                                        const __nv_bfloat16* __restrict__ w, float* __restrict__ out,
-                                        int dim, float eps) {
+template <typename Out>
+__device__ void add_rms_norm_row(float* __restrict__ residual, const float* __restrict__ delta,
+                                 const __nv_bfloat16* __restrict__ w, Out* __restrict__ out, int dim, float eps) {
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -29,8 +44,20 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ residual, const floa
     const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
     // Each thread rereads only the elements it wrote itself, so no barrier is needed.
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        out[base + i] = (residual[base + i] * inv) * (1.0f + load_bf16(w, i));
+        store_out(out, base + i, (residual[base + i] * inv) * (1.0f + load_bf16(w, i)));
     }
+}
+
+extern "C" __global__ void add_rms_norm(float* __restrict__ residual, const float* __restrict__ delta,
+                                        const __nv_bfloat16* __restrict__ w, float* __restrict__ out,
+                                        int dim, float eps) {
+    add_rms_norm_row(residual, delta, w, out, dim, eps);
+}
+
+extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const float* __restrict__ delta,
+                                             const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
+                                             int dim, float eps) {
+    add_rms_norm_row(residual, delta, w, out, dim, eps);
 }
 
 // x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w). One warp per row: the rows are
@@ -46,6 +73,22 @@ extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __
     for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
     const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
     for (int i = lane; i < dim; i += 32) xr[i] = load_bf16(w, i) * (xr[i] * inv) * silu_f(zr[i]);
+}
+
+// The same gated norm written to bf16 elsewhere (the input of the projection that follows).
+extern "C" __global__ void gated_rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ z,
+                                               const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
+                                               int rows, int dim, float eps) {
+    const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float* xr = x + row * dim;
+    const float* zr = z + row * dim;
+    __nv_bfloat16* o = out + row * dim;
+    float ss = 0.0f;
+    for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
+    const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
+    for (int i = lane; i < dim; i += 32) o[i] = __float2bfloat16_rn(load_bf16(w, i) * (xr[i] * inv) * silu_f(zr[i]));
 }
 
 // Start of head `head` of row `row` in a HeadLayout.

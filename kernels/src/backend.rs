@@ -184,6 +184,13 @@ pub trait Backend: Buffers {
 
     /// A zeroed f32 buffer of `len` values.
     fn alloc(&self, len: usize) -> KernelResult<Self::Buf>;
+    /// A zeroed buffer of `len` values for a GEMM input that only the norms write (`rms_norm`,
+    /// `add_rms_norm` as `out`) and only GEMMs read: a device backend may hold it in its GEMM
+    /// operand precision (bf16 on CUDA). The default is [`Self::alloc`].
+    fn alloc_gemm_input(&self, len: usize) -> KernelResult<Self::Buf> {
+        self.alloc(len)
+    }
+
     /// A zeroed u32 buffer of `len` values.
     fn alloc_idx(&self, len: usize) -> KernelResult<Self::Idx>;
     /// A new buffer holding `data` (weights are uploaded once with this).
@@ -381,6 +388,27 @@ pub trait Backend: Buffers {
         inter: usize,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+
+    /// Gated RMSNorm then a projection: `y = g Wᵀ` with `g = gated_rms_norm(x, z)` over
+    /// `rows·heads` rows of `dim` (as [`Self::gated_rms_norm`]) and the GEMM over `rows` rows of
+    /// `heads·dim`. `x` may be left normalised in place, or untouched by a backend that feeds the
+    /// normalised values straight into its GEMM.
+    fn gated_rms_norm_gemm(
+        &self,
+        x: &mut Self::Buf,
+        z: &Self::Buf,
+        norm_weight: &Self::Buf,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        eps: f32,
+        w: &Self::Buf,
+        out_dim: usize,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.gated_rms_norm(x, z, norm_weight, rows * heads, dim, eps)?;
+        self.gemm(x, w, rows, heads * dim, out_dim, y)
+    }
 
     /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ`, `gate_up: [rows, 2·inter]`,
     /// `w: [out_dim, inter]`. `act` (`[rows, inter]`) may receive the SwiGLU output; a backend that

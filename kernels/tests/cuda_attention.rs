@@ -1,6 +1,11 @@
 //! The tensor-core flash attention kernel (`kernels/cuda/flash_attention.cu`) against the CPU
 //! reference, plus a timing run at the serving shapes.
 //!
+//! Two kernel shapes exist (wide: 128 query rows per block, for long sequences; narrow: 64 rows,
+//! for batches of short ones); the accuracy tests run every case on both, forced through
+//! [`CudaBackend::force_flash_query_rows`], and the timing run prints both beside the automatic
+//! choice.
+//!
 //! These need a GPU, so every test is ignored; on the GPU machine:
 //! `cargo test -p instinct-kernels --test cuda_attention -- --ignored --nocapture --test-threads 1`
 //! (`--nocapture` shows the error statistics and the timings; one thread keeps the timing run
@@ -33,6 +38,24 @@ const FLASH_TOL: f32 = 1e-2;
 
 fn gpu() -> CudaBackend {
     CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
+}
+
+/// The forced shapes (query rows per block) and their names.
+const SHAPES: [(usize, &str); 2] = [(128, "wide"), (64, "narrow")];
+
+/// Runs `f` once per kernel shape, forced, then restores the automatic choice (also on panic).
+fn for_each_shape(mut f: impl FnMut(&str)) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CudaBackend::force_flash_query_rows(None);
+        }
+    }
+    let _reset = Reset;
+    for (rows, name) in SHAPES {
+        CudaBackend::force_flash_query_rows(Some(rows));
+        f(name);
+    }
 }
 
 fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
@@ -166,20 +189,30 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32, dims: AttentionDims, what: 
 fn flash_matches_cpu_on_ragged_batches_at_the_real_shape() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(21);
-    // Length 1, lengths around the 64-key and 128-query tiles, and sequences after long ones (so
-    // tiles map to sequences with non-zero starts).
-    let batches: &[&[usize]] = &[
-        &[1],
-        &[1, 63, 64, 65, 200, 777],
-        &[128, 127, 129, 1, 256, 2],
-        &[300, 300, 300],
-    ];
-    for lens in batches {
+    // Length 1, lengths around the 64-key and 64/128-query tiles, and sequences after long ones
+    // (so tiles map to sequences with non-zero starts).
+    let mut batches: Vec<Vec<usize>> = [1, 63, 64, 65, 300, 777].iter().map(|&l| vec![l]).collect();
+    batches.extend([
+        vec![1, 63, 64, 65, 300, 777],
+        vec![777, 300, 65, 64, 63, 1],
+        vec![128, 127, 129, 1, 256, 2],
+        vec![300, 300, 300],
+    ]);
+    // More than 32 sequences: the narrow kernel's tile search scans 32 boundaries per step.
+    batches.push((0..70).map(|i| [1, 63, 64, 65, 17, 130][i % 6]).collect());
+    for lens in &batches {
         let rows = lens.iter().sum();
         let inputs = Inputs::new(&mut rng, rows, REAL, 2.0);
         let want = cpu_attention(&inputs, lens, REAL);
-        let got = gpu_attention(&gpu, &inputs, lens, REAL);
-        assert_close(&got, &want, FLASH_TOL, REAL, &format!("lens {lens:?}"));
+        for_each_shape(|shape| {
+            let got = gpu_attention(&gpu, &inputs, lens, REAL);
+            let what = if lens.len() > 8 {
+                format!("{shape}, {} sequences", lens.len())
+            } else {
+                format!("{shape}, lens {lens:?}")
+            };
+            assert_close(&got, &want, FLASH_TOL, REAL, &what);
+        });
     }
 }
 
@@ -195,8 +228,16 @@ fn flash_matches_cpu_on_a_long_sequence() {
     let t = Instant::now();
     let want = cpu_attention(&inputs, &lens, REAL);
     eprintln!("cpu reference: {:.1?}", t.elapsed());
-    let got = gpu_attention(&gpu, &inputs, &lens, REAL);
-    assert_close(&got, &want, FLASH_TOL, REAL, &format!("lens {lens:?}"));
+    for_each_shape(|shape| {
+        let got = gpu_attention(&gpu, &inputs, &lens, REAL);
+        assert_close(
+            &got,
+            &want,
+            FLASH_TOL,
+            REAL,
+            &format!("{shape}, lens {lens:?}"),
+        );
+    });
 }
 
 #[test]
@@ -211,8 +252,10 @@ fn flash_tracks_a_moving_max_with_peaked_scores() {
     let rows = lens.iter().sum();
     let inputs = Inputs::new(&mut rng, rows, REAL, 4.0);
     let want = cpu_attention(&inputs, &lens, REAL);
-    let got = gpu_attention(&gpu, &inputs, &lens, REAL);
-    assert_close(&got, &want, 5e-2, REAL, "peaked scores");
+    for_each_shape(|shape| {
+        let got = gpu_attention(&gpu, &inputs, &lens, REAL);
+        assert_close(&got, &want, 5e-2, REAL, &format!("{shape}, peaked scores"));
+    });
 }
 
 #[test]
@@ -245,14 +288,16 @@ fn every_head_size_takes_the_right_kernel() {
         let flash = head_dim.is_multiple_of(16) && head_dim <= 256;
         let inputs = Inputs::new(&mut rng, rows, dims, 2.0);
         let want = cpu_attention(&inputs, &lens, dims);
-        let got = gpu_attention(&gpu, &inputs, &lens, dims);
-        let (tol, kernel) = if flash {
-            (FLASH_TOL, "flash")
-        } else {
-            (1e-4, "naive")
-        };
-        let what = format!("head_dim {head_dim}, {q_heads}/{kv_heads} heads ({kernel})");
-        assert_close(&got, &want, tol, dims, &what);
+        for_each_shape(|shape| {
+            let got = gpu_attention(&gpu, &inputs, &lens, dims);
+            let (tol, kernel) = if flash {
+                (FLASH_TOL, format!("flash, {shape}"))
+            } else {
+                (1e-4, "naive".to_string())
+            };
+            let what = format!("head_dim {head_dim}, {q_heads}/{kv_heads} heads ({kernel})");
+            assert_close(&got, &want, tol, dims, &what);
+        });
     }
 }
 
@@ -270,49 +315,57 @@ fn rows_beyond_the_batch_stay_untouched() {
     let extra_rows = 150;
     let inputs = Inputs::new(&mut rng, rows, dims, 2.0);
     let want = cpu_attention(&inputs, &lens, dims);
-    // Buffers for rows + extra_rows, the extra rows holding large values the kernel must not read
-    // (they would change the result) and an output the kernel must not write.
-    let qg = activation(&gpu, &inputs.qg, extra_rows * qg_w, 50.0);
-    let k = activation(&gpu, &inputs.k, extra_rows * kv_w, 50.0);
-    let v = activation(&gpu, &inputs.v, extra_rows * kv_w, 50.0);
-    let total = (rows + extra_rows) * out_w;
-    let mut out = activation(&gpu, &[], total, SENTINEL);
-    let cu = cu_of(&lens);
-    let cu_d = indices(&gpu, &cu);
-    let batch = Varlen {
-        cu_seqlens: &cu_d,
-        num_seqs: lens.len(),
-        rows,
-    };
-    gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
-    let got = gpu.read(&out, total).unwrap();
-    assert_close(&got[..rows * out_w], &want, FLASH_TOL, dims, "short batch");
-    assert!(
-        got[rows * out_w..].iter().all(|&x| x == SENTINEL),
-        "rows beyond the batch were written"
-    );
+    for_each_shape(|shape| {
+        // Buffers for rows + extra_rows, the extra rows holding large values the kernel must not
+        // read (they would change the result) and an output the kernel must not write.
+        let qg = activation(&gpu, &inputs.qg, extra_rows * qg_w, 50.0);
+        let k = activation(&gpu, &inputs.k, extra_rows * kv_w, 50.0);
+        let v = activation(&gpu, &inputs.v, extra_rows * kv_w, 50.0);
+        let total = (rows + extra_rows) * out_w;
+        let mut out = activation(&gpu, &[], total, SENTINEL);
+        let cu = cu_of(&lens);
+        let cu_d = indices(&gpu, &cu);
+        let batch = Varlen {
+            cu_seqlens: &cu_d,
+            num_seqs: lens.len(),
+            rows,
+        };
+        gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+        let got = gpu.read(&out, total).unwrap();
+        assert_close(
+            &got[..rows * out_w],
+            &want,
+            FLASH_TOL,
+            dims,
+            &format!("{shape}, short batch"),
+        );
+        assert!(
+            got[rows * out_w..].iter().all(|&x| x == SENTINEL),
+            "{shape}: rows beyond the batch were written"
+        );
 
-    // cu_seqlens claiming more rows than `rows` (a stale or corrupt buffer): the kernel must still
-    // stop at `rows`. What it computes for the rows it covers is unspecified.
-    let bad_cu = [0u32, 40, 10_000, 5, 1_000_000];
-    let bad_cu_d = indices(&gpu, &bad_cu);
-    let short = 100;
-    let mut out = activation(&gpu, &[], total, SENTINEL);
-    let batch = Varlen {
-        cu_seqlens: &bad_cu_d,
-        num_seqs: bad_cu.len() - 1,
-        rows: short,
-    };
-    gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
-    let got = gpu.read(&out, total).unwrap();
-    assert!(
-        got[short * out_w..].iter().all(|&x| x == SENTINEL),
-        "a corrupt cu_seqlens made the kernel write beyond `rows`"
-    );
-    assert!(
-        got[..short * out_w].iter().all(|x| x.is_finite()),
-        "rows inside the batch must still get finite values"
-    );
+        // cu_seqlens claiming more rows than `rows` (a stale or corrupt buffer): the kernel must
+        // still stop at `rows`. What it computes for the rows it covers is unspecified.
+        let bad_cu = [0u32, 40, 10_000, 5, 1_000_000];
+        let bad_cu_d = indices(&gpu, &bad_cu);
+        let short = 100;
+        let mut out = activation(&gpu, &[], total, SENTINEL);
+        let batch = Varlen {
+            cu_seqlens: &bad_cu_d,
+            num_seqs: bad_cu.len() - 1,
+            rows: short,
+        };
+        gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+        let got = gpu.read(&out, total).unwrap();
+        assert!(
+            got[short * out_w..].iter().all(|&x| x == SENTINEL),
+            "{shape}: a corrupt cu_seqlens made the kernel write beyond `rows`"
+        );
+        assert!(
+            got[..short * out_w].iter().all(|x| x.is_finite()),
+            "{shape}: rows inside the batch must still get finite values"
+        );
+    });
 }
 
 /// Causal attention FLOPs: QKᵀ and PV, 2 FLOPs per multiply-add, over the lower triangle.
@@ -321,44 +374,63 @@ fn causal_flops(lens: &[usize], dims: AttentionDims) -> f64 {
     4.0 * pairs * dims.head_dim as f64 * dims.q_heads as f64
 }
 
+/// Mean seconds per call of the CUDA attention over `lens` (after warm-up).
+fn time_attention(gpu: &CudaBackend, rng: &mut StdRng, lens: &[usize], dims: AttentionDims) -> f64 {
+    let rows: usize = lens.iter().sum();
+    let inputs = Inputs::new(rng, rows, dims, 2.0);
+    let qg = activation(gpu, &inputs.qg, 0, 0.0);
+    let k = activation(gpu, &inputs.k, 0, 0.0);
+    let v = activation(gpu, &inputs.v, 0, 0.0);
+    let cu_d = indices(gpu, &cu_of(lens));
+    let mut out = gpu.alloc(rows * dims.q_heads * dims.head_dim).unwrap();
+    let batch = Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs: lens.len(),
+        rows,
+    };
+    for _ in 0..3 {
+        gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let iters = 20;
+    let t = Instant::now();
+    for _ in 0..iters {
+        gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let sample = gpu.read(&out, 16).unwrap();
+    assert!(sample.iter().all(|x| x.is_finite()));
+    t.elapsed().as_secs_f64() / f64::from(iters)
+}
+
 #[test]
 #[ignore = "needs a GPU; prints timings"]
 fn flash_attention_throughput() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(26);
-    let long = [15_446usize];
-    let many = [300usize; 128];
-    for (name, lens) in [("1 x 15,446", &long[..]), ("128 x 300", &many[..])] {
+    let cases: [(&str, Vec<usize>); 4] = [
+        ("1 x 15,446", vec![15_446]),
+        ("1 x 139", vec![139]),
+        ("1 x 712", vec![712]),
+        ("128 x 300", vec![300; 128]),
+    ];
+    for (name, lens) in &cases {
         let dims = REAL;
-        let rows: usize = lens.iter().sum();
-        let inputs = Inputs::new(&mut rng, rows, dims, 2.0);
-        let qg = activation(&gpu, &inputs.qg, 0, 0.0);
-        let k = activation(&gpu, &inputs.k, 0, 0.0);
-        let v = activation(&gpu, &inputs.v, 0, 0.0);
-        let cu_d = indices(&gpu, &cu_of(lens));
-        let mut out = gpu.alloc(rows * dims.q_heads * dims.head_dim).unwrap();
-        let batch = Varlen {
-            cu_seqlens: &cu_d,
-            num_seqs: lens.len(),
-            rows,
-        };
-        for _ in 0..3 {
-            gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
-        }
-        gpu.synchronize().unwrap();
-        let iters = 20;
-        let t = Instant::now();
-        for _ in 0..iters {
-            gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
-        }
-        gpu.synchronize().unwrap();
-        let secs = t.elapsed().as_secs_f64() / f64::from(iters);
-        let tflops = causal_flops(lens, dims) / secs / 1e12;
+        let flops = causal_flops(lens, dims);
+        // The automatic choice, then each shape forced.
+        let secs = time_attention(&gpu, &mut rng, lens, dims);
         eprintln!(
-            "flash attention {name}: {:.3} ms, {tflops:.1} TFLOP/s",
-            secs * 1e3
+            "flash attention {name}: {:.3} ms, {:.1} TFLOP/s",
+            secs * 1e3,
+            flops / secs / 1e12
         );
-        let sample = gpu.read(&out, 16).unwrap();
-        assert!(sample.iter().all(|x| x.is_finite()));
+        for_each_shape(|shape| {
+            let secs = time_attention(&gpu, &mut rng, lens, dims);
+            eprintln!(
+                "    {shape:>6} {name}: {:.3} ms, {:.1} TFLOP/s",
+                secs * 1e3,
+                flops / secs / 1e12
+            );
+        });
     }
 }

@@ -345,7 +345,7 @@ fn timing_chunked_vs_recurrent() {
     let (beta, g) = (buffer(&gpu, &beta, 0), buffer(&gpu, &g, 0));
     let mut out = gpu.alloc(max_rows * dims.v_heads * dims.v_dim).unwrap();
     let mut fin = gpu.alloc(128 * dims.state_len()).unwrap();
-    for lens in [vec![15_446], vec![300; 128]] {
+    for lens in [vec![15_446], vec![712], vec![139], vec![300; 128]] {
         let cu_host = cu_of(&lens);
         let cu = indices(&gpu, &cu_host);
         let rows = *cu_host.last().unwrap() as usize;

@@ -108,7 +108,9 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let a_log = weight(gpu, hv);
 
     // Activations.
-    let normed = filled(gpu, rows * HIDDEN, 0.5);
+    // The model keeps GEMM inputs written by norms in the GEMM's operand type.
+    let mut normed = gpu.alloc_gemm_input(rows * HIDDEN).unwrap();
+    gpu.write(&mut normed, &vec![0.5; rows * HIDDEN]).unwrap();
     let mut residual = filled(gpu, rows * HIDDEN, 0.1);
     let mut out_h = gpu.alloc(rows * HIDDEN).unwrap();
     let mut proj = gpu.alloc(rows * 2 * INTER).unwrap();
@@ -180,15 +182,21 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     });
     row("gated delta rule (chunked)", DELTA_LAYERS, t);
     let t = time(gpu, runs, || {
-        gpu.gated_rms_norm(&mut core, &z, &small, rows * hv, DELTA.v_dim, 1e-6)
-            .unwrap()
+        gpu.gated_rms_norm_gemm(
+            &mut core,
+            &z,
+            &small,
+            rows,
+            hv,
+            DELTA.v_dim,
+            1e-6,
+            &w_out,
+            HIDDEN,
+            &mut out_h,
+        )
+        .unwrap()
     });
-    row("gated rms norm", DELTA_LAYERS, t);
-    let t = time(gpu, runs, || {
-        gpu.gemm(&core, &w_out, rows, vw, HIDDEN, &mut out_h)
-            .unwrap()
-    });
-    row("deltanet out_proj GEMM", DELTA_LAYERS, t);
+    row("gated norm + out_proj GEMM", DELTA_LAYERS, t);
 
     let t = time(gpu, runs, || {
         gpu.gemm_shared_input(
@@ -250,7 +258,7 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     row("attention o_proj GEMM", ATTN_LAYERS, t);
 
     let layers = DELTA_LAYERS + ATTN_LAYERS;
-    let mut normed_out = gpu.alloc(rows * HIDDEN).unwrap();
+    let mut normed_out = gpu.alloc_gemm_input(rows * HIDDEN).unwrap();
     let t = time(gpu, runs, || {
         gpu.add_rms_norm(
             &mut residual,
@@ -270,14 +278,10 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     });
     row("mlp gate|up GEMM", layers, t);
     let t = time(gpu, runs, || {
-        gpu.swiglu(&proj, rows, INTER, &mut core).unwrap()
-    });
-    row("swiglu", layers, t);
-    let t = time(gpu, runs, || {
-        gpu.gemm(&core, &w_down, rows, INTER, HIDDEN, &mut out_h)
+        gpu.swiglu_gemm(&proj, rows, INTER, &w_down, HIDDEN, &mut core, &mut out_h)
             .unwrap()
     });
-    row("mlp down GEMM", layers, t);
+    row("swiglu + mlp down GEMM", layers, t);
     out
 }
 

@@ -9,7 +9,7 @@
 //! weights in bf16: both backends then compute with the same numbers and differ only by f32
 //! summation order and the device's math functions.
 
-use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
     AttentionDims, Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, KernelError, Rope,
     Varlen,
@@ -207,6 +207,40 @@ fn rms_norm_and_fused_add_match_cpu() {
             1e-5,
             "add_rms_norm out",
         );
+
+        // Into a GEMM-input buffer (bf16 on the GPU): the same values, rounded once.
+        let mut out_bf16 = gpu.alloc_gemm_input(rows * dim).unwrap();
+        assert_eq!(out_bf16.dtype(), DType::Bf16);
+        let mut residual_d = activation(&gpu, &x, 0);
+        gpu.add_rms_norm(
+            &mut residual_d,
+            &delta_d,
+            &w_d,
+            rows,
+            dim,
+            1e-6,
+            &mut out_bf16,
+        )
+        .unwrap();
+        let got = gpu.read(&out_bf16, rows * dim).unwrap();
+        assert_close(&got, &bf16_round(&want), 8e-3, "add_rms_norm bf16 out");
+        gpu.rms_norm(&x_d, &w_d, rows, dim, 1e-6, &mut out_bf16)
+            .unwrap();
+        cpu.rms_norm(&x, &w_h, rows, dim, 1e-6, &mut want).unwrap();
+        let got = gpu.read(&out_bf16, rows * dim).unwrap();
+        assert_close(&got, &bf16_round(&want), 8e-3, "rms_norm bf16 out");
+        // A GEMM reads it as is.
+        let (w2_h, w2_d) = weight(&gpu, &mut rng, 8 * dim, 0.1);
+        let mut y = gpu.alloc(rows * 8).unwrap();
+        gpu.gemm(&out_bf16, &w2_d, rows, dim, 8, &mut y).unwrap();
+        let mut y_want = vec![0.0; rows * 8];
+        cpu.gemm(&got, &w2_h, rows, dim, 8, &mut y_want).unwrap();
+        assert_close(
+            &gpu.read(&y, rows * 8).unwrap(),
+            &y_want,
+            1e-4,
+            "gemm of bf16 x",
+        );
     }
 }
 
@@ -235,6 +269,45 @@ fn gated_rms_norm_matches_cpu() {
 }
 
 /// The query slots of a Qwen3.5 `qg` row (query and gate interleaved per head) and a dense k row.
+/// The gated norm fed straight into the out projection (bf16 on the way) against the CPU's gated
+/// norm, rounded to bf16, then its GEMM.
+#[test]
+#[ignore = "needs a GPU"]
+fn gated_rms_norm_gemm_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(12);
+    for (rows, heads, dim, out_dim) in [(1, 32, 128, 2560), (139, 32, 128, 256), (5, 3, 7, 4)] {
+        let n = rows * heads * dim;
+        let x = rand_vec(&mut rng, n, 2.0);
+        let z = rand_vec(&mut rng, n, 3.0);
+        let (nw_h, nw_d) = weight(&gpu, &mut rng, dim, 1.0);
+        let (w_h, w_d) = weight(&gpu, &mut rng, out_dim * heads * dim, 0.05);
+        let mut normed = x.clone();
+        cpu.gated_rms_norm(&mut normed, &z, &nw_h, rows * heads, dim, 1e-6)
+            .unwrap();
+        let in_dim = heads * dim;
+        let bf16_path = in_dim % 8 == 0;
+        let g = if bf16_path {
+            bf16_round(&normed)
+        } else {
+            normed
+        };
+        let mut want = vec![0.0; rows * out_dim];
+        cpu.gemm(&g, &w_h, rows, in_dim, out_dim, &mut want)
+            .unwrap();
+        let mut x_d = activation(&gpu, &x, 0);
+        let z_d = activation(&gpu, &z, 0);
+        let mut y = gpu.alloc(rows * out_dim).unwrap();
+        gpu.gated_rms_norm_gemm(
+            &mut x_d, &z_d, &nw_d, rows, heads, dim, 1e-6, &w_d, out_dim, &mut y,
+        )
+        .unwrap();
+        let what = format!("gated_rms_norm_gemm {rows}x{heads}x{dim}x{out_dim}");
+        // An f32 ulp can flip one bf16 rounding: allow a few such flips.
+        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 1e-3, &what);
+    }
+}
+
 fn head_layouts() -> [HeadLayout; 2] {
     let (heads, head_dim) = (4, 256);
     [

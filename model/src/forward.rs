@@ -222,11 +222,13 @@ struct Workspace<B: Buffers> {
     cu_seqlens: B::Idx,
     /// Residual stream `[T, hidden]`.
     residual: B::Buf,
-    /// Normed input of the current sub-block `[T, hidden]`.
+    /// Normed input of the current sub-block `[T, hidden]`, read only by GEMMs (from
+    /// `alloc_gemm_input`: bf16 on a GPU).
     normed: B::Buf,
     /// Output of the current sub-block `[T, hidden]`.
     block_out: B::Buf,
-    /// Widest projection: DeltaNet qkv, attention q|gate, or MLP gate|up.
+    /// Widest projection: DeltaNet qkv, attention q|gate, or MLP gate|up; at the end, the
+    /// final-normed hidden states.
     proj: B::Buf,
     /// DeltaNet conv output `[T, qkv]`.
     conv: B::Buf,
@@ -406,7 +408,9 @@ impl<B: Backend> TextModel<B> {
                 .alloc_idx(limits.max_seqs + 1)
                 .map_err(|e| anyhow!(e))?,
             residual: f(d.hidden)?,
-            normed: f(d.hidden)?,
+            normed: backend
+                .alloc_gemm_input(t * d.hidden)
+                .map_err(|e| anyhow!(e))?,
             block_out: f(d.hidden)?,
             proj: f(proj_w)?,
             conv: f(d.delta.qkv_width())?,
@@ -528,7 +532,12 @@ impl<B: Backend> TextModel<B> {
                 &mut ws.block_out,
             )
             .map_err(e)?;
-            let next_norm = layers.get(i + 1).map_or(&*final_norm, |l| &l.input_norm);
+            // The next layer's input norm feeds only GEMMs (`normed` may be bf16); the final
+            // norm feeds the f32 readout, so it goes to an f32 buffer (`proj` is free by now).
+            let (next_norm, out) = match layers.get(i + 1) {
+                Some(next) => (&next.input_norm, &mut ws.normed),
+                None => (&*final_norm, &mut ws.proj),
+            };
             be.add_rms_norm(
                 &mut ws.residual,
                 &ws.block_out,
@@ -536,7 +545,7 @@ impl<B: Backend> TextModel<B> {
                 rows,
                 h,
                 d.eps,
-                &mut ws.normed,
+                out,
             )
             .map_err(e)?;
         }
@@ -545,7 +554,7 @@ impl<B: Backend> TextModel<B> {
             num_seqs: n,
             rows,
         };
-        be.gather_last(&ws.normed, batch, h, &mut ws.last)
+        be.gather_last(&ws.proj, batch, h, &mut ws.last)
             .map_err(e)?;
         let flat = be.read(&ws.last, n * h).map_err(e)?;
         Ok(flat.chunks_exact(h).map(<[f32]>::to_vec).collect())
@@ -719,17 +728,19 @@ impl<B: Backend> TextModel<B> {
             &mut ws.core,
         )
         .map_err(e)?;
-        be.gated_rms_norm(
+        be.gated_rms_norm_gemm(
             &mut ws.core,
             &ws.z,
             &w.norm,
-            rows * hv,
+            rows,
+            hv,
             d.delta.v_dim,
             d.eps,
+            &w.out_proj,
+            h,
+            &mut ws.block_out,
         )
         .map_err(e)?;
-        be.gemm(&ws.core, &w.out_proj, rows, vw, h, &mut ws.block_out)
-            .map_err(e)?;
         Ok(())
     }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::blas::Blas;
-use super::buffers::{act, act_mut, idx, weight, CudaBuf};
+use super::blas::{Blas, GemmInput};
+use super::buffers::{act, act_mut, idx, norm_out, weight, CudaBuf, NormOut};
 use super::compile::GpuArch;
 use super::device::{driver_err, CudaOptions, Device};
 use crate::backend::{
@@ -169,6 +169,18 @@ pub(super) fn check_batch(
     Ok(batch.rows)
 }
 
+/// A GEMM's `x`: an f32 activation (rounded to bf16 on the way) or a bf16 GEMM input, of at least
+/// `need` values.
+fn gemm_input<'a>(op: &'static str, x: &'a CudaBuf, need: usize) -> KernelResult<&'a CudaBuf> {
+    if x.len() < need {
+        return Err(KernelError::invalid(
+            op,
+            format!("x holds {} values, needs {need}", x.len()),
+        ));
+    }
+    Ok(x)
+}
+
 /// The rope kernel's by-value frequency table (`RopeTable` in rope.cu).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -196,6 +208,15 @@ impl Backend for CudaBackend {
         self.buffer_bytes
             .fetch_add(4 * len as u64, Ordering::Relaxed);
         Ok(CudaBuf::F32(slice))
+    }
+
+    /// A bf16 buffer: the norms write GEMM inputs in the precision the GEMM reads them.
+    fn alloc_gemm_input(&self, len: usize) -> KernelResult<CudaBuf> {
+        let slice = self.device.stream.alloc_zeros::<bf16>(len);
+        let slice = slice.map_err(|e| driver_err("alloc_gemm_input", e))?;
+        self.buffer_bytes
+            .fetch_add(2 * len as u64, Ordering::Relaxed);
+        Ok(CudaBuf::Bf16(slice))
     }
 
     fn alloc_idx(&self, len: usize) -> KernelResult<CudaSlice<u32>> {
@@ -321,14 +342,23 @@ impl Backend for CudaBackend {
         const OP: &str = "rms_norm";
         let x = act(OP, "x", x, rows * dim)?;
         let w = weight(OP, "weight", weight_buf, dim)?;
-        let out = act_mut(OP, "out", out, rows * dim)?;
+        let out = norm_out(OP, out, rows * dim)?;
         if rows == 0 || dim == 0 {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
-        let f = self.device.function("rms_norm")?;
+        let kernel = match out {
+            NormOut::F32(_) => "rms_norm",
+            NormOut::Bf16(_) => "rms_norm_bf16",
+        };
+        let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
-        launch.arg(x).arg(w).arg(out).arg(&dim_a).arg(&eps);
+        launch.arg(x).arg(w);
+        match out {
+            NormOut::F32(o) => launch.arg(o),
+            NormOut::Bf16(o) => launch.arg(o),
+        };
+        launch.arg(&dim_a).arg(&eps);
         // SAFETY: argument types match the kernel; lengths checked above.
         unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
@@ -348,20 +378,23 @@ impl Backend for CudaBackend {
         let residual = act_mut(OP, "residual", residual, rows * dim)?;
         let delta = act(OP, "delta", delta, rows * dim)?;
         let w = weight(OP, "weight", weight_buf, dim)?;
-        let out = act_mut(OP, "out", out, rows * dim)?;
+        let out = norm_out(OP, out, rows * dim)?;
         if rows == 0 || dim == 0 {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
-        let f = self.device.function("add_rms_norm")?;
+        let kernel = match out {
+            NormOut::F32(_) => "add_rms_norm",
+            NormOut::Bf16(_) => "add_rms_norm_bf16",
+        };
+        let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
-        launch
-            .arg(residual)
-            .arg(delta)
-            .arg(w)
-            .arg(out)
-            .arg(&dim_a)
-            .arg(&eps);
+        launch.arg(residual).arg(delta).arg(w);
+        match out {
+            NormOut::F32(o) => launch.arg(o),
+            NormOut::Bf16(o) => launch.arg(o),
+        };
+        launch.arg(&dim_a).arg(&eps);
         // SAFETY: argument types match the kernel; lengths checked above.
         unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
@@ -377,7 +410,7 @@ impl Backend for CudaBackend {
         y: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "gemm";
-        let x = act(OP, "x", x, rows * in_dim)?;
+        let x = gemm_input(OP, x, rows * in_dim)?;
         let w = weight(OP, "w", w, out_dim * in_dim)?;
         let y = act_mut(OP, "y", y, rows * out_dim)?;
         if rows == 0 || out_dim == 0 {
@@ -397,7 +430,7 @@ impl Backend for CudaBackend {
         outputs: &mut [(&CudaBuf, usize, &mut CudaBuf)],
     ) -> KernelResult<()> {
         const OP: &str = "gemm";
-        let x = act(OP, "x", x, rows * in_dim)?;
+        let x = gemm_input(OP, x, rows * in_dim)?;
         let mut checked = Vec::with_capacity(outputs.len());
         for (w, out_dim, y) in outputs.iter_mut() {
             let w = weight(OP, "w", w, *out_dim * in_dim)?;
@@ -795,6 +828,64 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn gated_rms_norm_gemm(
+        &self,
+        x_buf: &mut CudaBuf,
+        z_buf: &CudaBuf,
+        norm_buf: &CudaBuf,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        eps: f32,
+        w_buf: &CudaBuf,
+        out_dim: usize,
+        y_buf: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "gated_rms_norm_gemm";
+        let (norm_rows, in_dim) = (rows * heads, heads * dim);
+        let x = act(OP, "x", x_buf, norm_rows * dim)?;
+        let z = act(OP, "z", z_buf, norm_rows * dim)?;
+        let nw = weight(OP, "norm weight", norm_buf, dim)?;
+        let w = weight(OP, "w", w_buf, out_dim * in_dim)?;
+        let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
+        if rows == 0 || out_dim == 0 {
+            return Ok(());
+        }
+        let rows_a = to_i32(OP, "rows", norm_rows)?;
+        let dim_a = to_i32(OP, "dim", dim)?;
+        let convert = |x_bf16: &mut CudaSlice<bf16>| {
+            if in_dim == 0 {
+                return Ok(());
+            }
+            let f = self.device.function("gated_rms_norm_bf16")?;
+            let mut launch = self.device.stream.launch_builder(f);
+            launch
+                .arg(x)
+                .arg(z)
+                .arg(nw)
+                .arg(x_bf16)
+                .arg(&rows_a)
+                .arg(&dim_a)
+                .arg(&eps);
+            // SAFETY: argument types match the kernel; x and z hold rows·heads·dim values and the
+            // scratch as many (sized by gemm_many). One warp per normalised row.
+            unsafe { launch.launch(linear(OP, norm_rows * 32, BLOCK)?) }
+                .map_err(|e| driver_err(OP, e))?;
+            Ok(())
+        };
+        let input = GemmInput::Convert(convert);
+        if in_dim > 0
+            && self
+                .blas
+                .gemm_many(rows, in_dim, &mut [(w, out_dim, y)], input)?
+        {
+            return Ok(());
+        }
+        // No cuBLASLt plan for the shape: the two-step form.
+        self.gated_rms_norm(x_buf, z_buf, norm_buf, norm_rows, dim, eps)?;
+        self.gemm(x_buf, w_buf, rows, in_dim, out_dim, y_buf)
+    }
+
     fn swiglu_gemm(
         &self,
         gate_up: &CudaBuf,
@@ -827,9 +918,12 @@ impl Backend for CudaBackend {
             Ok(())
         };
         if inter > 0
-            && self
-                .blas
-                .gemm_many(rows, inter, &mut [(w, out_dim, y)], convert)?
+            && self.blas.gemm_many(
+                rows,
+                inter,
+                &mut [(w, out_dim, y)],
+                GemmInput::Convert(convert),
+            )?
         {
             return Ok(());
         }
@@ -884,19 +978,29 @@ impl CudaBackend {
     /// cuBLASLt GEMMs sharing the input `x`, rounded to bf16 once; `false` if it has no plan.
     fn blas_gemm(
         &self,
-        x: &CudaSlice<f32>,
+        x: &CudaBuf,
         rows: usize,
         in_dim: usize,
         outputs: &mut [(&CudaSlice<bf16>, usize, &mut CudaSlice<f32>)],
     ) -> KernelResult<bool> {
-        let convert = |x_bf16: &mut CudaSlice<bf16>| self.round_to_bf16(x, rows * in_dim, x_bf16);
-        self.blas.gemm_many(rows, in_dim, outputs, convert)
+        match x {
+            CudaBuf::F32(x) => {
+                let convert =
+                    |x_bf16: &mut CudaSlice<bf16>| self.round_to_bf16(x, rows * in_dim, x_bf16);
+                self.blas
+                    .gemm_many(rows, in_dim, outputs, GemmInput::Convert(convert))
+            }
+            CudaBuf::Bf16(x) => {
+                let ready = GemmInput::<fn(&mut CudaSlice<bf16>) -> KernelResult<()>>::Ready(x);
+                self.blas.gemm_many(rows, in_dim, outputs, ready)
+            }
+        }
     }
 
-    /// The shared-memory tiled GEMM on f32 `x` (no bf16 rounding): for shapes cuBLASLt refuses.
+    /// The shared-memory tiled GEMM (an f32 `x` is used unrounded): for shapes cuBLASLt refuses.
     fn tiled_gemm(
         &self,
-        x: &CudaSlice<f32>,
+        x: &CudaBuf,
         w: &CudaSlice<bf16>,
         rows: usize,
         in_dim: usize,
@@ -919,15 +1023,16 @@ impl CudaBackend {
         if cfg.grid_dim.1 > 65_535 {
             return Err(KernelError::invalid(OP, format!("{rows} rows is too many")));
         }
-        let f = self.device.function("gemm_xwt")?;
+        let f = self.device.function(match x {
+            CudaBuf::F32(_) => "gemm_xwt",
+            CudaBuf::Bf16(_) => "gemm_xwt_bf16x",
+        })?;
         let mut launch = self.device.stream.launch_builder(f);
-        launch
-            .arg(x)
-            .arg(w)
-            .arg(y)
-            .arg(&rows_a)
-            .arg(&in_a)
-            .arg(&out_a);
+        match x {
+            CudaBuf::F32(x) => launch.arg(x),
+            CudaBuf::Bf16(x) => launch.arg(x),
+        };
+        launch.arg(w).arg(y).arg(&rows_a).arg(&in_a).arg(&out_a);
         // SAFETY: argument types match the kernel; lengths checked above.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         Ok(())

@@ -21,8 +21,8 @@ use crate::error::KernelError;
 
 /// cuBLASLt's recommended workspace on Hopper (also enough elsewhere).
 const WORKSPACE_BYTES: usize = 32 << 20;
-/// Algorithms the heuristic proposes per shape; each is timed once and the fastest kept (the
-/// heuristic's first pick is often far from the best for skinny GEMMs, such as one short question).
+/// Algorithms the heuristic proposes per shape; each is timed once per row bucket and the fastest
+/// kept (the heuristic's first pick is often not the best for skinny GEMMs, one short question's).
 const CANDIDATES: usize = 8;
 /// Timed runs per candidate (after one untimed run).
 const TUNING_RUNS: usize = 3;
@@ -32,6 +32,14 @@ const MAX_PLANS: usize = 4096;
 
 fn blas_err(op: &str, e: lt::CublasError) -> KernelError {
     KernelError::Backend(format!("{op}: cuBLASLt {e:?}"))
+}
+
+/// Where a GEMM's bf16 input comes from.
+pub(crate) enum GemmInput<'a, F> {
+    /// Written into the scratch buffer by `F` (a conversion or a fused producer).
+    Convert(F),
+    /// Already in a bf16 buffer of at least `rows · in_dim` values.
+    Ready(&'a CudaSlice<bf16>),
 }
 
 /// Descriptors and algorithm of one GEMM shape.
@@ -63,8 +71,17 @@ impl Drop for Plan {
 /// Shape key: (rows, in_dim, out_dim).
 type Shape = (usize, usize, usize);
 
+/// The row count a tuning result is shared across: the next power of two. Serving sees a new
+/// total row count with almost every batch; timing candidates for each would put the tuning cost
+/// on requests, so each bucket is timed once and its winner reused.
+fn row_bucket(rows: usize) -> usize {
+    rows.next_power_of_two()
+}
+
 struct State {
     plans: HashMap<Shape, Option<Plan>>,
+    /// The fastest algorithm per (row bucket, in_dim, out_dim), timed on the bucket's first shape.
+    tuned: HashMap<Shape, sys::cublasLtMatmulAlgo_t>,
     /// `x` rounded to bf16; grows to the largest GEMM input seen (sized at warm-up).
     scratch: Option<CudaSlice<bf16>>,
 }
@@ -106,6 +123,7 @@ impl Blas {
             stream,
             state: Mutex::new(State {
                 plans: HashMap::new(),
+                tuned: HashMap::new(),
                 scratch: None,
             }),
         })
@@ -141,8 +159,9 @@ impl Blas {
         Ok(state.scratch.as_mut().expect("just set"))
     }
 
-    /// `yᵢ = x Wᵢᵀ` for every `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same `x`, which
-    /// `convert` rounds to bf16 once (it must write `rows·in_dim` values into the slice it gets).
+    /// `yᵢ = x Wᵢᵀ` for every `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same bf16 `x`:
+    /// given ready, or written once into the scratch by a `Convert` producer (which must write
+    /// `rows·in_dim` values into the slice it gets).
     /// Returns `false` (and does nothing) when cuBLASLt has no algorithm for one of the shapes (odd
     /// leading dimensions), so the caller can fall back. Conversion and matmuls run under one lock,
     /// so concurrent callers never share the scratch buffer.
@@ -151,7 +170,7 @@ impl Blas {
         rows: usize,
         in_dim: usize,
         outputs: &mut [(&CudaSlice<bf16>, usize, &mut CudaSlice<f32>)],
-        convert: impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>,
+        input: GemmInput<'_, impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>>,
     ) -> KernelResult<bool> {
         const OP: &str = "gemm";
         let mut state = self.state.lock().expect("blas state");
@@ -161,17 +180,38 @@ impl Blas {
                 if state.plans.len() >= MAX_PLANS {
                     state.plans.clear();
                 }
-                let plan = self.plan(rows, in_dim, out_dim)?;
+                let mut plan = self.plan(rows, in_dim, out_dim)?;
+                let bucket = (row_bucket(rows), in_dim, out_dim);
+                if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
+                    // The bucket's winner, if cuBLASLt accepts it for this exact shape.
+                    if self.accepts(plan, algo) {
+                        plan.algo = *algo;
+                        plan.tuned = true;
+                    }
+                }
                 state.plans.insert(key, plan);
             }
             if state.plans[&key].is_none() {
                 return Ok(false);
             }
         }
-        self.scratch(&mut state, rows * in_dim)?;
-        let State { plans, scratch } = &mut *state;
-        let x = scratch.as_mut().expect("sized just above");
-        convert(x)?;
+        let needs_scratch = matches!(input, GemmInput::Convert(_));
+        if needs_scratch {
+            self.scratch(&mut state, rows * in_dim)?;
+        }
+        let State {
+            plans,
+            tuned,
+            scratch,
+        } = &mut *state;
+        let x: &CudaSlice<bf16> = match input {
+            GemmInput::Convert(convert) => {
+                let x = scratch.as_mut().expect("sized just above");
+                convert(x)?;
+                x
+            }
+            GemmInput::Ready(x) => x,
+        };
         let stream = &self.stream;
         let (x_ptr, _x_rec) = x.device_ptr(stream);
         let (ws_ptr, _ws_rec) = self.workspace.device_ptr(stream);
@@ -185,6 +225,10 @@ impl Blas {
             let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
             if !plan.tuned {
                 self.tune(plan, ptrs)?;
+                if tuned.len() >= MAX_PLANS {
+                    tuned.clear();
+                }
+                tuned.insert((row_bucket(rows), in_dim, *out_dim), plan.algo);
             }
             // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
             // checked by the caller) and the workspace; all on `stream`.
@@ -222,6 +266,26 @@ impl Blas {
             WORKSPACE_BYTES,
             self.stream.cu_stream() as sys::cudaStream_t,
         )
+    }
+
+    /// Whether cuBLASLt can run `algo` on `plan`'s exact shape with our workspace.
+    fn accepts(&self, plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
+        // SAFETY: the plan's descriptors are live; `result` is plain data cuBLASLt fills.
+        unsafe {
+            let mut result: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let status = sys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                plan.desc,
+                plan.w_layout,
+                plan.x_layout,
+                plan.y_layout,
+                plan.y_layout,
+                algo,
+                &mut result,
+            );
+            status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                && result.workspaceSize <= WORKSPACE_BYTES
+        }
     }
 
     /// Times every candidate algorithm on the real operands and keeps the fastest. `y` is

@@ -14,7 +14,8 @@ pub enum DType {
 }
 
 /// A device buffer. [`crate::Backend::alloc`] gives f32 (activations, states);
-/// [`crate::Backend::upload`] gives bf16 (weights: the model uploads exactly its weights with it).
+/// [`crate::Backend::upload`] gives bf16 (weights: the model uploads exactly its weights with it);
+/// [`crate::Backend::alloc_gemm_input`] gives bf16 too (a norm's output that only GEMMs read).
 /// Ops check that every argument has the type its kernel reads.
 #[derive(Debug)]
 pub enum CudaBuf {
@@ -84,6 +85,28 @@ pub(crate) fn act_mut<'a>(
         CudaBuf::F32(_) => Err(too_short(op, what, len, need)),
         CudaBuf::Bf16(_) => Err(wrong_type(op, what, DType::F32, dtype)),
     }
+}
+
+/// The output of a norm: f32, or bf16 when it only feeds GEMMs (from `alloc_gemm_input`).
+pub(crate) enum NormOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<bf16>),
+}
+
+/// `buf` as a norm output of at least `need` values.
+pub(crate) fn norm_out<'a>(
+    op: &'static str,
+    buf: &'a mut CudaBuf,
+    need: usize,
+) -> KernelResult<NormOut<'a>> {
+    let len = buf.len();
+    if len < need {
+        return Err(too_short(op, "out", len, need));
+    }
+    Ok(match buf {
+        CudaBuf::F32(s) => NormOut::F32(s),
+        CudaBuf::Bf16(s) => NormOut::Bf16(s),
+    })
 }
 
 /// `buf` as a bf16 weight of at least `need` values.

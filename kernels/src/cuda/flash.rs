@@ -2,6 +2,12 @@
 //!
 //! [`CudaBackend::attention`](crate::Backend::attention) checks the arguments, then routes head
 //! dims this kernel supports here and keeps the naive `attention_gated` kernel for the rest.
+//!
+//! Two shapes: the wide kernel (128 query rows, 8 warps, one block per SM at head size 256) for
+//! long sequences, the narrow one (64 rows, 4 warps, two blocks per SM) for batches whose mean
+//! sequence length is below 1,024, where the wide one mostly waits on memory.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -10,14 +16,86 @@ use super::backend::{to_i32, to_u32, CudaBackend};
 use super::device::driver_err;
 use crate::backend::{AttentionDims, KernelResult, Varlen};
 
-/// Query rows per block (`FA_BM`).
+/// Query rows per block of the wide kernel (8 warps of 16 rows; one block per SM at d = 256).
 const BM: usize = 128;
+/// Query rows per block of the narrow kernel (4 warps; two blocks per SM at d = 256).
+const BM_NARROW: usize = 64;
 /// Keys per shared-memory tile (`FA_BN`).
 const BN: usize = 64;
-/// Threads per block (`FA_THREADS`: 8 warps of 16 query rows).
-const THREADS: u32 = 256;
 /// bf16 padding per shared-memory row (`FA_PAD`).
 const PAD: usize = 8;
+/// Batches whose mean sequence length is below this take the narrow kernel: their blocks see few
+/// key tiles, so the wide kernel (one block per SM) mostly waits on memory.
+const NARROW_BELOW_MEAN_LEN: usize = 1024;
+/// The narrow kernel puts its query tiles on grid y, which CUDA caps at 65,535.
+const GRID_Y_MAX: usize = 65_535;
+
+/// Testing and benchmarking override of the kernel choice: 0 = by batch shape, else the query
+/// rows per block to force (`BM` or `BM_NARROW`). Process-wide.
+static FORCE_ROWS: AtomicUsize = AtomicUsize::new(0);
+
+/// One shape of the flash kernel: query rows per block (16 per warp), and whether query tiles
+/// run on grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side
+/// and share K/V in L2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct FlashShape {
+    pub rows: usize,
+    pub tiles_on_y: bool,
+}
+
+pub(super) const WIDE: FlashShape = FlashShape {
+    rows: BM,
+    tiles_on_y: false,
+};
+
+pub(super) const NARROW: FlashShape = FlashShape {
+    rows: BM_NARROW,
+    tiles_on_y: true,
+};
+
+impl FlashShape {
+    /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
+    pub fn kernel(self, d: usize) -> &'static str {
+        match (self.tiles_on_y, d) {
+            (false, 64) => "flash_attention_d64",
+            (false, 128) => "flash_attention_d128",
+            (false, _) => "flash_attention_d256",
+            (true, 64) => "flash_attention_narrow_d64",
+            (true, 128) => "flash_attention_narrow_d128",
+            (true, _) => "flash_attention_narrow_d256",
+        }
+    }
+
+    fn threads(self) -> u32 {
+        // 32 threads per warp, 16 query rows per warp.
+        (self.rows * 2) as u32
+    }
+
+    /// Dynamic shared memory at head size `d`: the Q tile, one K and one V tile, bf16 with padded
+    /// rows.
+    pub fn smem_bytes(self, d: usize) -> usize {
+        (self.rows + 2 * BN) * (d + PAD) * 2
+    }
+
+    /// Query tiles to launch for a batch: `Σ ceil(len_s / rows) ≤ ceil(rows / rows) + num_seqs`,
+    /// an upper bound that needs no look at `cu_seqlens` (blocks beyond the real count exit).
+    pub fn tiles(self, rows: usize, num_seqs: usize) -> usize {
+        rows.div_ceil(self.rows) + num_seqs
+    }
+}
+
+/// The shape for a batch: narrow for short sequences (mean length below
+/// `NARROW_BELOW_MEAN_LEN`) unless its grid would exceed the grid-y cap, wide otherwise; or the
+/// forced one (see [`CudaBackend::force_flash_query_rows`]).
+pub(super) fn flash_shape(rows: usize, num_seqs: usize) -> FlashShape {
+    let narrow_fits = NARROW.tiles(rows, num_seqs) <= GRID_Y_MAX;
+    match FORCE_ROWS.load(Ordering::Relaxed) {
+        BM_NARROW if narrow_fits => NARROW,
+        BM => WIDE,
+        _ if narrow_fits && rows < num_seqs.saturating_mul(NARROW_BELOW_MEAN_LEN) => NARROW,
+        _ => WIDE,
+    }
+}
 
 /// The kernel entry point for `head_dim` and the head size it lays its tiles out for, or `None`
 /// where the naive kernel must run (head dims that are not a multiple of 16, or above 256).
@@ -33,19 +111,14 @@ pub(super) fn flash_variant(head_dim: usize) -> Option<(&'static str, usize)> {
     }
 }
 
-/// Dynamic shared memory of the kernel laid out for head size `d`: the Q tile, one K and one V
-/// tile, bf16 with padded rows. 132 KiB at d = 256 (one block per SM on H200 and A100).
-pub(super) fn flash_smem_bytes(d: usize) -> usize {
-    (BM + 2 * BN) * (d + PAD) * 2
-}
-
-/// Query tiles to launch for a batch: `Σ ceil(len_s / BM) ≤ ceil(rows / BM) + num_seqs`, an
-/// upper bound that needs no look at `cu_seqlens` (blocks beyond the real count exit at once).
-pub(super) fn flash_tiles(rows: usize, num_seqs: usize) -> usize {
-    rows.div_ceil(BM) + num_seqs
-}
-
 impl CudaBackend {
+    /// Forces the flash attention kernel shape for every later call in this process, for tests
+    /// and benchmarks: `Some(128)` the wide kernel, `Some(64)` the narrow one (unless a batch's
+    /// grid would not fit it), `None` (or any other value) back to choosing by batch shape.
+    pub fn force_flash_query_rows(rows: Option<usize>) {
+        FORCE_ROWS.store(rows.unwrap_or(0), Ordering::Relaxed);
+    }
+
     /// Gated causal GQA attention with the flash kernel. The caller (`attention`) has checked the
     /// dims, that every buffer holds `batch.rows` rows, and that `flash_variant(head_dim)` is
     /// `Some`; `batch.rows` and `batch.num_seqs` are non-zero.
@@ -59,14 +132,15 @@ impl CudaBackend {
         out: &mut CudaSlice<f32>,
     ) -> KernelResult<()> {
         const OP: &str = "attention";
-        let Some((name, d)) = flash_variant(dims.head_dim) else {
+        let Some((_, d)) = flash_variant(dims.head_dim) else {
             return Err(crate::error::KernelError::invalid(
                 OP,
                 format!("flash attention does not take head_dim {}", dims.head_dim),
             ));
         };
-        let smem = flash_smem_bytes(d);
-        let f = self.device.function(name)?;
+        let shape = flash_shape(batch.rows, batch.num_seqs);
+        let smem = shape.smem_bytes(d);
+        let f = self.device.function(shape.kernel(d))?;
         // Above 48 KiB a kernel must opt in. Setting it on every launch costs a host-side driver
         // call, is no stream operation (so it is fine during graph capture), and keeps the
         // attribute with the function, whichever backend instance launches it.
@@ -75,13 +149,24 @@ impl CudaBackend {
             to_i32(OP, "shared memory", smem)?,
         )
         .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
+        if shape.tiles_on_y {
+            // Two narrow blocks per SM need the largest shared-memory carveout (a hint the driver
+            // may otherwise size for one block).
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(|e| driver_err("attention: shared memory carveout", e))?;
+        }
+        let tiles = to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?;
+        let heads = to_u32(OP, "q_heads", dims.q_heads)?;
         let cfg = LaunchConfig {
-            grid_dim: (
-                to_u32(OP, "query tiles", flash_tiles(batch.rows, batch.num_seqs))?,
-                to_u32(OP, "q_heads", dims.q_heads)?,
-                1,
-            ),
-            block_dim: (THREADS, 1, 1),
+            grid_dim: if shape.tiles_on_y {
+                (heads, tiles, 1)
+            } else {
+                (tiles, heads, 1)
+            },
+            block_dim: (shape.threads(), 1, 1),
             shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
         };
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
@@ -124,13 +209,37 @@ mod tests {
         for naive in [0, 8, 24, 40, 100, 255, 272, 512] {
             assert_eq!(flash_variant(naive), None, "head_dim {naive}");
         }
+        for d in [64, 128, 256] {
+            let (wide, _) = flash_variant(d).unwrap();
+            assert_eq!(WIDE.kernel(d), wide);
+            assert_eq!(NARROW.kernel(d), format!("flash_attention_narrow_d{d}"));
+        }
     }
 
     #[test]
-    fn shared_memory_fits_one_block_per_sm() {
-        // H200 allows 227 KiB per block, A100 163 KiB.
-        assert_eq!(flash_smem_bytes(256), 135_168);
-        assert!(flash_smem_bytes(256) <= 163 * 1024);
+    fn shared_memory_fits_one_wide_or_two_narrow_blocks_per_sm() {
+        // H200 allows 227 KiB per block and 228 KiB per SM (1 KiB of each block reserved), A100
+        // 163 / 164 KiB.
+        assert_eq!(WIDE.smem_bytes(256), 135_168);
+        assert!(WIDE.smem_bytes(256) <= 163 * 1024);
+        assert_eq!(NARROW.smem_bytes(256), 101_376);
+        assert!(2 * (NARROW.smem_bytes(256) + 1024) <= 228 * 1024);
+        assert_eq!(WIDE.threads(), 256);
+        assert_eq!(NARROW.threads(), 128);
+    }
+
+    #[test]
+    fn short_sequences_take_the_narrow_kernel() {
+        // The override is process-wide; these tests never set it.
+        assert_eq!(flash_shape(15_446, 1), WIDE);
+        assert_eq!(flash_shape(139, 1), NARROW);
+        assert_eq!(flash_shape(712, 1), NARROW);
+        assert_eq!(flash_shape(128 * 300, 128), NARROW);
+        assert_eq!(flash_shape(1023, 1), NARROW);
+        assert_eq!(flash_shape(1024, 1), WIDE);
+        assert_eq!(flash_shape(4 * 2_000, 4), WIDE);
+        // A grid that would not fit grid y stays wide.
+        assert_eq!(flash_shape(70_000, 70_000), WIDE);
     }
 
     #[test]
@@ -144,8 +253,10 @@ mod tests {
             &[15_446],
         ] {
             let rows: usize = lens.iter().sum();
-            let tiles: usize = lens.iter().map(|l| l.div_ceil(BM)).sum();
-            assert!(tiles <= flash_tiles(rows, lens.len()), "{lens:?}");
+            for shape in [WIDE, NARROW] {
+                let tiles: usize = lens.iter().map(|l| l.div_ceil(shape.rows)).sum();
+                assert!(tiles <= shape.tiles(rows, lens.len()), "{lens:?}");
+            }
         }
     }
 }

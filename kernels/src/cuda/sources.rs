@@ -41,8 +41,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         code: include_str!("../../cuda/norms.cu"),
         functions: &[
             "rms_norm",
+            "rms_norm_bf16",
             "add_rms_norm",
+            "add_rms_norm_bf16",
             "gated_rms_norm",
+            "gated_rms_norm_bf16",
             "head_rms_norm",
             "l2_norm",
         ],
@@ -72,7 +75,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "gemm.cu",
         code: include_str!("../../cuda/gemm.cu"),
-        functions: &["gemm_xwt"],
+        functions: &["gemm_xwt", "gemm_xwt_bf16x"],
     },
     KernelSource {
         file: "attention.cu",
@@ -86,6 +89,9 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "flash_attention_d64",
             "flash_attention_d128",
             "flash_attention_d256",
+            "flash_attention_narrow_d64",
+            "flash_attention_narrow_d128",
+            "flash_attention_narrow_d256",
         ],
     },
     KernelSource {
