@@ -67,6 +67,11 @@ impl<B: Backend> Decider<B> {
         self.model.backend()
     }
 
+    /// See [`TextModel::warm_shapes`].
+    pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
+        self.model.warm_shapes()
+    }
+
     /// Probabilities of each prompt's first `n_options` letters. Prompts are packed into as few
     /// forward passes as the batch limits allow; a prompt's answer does not depend on what else
     /// shares its pass.

@@ -283,3 +283,15 @@ fn readout_gives_probabilities_over_offered_letters() {
     }
     assert!(readout.decide(&hidden[0], 27).is_err());
 }
+
+#[test]
+fn warm_shapes_runs_every_power_of_two_bucket_then_the_limit_and_changes_no_answer() {
+    let (cfg, _, mut m) = model(5);
+    let mut rng = StdRng::seed_from_u64(6);
+    let ids = random_ids(&mut rng, 70, cfg.vocab_size);
+    let before = m.forward_last(&[SequenceInput::text(&ids)]).unwrap();
+    let rows = m.warm_shapes().unwrap();
+    assert_eq!(rows, [1, 2, 4, 8, 16, 32, 64, 128, 256, LIMITS.max_tokens]);
+    let after = m.forward_last(&[SequenceInput::text(&ids)]).unwrap();
+    assert_eq!(before, after, "warming left state behind");
+}

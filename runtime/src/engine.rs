@@ -287,7 +287,15 @@ pub fn load_cuda(
     })?;
     let name = backend.name();
     let probe = backend.memory_probe();
-    let loaded = instinct_model::decider::load_text(backend, model_dir, text_adapter, limits)?;
+    let mut loaded = instinct_model::decider::load_text(backend, model_dir, text_adapter, limits)?;
+    // GEMM algorithms are timed once per power-of-two row bucket: do it now, not on requests.
+    let t0 = std::time::Instant::now();
+    let warmed = loaded.decider.warm_shapes()?;
+    tracing::info!(
+        row_counts = ?warmed,
+        ms = t0.elapsed().as_secs_f64() * 1e3,
+        "warmed every batch size bucket"
+    );
     let (weights_bytes, activations_bytes) = loaded.decider.backend().allocated_bytes();
     Ok(Loaded {
         preparer: Preparer {
