@@ -17,13 +17,15 @@
 //! `1 + |reference|` up to 2,500 keys, so 1e-2 leaves a margin; a wrong mask, tile boundary or
 //! softmax rescale gives errors of order one.
 
+mod common;
+use common::{cu_of, gpu, indices, padded, rand_vec};
+
 use std::time::Instant;
 
-use cudarc::driver::CudaSlice;
-use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{AttentionDims, Backend, CpuBackend, Varlen};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 /// Qwen3.5-4B full attention: 16 query heads over 4 kv heads of 256.
 const REAL: AttentionDims = AttentionDims {
@@ -35,10 +37,6 @@ const REAL: AttentionDims = AttentionDims {
 
 /// Tolerance of the flash kernel (bf16 operands) for inputs in ±2.
 const FLASH_TOL: f32 = 1e-2;
-
-fn gpu() -> CudaBackend {
-    CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
-}
 
 /// The forced shapes (query rows per block) and their names.
 const SHAPES: [(usize, &str); 2] = [(128, "wide"), (64, "narrow")];
@@ -56,33 +54,6 @@ fn for_each_shape(mut f: impl FnMut(&str)) {
         CudaBackend::force_flash_query_rows(Some(rows));
         f(name);
     }
-}
-
-fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
-}
-
-/// An f32 activation buffer holding `data`, then `extra` copies of `fill`.
-fn activation(gpu: &CudaBackend, data: &[f32], extra: usize, fill: f32) -> CudaBuf {
-    let mut buf = gpu.alloc(data.len() + extra).unwrap();
-    let mut host = data.to_vec();
-    host.resize(data.len() + extra, fill);
-    gpu.write(&mut buf, &host).unwrap();
-    buf
-}
-
-fn indices(gpu: &CudaBackend, data: &[u32]) -> CudaSlice<u32> {
-    let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
-    gpu.write_idx(&mut buf, data).unwrap();
-    buf
-}
-
-fn cu_of(lens: &[usize]) -> Vec<u32> {
-    let mut cu = vec![0u32];
-    for &l in lens {
-        cu.push(cu.last().unwrap() + l as u32);
-    }
-    cu
 }
 
 /// Random inputs of one attention call: `qg`, `k`, `v` for `rows` rows. q and k in ±`qk`, the
@@ -136,9 +107,9 @@ fn gpu_attention(
     let cu = cu_of(lens);
     let rows = *cu.last().unwrap() as usize;
     let out_len = rows * dims.q_heads * dims.head_dim;
-    let qg = activation(gpu, &inputs.qg, 0, 0.0);
-    let k = activation(gpu, &inputs.k, 0, 0.0);
-    let v = activation(gpu, &inputs.v, 0, 0.0);
+    let qg = padded(gpu, &inputs.qg, 0, 0.0);
+    let k = padded(gpu, &inputs.k, 0, 0.0);
+    let v = padded(gpu, &inputs.v, 0, 0.0);
     let cu_d = indices(gpu, &cu);
     let mut out = gpu.alloc(out_len).unwrap();
     let batch = Varlen {
@@ -318,11 +289,11 @@ fn rows_beyond_the_batch_stay_untouched() {
     for_each_shape(|shape| {
         // Buffers for rows + extra_rows, the extra rows holding large values the kernel must not
         // read (they would change the result) and an output the kernel must not write.
-        let qg = activation(&gpu, &inputs.qg, extra_rows * qg_w, 50.0);
-        let k = activation(&gpu, &inputs.k, extra_rows * kv_w, 50.0);
-        let v = activation(&gpu, &inputs.v, extra_rows * kv_w, 50.0);
+        let qg = padded(&gpu, &inputs.qg, extra_rows * qg_w, 50.0);
+        let k = padded(&gpu, &inputs.k, extra_rows * kv_w, 50.0);
+        let v = padded(&gpu, &inputs.v, extra_rows * kv_w, 50.0);
         let total = (rows + extra_rows) * out_w;
-        let mut out = activation(&gpu, &[], total, SENTINEL);
+        let mut out = padded(&gpu, &[], total, SENTINEL);
         let cu = cu_of(&lens);
         let cu_d = indices(&gpu, &cu);
         let batch = Varlen {
@@ -349,7 +320,7 @@ fn rows_beyond_the_batch_stay_untouched() {
         let bad_cu = [0u32, 40, 10_000, 5, 1_000_000];
         let bad_cu_d = indices(&gpu, &bad_cu);
         let short = 100;
-        let mut out = activation(&gpu, &[], total, SENTINEL);
+        let mut out = padded(&gpu, &[], total, SENTINEL);
         let batch = Varlen {
             cu_seqlens: &bad_cu_d,
             num_seqs: bad_cu.len() - 1,
@@ -378,9 +349,9 @@ fn causal_flops(lens: &[usize], dims: AttentionDims) -> f64 {
 fn time_attention(gpu: &CudaBackend, rng: &mut StdRng, lens: &[usize], dims: AttentionDims) -> f64 {
     let rows: usize = lens.iter().sum();
     let inputs = Inputs::new(rng, rows, dims, 2.0);
-    let qg = activation(gpu, &inputs.qg, 0, 0.0);
-    let k = activation(gpu, &inputs.k, 0, 0.0);
-    let v = activation(gpu, &inputs.v, 0, 0.0);
+    let qg = padded(gpu, &inputs.qg, 0, 0.0);
+    let k = padded(gpu, &inputs.k, 0, 0.0);
+    let v = padded(gpu, &inputs.v, 0, 0.0);
     let cu_d = indices(gpu, &cu_of(lens));
     let mut out = gpu.alloc(rows * dims.q_heads * dims.head_dim).unwrap();
     let batch = Varlen {

@@ -7,9 +7,12 @@
 //! These need a GPU, so every test is ignored; run them on the GPU machine with
 //! `cargo test --release -p instinct-kernels --test cuda_delta_chunked -- --ignored --nocapture --test-threads 1`.
 
+mod common;
+use common::{cu_of, gpu, indices, padded, rand_vec};
+
 use std::time::Instant;
 
-use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,37 +32,6 @@ const TINY: (f32, f32) = (-1e-3, 0.0);
 
 /// Written past the op's rows (and past the states): must survive the op.
 const SENTINEL: f32 = 7.25;
-
-fn gpu() -> CudaBackend {
-    CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
-}
-
-fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
-}
-
-/// An f32 buffer holding `data` then `extra` sentinels.
-fn buffer(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf {
-    let mut all = data.to_vec();
-    all.resize(data.len() + extra, SENTINEL);
-    let mut buf = gpu.alloc(all.len()).unwrap();
-    gpu.write(&mut buf, &all).unwrap();
-    buf
-}
-
-fn indices(gpu: &CudaBackend, data: &[u32]) -> cudarc::driver::CudaSlice<u32> {
-    let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
-    gpu.write_idx(&mut buf, data).unwrap();
-    buf
-}
-
-fn cu_of(lens: &[usize]) -> Vec<u32> {
-    let mut cu = vec![0u32];
-    for &l in lens {
-        cu.push(cu.last().unwrap() + l as u32);
-    }
-    cu
-}
 
 /// The q and k blocks of a qkv row, as `2·k_heads` heads.
 fn qk_layout(dims: DeltaDims) -> HeadLayout {
@@ -147,15 +119,20 @@ impl Inputs {
     fn on_gpu(&self, gpu: &CudaBackend, with_initial: bool) -> (Vec<f32>, Vec<f32>) {
         let extra_rows = 3;
         let dims = self.dims;
-        let qkv = buffer(gpu, &self.qkv, extra_rows * dims.qkv_width());
-        let beta = buffer(gpu, &self.beta, extra_rows * dims.v_heads);
-        let g = buffer(gpu, &self.g, extra_rows * dims.v_heads);
-        let initial = buffer(gpu, &self.initial, 0);
+        let qkv = padded(gpu, &self.qkv, extra_rows * dims.qkv_width(), SENTINEL);
+        let beta = padded(gpu, &self.beta, extra_rows * dims.v_heads, SENTINEL);
+        let g = padded(gpu, &self.g, extra_rows * dims.v_heads, SENTINEL);
+        let initial = padded(gpu, &self.initial, 0, SENTINEL);
         let cu = indices(gpu, &self.cu);
         let out_extra = extra_rows * dims.v_heads * dims.v_dim;
-        let mut out = buffer(gpu, &vec![SENTINEL; self.out_len()], out_extra);
+        let mut out = padded(gpu, &vec![SENTINEL; self.out_len()], out_extra, SENTINEL);
         let state_extra = 5;
-        let mut fin = buffer(gpu, &vec![SENTINEL; self.state_len()], state_extra);
+        let mut fin = padded(
+            gpu,
+            &vec![SENTINEL; self.state_len()],
+            state_extra,
+            SENTINEL,
+        );
         let batch = Varlen {
             cu_seqlens: &cu,
             num_seqs: self.num_seqs(),
@@ -284,13 +261,13 @@ fn chunked_clamps_corrupt_cu_seqlens_to_the_batch_rows() {
     let mut rng = StdRng::seed_from_u64(3);
     let inputs = Inputs::new(&mut rng, dims, &[5], STRONG);
     let (want, _) = inputs.reference(false);
-    let qkv = buffer(&gpu, &inputs.qkv, 0);
-    let beta = buffer(&gpu, &inputs.beta, 0);
-    let g = buffer(&gpu, &inputs.g, 0);
+    let qkv = padded(&gpu, &inputs.qkv, 0, SENTINEL);
+    let beta = padded(&gpu, &inputs.beta, 0, SENTINEL);
+    let g = padded(&gpu, &inputs.g, 0, SENTINEL);
     // Sequences 1 and 2 point far past the 5 rows the buffers hold.
     let cu = indices(&gpu, &[0, 5, 4_000_000_000, 7]);
     let mut out = gpu.alloc(inputs.out_len()).unwrap();
-    let mut fin = buffer(&gpu, &vec![SENTINEL; 3 * dims.state_len()], 0);
+    let mut fin = padded(&gpu, &vec![SENTINEL; 3 * dims.state_len()], 0, SENTINEL);
     let batch = Varlen {
         cu_seqlens: &cu,
         num_seqs: 3,
@@ -329,10 +306,11 @@ fn timing_chunked_vs_recurrent() {
     let dims = REAL;
     let mut rng = StdRng::seed_from_u64(4);
     let max_rows = 128 * 300;
-    let mut qkv = buffer(
+    let mut qkv = padded(
         &gpu,
         &rand_vec(&mut rng, max_rows * dims.qkv_width(), 1.0),
         0,
+        SENTINEL,
     );
     gpu.l2_norm(&mut qkv, qk_layout(dims), max_rows, 1e-6)
         .unwrap();
@@ -342,7 +320,10 @@ fn timing_chunked_vs_recurrent() {
     let g: Vec<f32> = (0..max_rows * dims.v_heads)
         .map(|_| rng.gen_range(-2.0..0.0))
         .collect();
-    let (beta, g) = (buffer(&gpu, &beta, 0), buffer(&gpu, &g, 0));
+    let (beta, g) = (
+        padded(&gpu, &beta, 0, SENTINEL),
+        padded(&gpu, &g, 0, SENTINEL),
+    );
     let mut out = gpu.alloc(max_rows * dims.v_heads * dims.v_dim).unwrap();
     let mut fin = gpu.alloc(128 * dims.state_len()).unwrap();
     for lens in [vec![15_446], vec![712], vec![139], vec![300; 128]] {

@@ -9,6 +9,9 @@
 //! weights in bf16: both backends then compute with the same numbers and differ only by f32
 //! summation order and the device's math functions.
 
+mod common;
+use common::{activation, cu_of, gpu, indices, rand_vec};
+
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
     AttentionDims, Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, KernelError, Rope,
@@ -19,14 +22,6 @@ use rand::{Rng, SeedableRng};
 
 /// Packed batches every varlen op runs on.
 const BATCHES: &[&[usize]] = &[&[1], &[70], &[1, 64, 3, 129], &[200, 1, 65, 2]];
-
-fn gpu() -> CudaBackend {
-    CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
-}
-
-fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
-}
 
 /// `v` rounded to bf16, the precision uploaded weights have on the device.
 fn bf16_round(v: &[f32]) -> Vec<f32> {
@@ -40,28 +35,6 @@ fn weight(gpu: &CudaBackend, rng: &mut StdRng, n: usize, scale: f32) -> (Vec<f32
     let host = bf16_round(&rand_vec(rng, n, scale));
     let dev = gpu.upload(&host).unwrap();
     (host, dev)
-}
-
-/// An f32 activation buffer holding `data` (plus `extra` trailing zeros, so ops must respect the
-/// lengths they are given rather than the buffer's).
-fn activation(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf {
-    let mut buf = gpu.alloc(data.len() + extra).unwrap();
-    gpu.write(&mut buf, data).unwrap();
-    buf
-}
-
-fn indices(gpu: &CudaBackend, data: &[u32]) -> cudarc::driver::CudaSlice<u32> {
-    let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
-    gpu.write_idx(&mut buf, data).unwrap();
-    buf
-}
-
-fn cu_of(lens: &[usize]) -> Vec<u32> {
-    let mut cu = vec![0u32];
-    for &l in lens {
-        cu.push(cu.last().unwrap() + l as u32);
-    }
-    cu
 }
 
 #[track_caller]

@@ -181,6 +181,67 @@ fn gemm_input<'a>(op: &'static str, x: &'a CudaBuf, need: usize) -> KernelResult
     Ok(x)
 }
 
+/// The checked buffers of a delta-rule launch.
+pub(super) struct DeltaArgs<'a> {
+    qkv: &'a CudaSlice<f32>,
+    beta: &'a CudaSlice<f32>,
+    g: &'a CudaSlice<f32>,
+    cu_seqlens: &'a CudaSlice<u32>,
+    initial: Option<&'a CudaSlice<f32>>,
+    final_out: Option<&'a mut CudaSlice<f32>>,
+    out: &'a mut CudaSlice<f32>,
+    dims: DeltaDims,
+    /// Rows every buffer holds and the batch covers: the kernels clamp the sequences to it.
+    pub rows_cap: usize,
+}
+
+impl<'a> DeltaArgs<'a> {
+    /// Checks buffer types and lengths against `dims` and the batch; `None` when there is nothing
+    /// to compute (no sequence or no value head).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check(
+        op: &'static str,
+        qkv: &'a CudaBuf,
+        beta: &'a CudaBuf,
+        g: &'a CudaBuf,
+        batch: Varlen<'a, CudaSlice<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'a, CudaBackend>,
+        out: &'a mut CudaBuf,
+    ) -> KernelResult<Option<Self>> {
+        let v_heads = dims.v_heads;
+        let rows_cap = [
+            qkv.len() / dims.qkv_width().max(1),
+            beta.len() / v_heads.max(1),
+            g.len() / v_heads.max(1),
+            out.len() / (v_heads * dims.v_dim).max(1),
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0);
+        let rows_cap = check_batch(op, &batch, rows_cap)?;
+        let state_len = batch.num_seqs * dims.state_len();
+        let args = Self {
+            qkv: act(op, "qkv", qkv, 0)?,
+            beta: act(op, "beta", beta, 0)?,
+            g: act(op, "g", g, 0)?,
+            cu_seqlens: batch.cu_seqlens,
+            initial: state
+                .initial
+                .map(|s| act(op, "initial state", s, state_len))
+                .transpose()?,
+            final_out: state
+                .final_out
+                .map(|s| act_mut(op, "final state", s, state_len))
+                .transpose()?,
+            out: act_mut(op, "out", out, 0)?,
+            dims,
+            rows_cap,
+        };
+        Ok((batch.num_seqs > 0 && v_heads > 0).then_some(args))
+    }
+}
+
 /// The rope kernel's by-value frequency table (`RopeTable` in rope.cu).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -1091,43 +1152,9 @@ impl CudaBackend {
                 format!("k_dim {k_dim} (max {DELTA_MAX_K}) or v_dim {v_dim} (max {DELTA_MAX_THREADS}) too large"),
             ));
         }
-        // Rows every buffer can hold: the kernel clamps the sequences to it.
-        let rows_cap = [
-            qkv.len() / dims.qkv_width(),
-            beta.len() / v_heads.max(1),
-            g.len() / v_heads.max(1),
-            out.len() / (v_heads * v_dim).max(1),
-        ]
-        .into_iter()
-        .min()
-        .unwrap_or(0);
-        let rows_cap = check_batch(OP, &batch, rows_cap)?;
-        let state_len = batch.num_seqs * dims.state_len();
-        let qkv = act(OP, "qkv", qkv, 0)?;
-        let beta = act(OP, "beta", beta, 0)?;
-        let g = act(OP, "g", g, 0)?;
-        let out = act_mut(OP, "out", out, 0)?;
-        let initial = state
-            .initial
-            .map(|s| act(OP, "initial state", s, state_len))
-            .transpose()?;
-        let final_out = state
-            .final_out
-            .map(|s| act_mut(OP, "final state", s, state_len))
-            .transpose()?;
-        if batch.num_seqs == 0 || v_heads == 0 {
+        let Some(args) = DeltaArgs::check(OP, qkv, beta, g, batch, dims, state, out)? else {
             return Ok(());
-        }
-        let has_initial = i32::from(initial.is_some());
-        let has_final = i32::from(final_out.is_some());
-        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
-        let initial = initial.unwrap_or(qkv);
-        let k_heads_a = to_i32(OP, "k_heads", k_heads)?;
-        let v_heads_a = to_i32(OP, "v_heads", v_heads)?;
-        let k_dim_a = to_i32(OP, "k_dim", k_dim)?;
-        let v_dim_a = to_i32(OP, "v_dim", v_dim)?;
-        let scale = (k_dim as f64).powf(-0.5) as f32;
-        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 to_u32(OP, "num_seqs", batch.num_seqs)?,
@@ -1137,13 +1164,45 @@ impl CudaBackend {
             block_dim: (to_u32(OP, "v_dim", v_dim.div_ceil(32) * 32)?, 1, 1),
             shared_mem_bytes: 0,
         };
-        let f = self.device.function("gated_delta_rule_recurrent")?;
+        self.launch_delta(OP, "gated_delta_rule_recurrent", args, cfg)
+    }
+
+    /// Launches a delta-rule kernel (the recurrent and the chunked ones take the same arguments).
+    pub(super) fn launch_delta(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        args: DeltaArgs<'_>,
+        cfg: LaunchConfig,
+    ) -> KernelResult<()> {
+        let DeltaArgs {
+            qkv,
+            beta,
+            g,
+            cu_seqlens,
+            initial,
+            final_out,
+            out,
+            dims,
+            rows_cap,
+        } = args;
+        let has_initial = i32::from(initial.is_some());
+        let has_final = i32::from(final_out.is_some());
+        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
+        let initial = initial.unwrap_or(qkv);
+        let k_heads_a = to_i32(op, "k_heads", dims.k_heads)?;
+        let v_heads_a = to_i32(op, "v_heads", dims.v_heads)?;
+        let k_dim_a = to_i32(op, "k_dim", dims.k_dim)?;
+        let v_dim_a = to_i32(op, "v_dim", dims.v_dim)?;
+        let scale = (dims.k_dim as f64).powf(-0.5) as f32;
+        let rows_cap_a = to_u32(op, "rows", rows_cap)?;
+        let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
         launch
             .arg(qkv)
             .arg(beta)
             .arg(g)
-            .arg(batch.cu_seqlens)
+            .arg(cu_seqlens)
             .arg(initial)
             .arg(&has_initial);
         match final_out {
@@ -1159,9 +1218,10 @@ impl CudaBackend {
             .arg(&v_dim_a)
             .arg(&scale)
             .arg(&rows_cap_a);
-        // SAFETY: argument types match the kernel; state buffers hold num_seqs states; the kernel
-        // clamps every sequence to rows_cap rows.
-        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        // SAFETY: argument types match the kernels; state buffers hold num_seqs states (checked
+        // by DeltaArgs); the kernels clamp every sequence to rows_cap rows; the caller sized the
+        // launch (and any dynamic shared memory) for the kernel.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(op, e))?;
         Ok(())
     }
 

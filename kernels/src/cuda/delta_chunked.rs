@@ -4,10 +4,10 @@
 //! 8.2 ms per layer at 15,446 tokens, 14.3 against 12.2 ms at 128 × 300; it was dropped.)
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::backend::{check_batch, to_i32, to_u32, CudaBackend};
-use super::buffers::{act, act_mut, CudaBuf};
+use super::backend::{to_i32, to_u32, CudaBackend, DeltaArgs};
+use super::buffers::CudaBuf;
 use super::device::driver_err;
 use crate::backend::{DeltaDims, DeltaState, KernelResult, Varlen};
 use crate::error::KernelError;
@@ -91,12 +91,7 @@ impl CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "gated_delta_rule_chunked";
-        let DeltaDims {
-            k_heads,
-            v_heads,
-            k_dim,
-            v_dim,
-        } = dims;
+        let DeltaDims { v_heads, v_dim, .. } = dims;
         if !self.delta_chunked_supports(dims) {
             return Err(KernelError::invalid(
                 OP,
@@ -105,33 +100,9 @@ impl CudaBackend {
                 ),
             ));
         }
-        // Rows every buffer can hold: the kernel clamps the sequences to it.
-        let rows_cap = [
-            qkv.len() / dims.qkv_width(),
-            beta.len() / v_heads.max(1),
-            g.len() / v_heads.max(1),
-            out.len() / (v_heads * v_dim).max(1),
-        ]
-        .into_iter()
-        .min()
-        .unwrap_or(0);
-        let rows_cap = check_batch(OP, &batch, rows_cap)?;
-        let state_len = batch.num_seqs * dims.state_len();
-        let qkv = act(OP, "qkv", qkv, 0)?;
-        let beta = act(OP, "beta", beta, 0)?;
-        let g = act(OP, "g", g, 0)?;
-        let out = act_mut(OP, "out", out, 0)?;
-        let initial = state
-            .initial
-            .map(|s| act(OP, "initial state", s, state_len))
-            .transpose()?;
-        let final_out = state
-            .final_out
-            .map(|s| act_mut(OP, "final state", s, state_len))
-            .transpose()?;
-        if batch.num_seqs == 0 || v_heads == 0 {
+        let Some(args) = DeltaArgs::check(OP, qkv, beta, g, batch, dims, state, out)? else {
             return Ok(());
-        }
+        };
 
         let sms = self
             .device
@@ -148,17 +119,6 @@ impl CudaBackend {
             32
         };
         let (kernel, smem) = kernel_for(sv);
-
-        let has_initial = i32::from(initial.is_some());
-        let has_final = i32::from(final_out.is_some());
-        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
-        let initial = initial.unwrap_or(qkv);
-        let k_heads_a = to_i32(OP, "k_heads", k_heads)?;
-        let v_heads_a = to_i32(OP, "v_heads", v_heads)?;
-        let k_dim_a = to_i32(OP, "k_dim", k_dim)?;
-        let v_dim_a = to_i32(OP, "v_dim", v_dim)?;
-        let scale = (k_dim as f64).powf(-0.5) as f32;
-        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
         let smem_a = to_u32(OP, "shared memory", smem)?;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -181,30 +141,6 @@ impl CudaBackend {
             to_i32(OP, "shared memory", smem)?,
         )
         .map_err(|e| driver_err(OP, e))?;
-        let mut launch = self.device.stream.launch_builder(f);
-        launch
-            .arg(qkv)
-            .arg(beta)
-            .arg(g)
-            .arg(batch.cu_seqlens)
-            .arg(initial)
-            .arg(&has_initial);
-        match final_out {
-            Some(final_state) => launch.arg(final_state),
-            None => launch.arg(qkv),
-        };
-        launch
-            .arg(&has_final)
-            .arg(out)
-            .arg(&k_heads_a)
-            .arg(&v_heads_a)
-            .arg(&k_dim_a)
-            .arg(&v_dim_a)
-            .arg(&scale)
-            .arg(&rows_cap_a);
-        // SAFETY: argument types match the kernel; state buffers hold num_seqs states; the kernel
-        // clamps every sequence to rows_cap rows; the shared memory size is the kernel's layout.
-        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
-        Ok(())
+        self.launch_delta(OP, kernel, args, cfg)
     }
 }

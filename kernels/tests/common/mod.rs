@@ -1,0 +1,49 @@
+//! Helpers shared by the CUDA test files (each uses a subset).
+#![allow(dead_code)]
+
+use cudarc::driver::CudaSlice;
+use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
+use instinct_kernels::Backend;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// The CUDA backend on GPU 0 (the tests that call this are `#[ignore]`d: CI has no GPU).
+pub fn gpu() -> CudaBackend {
+    CudaBackend::new(CudaOptions::default()).unwrap_or_else(|e| panic!("CUDA start-up: {e}"))
+}
+
+/// `n` values uniform in ±`scale`.
+pub fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
+}
+
+/// An f32 buffer holding `data`, then `extra` copies of `fill` (so ops must respect the lengths
+/// they are given rather than the buffer's, and must not write past them).
+pub fn padded(gpu: &CudaBackend, data: &[f32], extra: usize, fill: f32) -> CudaBuf {
+    let mut host = data.to_vec();
+    host.resize(data.len() + extra, fill);
+    let mut buf = gpu.alloc(host.len()).unwrap();
+    gpu.write(&mut buf, &host).unwrap();
+    buf
+}
+
+/// An f32 buffer holding `data` then `extra` zeros.
+pub fn activation(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf {
+    padded(gpu, data, extra, 0.0)
+}
+
+/// A u32 buffer holding `data` (at least one value long).
+pub fn indices(gpu: &CudaBackend, data: &[u32]) -> CudaSlice<u32> {
+    let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
+    gpu.write_idx(&mut buf, data).unwrap();
+    buf
+}
+
+/// `cu_seqlens` of sequences of `lens` packed back to back.
+pub fn cu_of(lens: &[usize]) -> Vec<u32> {
+    let mut cu = vec![0u32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as u32);
+    }
+    cu
+}
