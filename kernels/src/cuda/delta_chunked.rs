@@ -3,7 +3,7 @@
 //! (A 3xTF32 tensor-core variant of the same kernel was measured slower on the H200: 9.7 against
 //! 8.2 ms per layer at 15,446 tokens, 14.3 against 12.2 ms at 128 × 300; it was dropped.)
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::backend::{to_i32, to_u32, CudaBackend, DeltaArgs};
@@ -62,19 +62,8 @@ impl CudaBackend {
             && v_heads.is_multiple_of(k_heads)
             && (1..=MAX_K).contains(&k_dim)
             && (1..=MAX_V).contains(&v_dim);
-        shapes
-            && self
-                .max_dynamic_smem()
-                .is_some_and(|m| m >= kernel_for(32).1)
-    }
-
-    /// Opt-in shared memory per block of this GPU (227 KB on Hopper, 163 KB on A100).
-    fn max_dynamic_smem(&self) -> Option<usize> {
-        self.device
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .ok()
-            .and_then(|v| usize::try_from(v).ok())
+        // Opt-in shared memory per block: 227 KB on Hopper, 163 KB on A100.
+        shapes && self.device.max_smem_optin >= kernel_for(32).1
     }
 
     /// The gated delta rule by 64-token chunks; the caller checked
@@ -104,15 +93,8 @@ impl CudaBackend {
             return Ok(());
         };
 
-        let sms = self
-            .device
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| driver_err(OP, e))?;
-        let sms = usize::try_from(sms).unwrap_or(1).max(1);
-        let fits_64 = self
-            .max_dynamic_smem()
-            .is_some_and(|m| m >= kernel_for(64).1);
+        let sms = self.device.sm_count.max(1);
+        let fits_64 = self.device.max_smem_optin >= kernel_for(64).1;
         let sv = if fits_64 && wide_slices_win(batch.num_seqs * v_heads, v_dim, sms) {
             64
         } else {

@@ -33,6 +33,10 @@ pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub arch: GpuArch,
+    /// Streaming multiprocessors, and the opt-in shared memory per block (read once: launch
+    /// decisions need them on every call).
+    pub sm_count: usize,
+    pub max_smem_optin: usize,
     functions: HashMap<&'static str, CudaFunction>,
 }
 
@@ -94,10 +98,23 @@ impl Device {
                 functions.insert(name, function);
             }
         }
+        let attribute = |attr, what: &str| {
+            ctx.attribute(attr)
+                .map_err(|e| driver_err(&format!("reading {what}"), e))
+                .map(|v| usize::try_from(v).unwrap_or(0))
+        };
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let sm_count = attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "the SM count")?;
+        let max_smem_optin = attribute(
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "the opt-in shared memory",
+        )?;
         Ok(Self {
             ctx,
             stream,
             arch,
+            sm_count,
+            max_smem_optin,
             functions,
         })
     }
