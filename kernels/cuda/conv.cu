@@ -2,11 +2,15 @@
 // cu_seqlens in device memory, so one launch shape serves any batch up to `rows_cap` rows.
 
 
+// x rows sit at x_stride · row + x_offset (a column block of the stacked in-projection output); out and
+// the windows are dense [.., channels].
+
 // Pre-conv input of sequence `s` at sequence-local time `t` (t < 0 reads the carried window, whose
 // rows are oldest first; 0 without a window or beyond it).
-__device__ __forceinline__ float conv_input(const float* x, const float* window_in, int has_window, u32 start,
-                                            int s, int t, int c, int channels, int hist) {
-    if (t >= 0) return x[((i64)start + t) * channels + c];
+__device__ __forceinline__ float conv_input(const float* x, int x_stride, int x_offset, const float* window_in,
+                                            int has_window, u32 start, int s, int t, int c, int channels,
+                                            int hist) {
+    if (t >= 0) return x[((i64)start + t) * x_stride + x_offset + c];
     if (!has_window || -t > hist) return 0.0f;
     return window_in[((i64)s * hist + hist + t) * channels + c];
 }
@@ -17,7 +21,8 @@ __device__ __forceinline__ float conv_input(const float* x, const float* window_
 // out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]). Each thread owns one channel over CONV_ROWS
 // consecutive rows (grid.x: row runs, grid.y × block: channels), sliding the window in registers,
 // so every input is read once and the sequence lookup happens once per run, not per element.
-extern "C" __global__ void conv1d_silu(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+extern "C" __global__ void conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset,
+                                       const __nv_bfloat16* __restrict__ w,
                                        const u32* __restrict__ cu_seqlens, int num_seqs,
                                        const float* __restrict__ window_in, int has_window,
                                        float* __restrict__ out, int channels, int kernel, u32 rows_cap) {
@@ -53,11 +58,13 @@ extern "C" __global__ void conv1d_silu(const float* __restrict__ x, const __nv_b
         if (fresh) {
 #pragma unroll
             for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
-                if (i < hist) win[i] = conv_input(x, window_in, has_window, start, s, local - hist + i, c, channels, hist);
+                if (i < hist)
+                    win[i] = conv_input(x, x_stride, x_offset, window_in, has_window, start, s, local - hist + i, c,
+                                        channels, hist);
             }
             fresh = false;
         }
-        const float cur = x[at];
+        const float cur = x[(i64)r * x_stride + x_offset + c];
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
@@ -78,8 +85,9 @@ extern "C" __global__ void conv1d_silu(const float* __restrict__ x, const __nv_b
 
 // window_out[s][i][c] = pre-conv input at local time len - hist + i (the window to resume from).
 // A sequence that ends beyond the `rows_cap` rows of x gets a NaN window instead of an out-of-bounds read.
-extern "C" __global__ void conv1d_window_out(const float* __restrict__ x, const u32* __restrict__ cu_seqlens,
-                                             int num_seqs, const float* __restrict__ window_in, int has_window,
+extern "C" __global__ void conv1d_window_out(const float* __restrict__ x, int x_stride, int x_offset,
+                                             const u32* __restrict__ cu_seqlens, int num_seqs,
+                                             const float* __restrict__ window_in, int has_window,
                                              float* __restrict__ window_out, int channels, int kernel,
                                              u32 rows_cap) {
     const int hist = kernel - 1;
@@ -96,5 +104,6 @@ extern "C" __global__ void conv1d_window_out(const float* __restrict__ x, const 
         return;
     }
     const int len = (int)(end - start);
-    window_out[i] = conv_input(x, window_in, has_window, start, s, len - hist + k, c, channels, hist);
+    window_out[i] = conv_input(x, x_stride, x_offset, window_in, has_window, start, s, len - hist + k, c, channels,
+                               hist);
 }

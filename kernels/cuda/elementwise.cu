@@ -58,15 +58,19 @@ extern "C" __global__ void swiglu_bf16(const float* __restrict__ gate_up, __nv_b
 // PyTorch's softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// b ← sigmoid(b) (β); a ← −exp(a_log) · softplus(a + dt_bias) (g), both [rows, heads].
-extern "C" __global__ void delta_gates(float* __restrict__ b, float* __restrict__ a,
+// beta = sigmoid(b); g = −exp(a_log) · softplus(a + dt_bias), both dense [rows, heads]. b and a rows sit at
+// stride · row + offset (column blocks of the stacked in-projection output; possibly one buffer).
+extern "C" __global__ void delta_gates(const float* __restrict__ b, int b_stride, int b_offset,
+                                       const float* __restrict__ a, int a_stride, int a_offset,
                                        const __nv_bfloat16* __restrict__ a_log,
-                                       const __nv_bfloat16* __restrict__ dt_bias, int rows, int heads) {
+                                       const __nv_bfloat16* __restrict__ dt_bias, float* __restrict__ beta,
+                                       float* __restrict__ g, int rows, int heads) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * heads) return;
+    const i64 t = i / heads;
     const int h = (int)(i % heads);
-    b[i] = sigmoid_f(b[i]);
-    a[i] = -expf(load_bf16(a_log, h)) * softplus_f(a[i] + load_bf16(dt_bias, h));
+    beta[i] = sigmoid_f(b[t * b_stride + b_offset + h]);
+    g[i] = -expf(load_bf16(a_log, h)) * softplus_f(a[t * a_stride + a_offset + h] + load_bf16(dt_bias, h));
 }
 
 // out[s] = x[cu[s + 1] − 1]; grid (ceil(dim / block), num_seqs). An empty sequence (or one that

@@ -31,34 +31,6 @@
 
 extern __shared__ __align__(16) unsigned char fa_smem[];
 
-__device__ __forceinline__ u32 fa_smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
-// "memory" keeps the compiler from moving these reads across the shared-memory stores and
-// barriers around them.
-__device__ __forceinline__ void fa_ldmatrix_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-__device__ __forceinline__ void fa_ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-// d += a · b for one 16x8x16 bf16 tile with f32 accumulation.
-__device__ __forceinline__ void fa_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // 2^x in one MUFU op (exp2f adds range scaling around it). ex2.approx(-inf) = 0.
 __device__ __forceinline__ float fa_exp2(float x) {
     float y;
@@ -66,14 +38,8 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return y;
 }
 
-// Two floats as bf16x2, `lo` in the low half (the lower column / address).
-__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const u32*>(&v);
-}
-
 __device__ __forceinline__ void fa_store_bf16x4(__nv_bfloat16* dst, float4 x) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(fa_pack(x.x, x.y), fa_pack(x.z, x.w));
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
 }
 
 // Chunk `c` of a K or V tile: STAGE float4s per thread, consecutive threads on consecutive
@@ -132,46 +98,6 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
     return false;
 }
 
-// The same mapping, 32 sequences per step: lane i takes sequence base + i, an inclusive warp scan
-// of the tile counts finds the sequence holding tile t. Every warp runs it (same loads, same
-// answer), so no shared memory or barrier is needed. Counts are unsigned: a sequence has at most
-// ceil(2^32 / BM) tiles, 32 of them fit in 32 bits for BM >= 2.
-template <int BM>
-__device__ __forceinline__ bool fa_find_tile_warp(const u32* __restrict__ cu_seqlens,
-                                                  int num_seqs, u32 rows, int t_in, int& tile,
-                                                  u32& seq_start, int& len) {
-    const int lane = threadIdx.x & 31;
-    u32 t = (u32)t_in;
-    for (int base = 0; base < num_seqs; base += 32) {
-        const int s = base + lane;
-        u32 a = 0, b = 0, n = 0;
-        if (s < num_seqs) {
-            a = min(cu_seqlens[s], rows);
-            b = min(cu_seqlens[s + 1], rows);
-            n = b > a ? (b - a - 1) / BM + 1 : 0;
-        }
-        u32 incl = n;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += y;
-        }
-        const u32 total = __shfl_sync(0xffffffffu, incl, 31);
-        if (t < total) {
-            // The first lane whose inclusive count passes t holds the tile.
-            const int src = __ffs(__ballot_sync(0xffffffffu, t < incl)) - 1;
-            const u32 before = __shfl_sync(0xffffffffu, incl - n, src);
-            const u32 count = __shfl_sync(0xffffffffu, n, src);
-            seq_start = __shfl_sync(0xffffffffu, a, src);
-            len = (int)(__shfl_sync(0xffffffffu, b, src) - seq_start);
-            tile = (int)(count - 1 - (t - before));
-            return true;
-        }
-        t -= total;
-    }
-    return false;
-}
-
 // D: the head size the block is laid out for (64, 128 or 256); head_dim <= D, a multiple of 16.
 // WARPS: warps per block (16 query rows each). STAGE: float4s per thread per staged K/V chunk.
 // NARROW: grid (q_heads, tiles) with the warp-parallel tile search, else (tiles, q_heads) with the
@@ -197,7 +123,7 @@ __device__ __forceinline__ void flash_attention_impl(
     int len = 0;
     const bool found =
         NARROW
-            ? fa_find_tile_warp<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.y, tile, seq_start, len)
+            ? find_tile_warp<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.y, tile, seq_start, len)
             : fa_find_tile_serial<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, tile, seq_start,
                                          len);
     if (!found) return;  // uniform over the block, before any barrier
@@ -263,9 +189,9 @@ __device__ __forceinline__ void flash_attention_impl(
     // keys 0-7 dims 8, 16-23 keys 8-15 dims 0, 24-31 keys 8-15 dims 8 -> (b0, b1) of two 8-key
     // groups. B from V (keys x dims, transposed): lanes 0-15 keys 0-15 at dim 0, 16-31 at dim 8 ->
     // (b0, b1) of two 8-dim groups.
-    const u32 q_addr = fa_smem_addr(s_q + (warp * 16 + (lane & 15)) * STRIDE + (lane >> 4) * 8);
-    const u32 k_addr = fa_smem_addr(s_k + ((lane & 7) + (lane >> 4) * 8) * STRIDE + ((lane >> 3) & 1) * 8);
-    const u32 v_addr = fa_smem_addr(s_v + (lane & 15) * STRIDE + (lane >> 4) * 8);
+    const u32 q_addr = smem_addr(s_q + (warp * 16 + (lane & 15)) * STRIDE + (lane >> 4) * 8);
+    const u32 k_addr = smem_addr(s_k + ((lane & 7) + (lane >> 4) * 8) * STRIDE + ((lane >> 3) & 1) * 8);
+    const u32 v_addr = smem_addr(s_v + (lane & 15) * STRIDE + (lane >> 4) * 8);
 
     float o[D / 8][4];
 #pragma unroll
@@ -293,13 +219,13 @@ __device__ __forceinline__ void flash_attention_impl(
             }
             if (active) {
                 u32 qa[4];
-                fa_ldmatrix_x4(qa, q_addr + kk * 32);
+                ldmatrix_x4(qa, q_addr + kk * 32);
 #pragma unroll
                 for (int np = 0; np < FA_BN / 16; ++np) {
                     u32 kb[4];
-                    fa_ldmatrix_x4(kb, k_addr + (np * 16 * STRIDE + kk * 16) * 2);
-                    fa_mma(s[2 * np], qa, kb[0], kb[1]);
-                    fa_mma(s[2 * np + 1], qa, kb[2], kb[3]);
+                    ldmatrix_x4(kb, k_addr + (np * 16 * STRIDE + kk * 16) * 2);
+                    mma_bf16_16816(s[2 * np], qa, kb[0], kb[1]);
+                    mma_bf16_16816(s[2 * np + 1], qa, kb[2], kb[3]);
                 }
             }
         }
@@ -362,10 +288,10 @@ __device__ __forceinline__ void flash_attention_impl(
             }
 #pragma unroll
             for (int ks = 0; ks < FA_BN / 16; ++ks) {
-                p[ks][0] = fa_pack(s[2 * ks][0], s[2 * ks][1]);
-                p[ks][1] = fa_pack(s[2 * ks][2], s[2 * ks][3]);
-                p[ks][2] = fa_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-                p[ks][3] = fa_pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+                p[ks][0] = pack_bf16x2(s[2 * ks][0], s[2 * ks][1]);
+                p[ks][1] = pack_bf16x2(s[2 * ks][2], s[2 * ks][3]);
+                p[ks][2] = pack_bf16x2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+                p[ks][3] = pack_bf16x2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
             }
         }
 
@@ -382,9 +308,9 @@ __device__ __forceinline__ void flash_attention_impl(
 #pragma unroll
                 for (int ks = 0; ks < FA_BN / 16; ++ks) {
                     u32 vb[4];
-                    fa_ldmatrix_x4_trans(vb, v_addr + (ks * 16 * STRIDE + dp * 16) * 2);
-                    fa_mma(o[2 * dp], p[ks], vb[0], vb[1]);
-                    fa_mma(o[2 * dp + 1], p[ks], vb[2], vb[3]);
+                    ldmatrix_x4_trans(vb, v_addr + (ks * 16 * STRIDE + dp * 16) * 2);
+                    mma_bf16_16816(o[2 * dp], p[ks], vb[0], vb[1]);
+                    mma_bf16_16816(o[2 * dp + 1], p[ks], vb[2], vb[3]);
                 }
             }
         }

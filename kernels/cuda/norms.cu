@@ -60,15 +60,23 @@ extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ residual, const
     add_rms_norm_row(residual, delta, w, out, dim, eps);
 }
 
-// x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w). One warp per row: the rows are
-// short (a value head, 128 wide) and there are many of them.
-extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __restrict__ z,
-                                          const __nv_bfloat16* __restrict__ w, int rows, int dim, float eps) {
+// The gate of normalised row `row` (head `row % heads` of token `row / heads`): z rows of heads·dim sit at
+// z_stride · token + z_offset (a column block of the stacked in-projection output).
+__device__ __forceinline__ const float* gate_row(const float* z, i64 row, int heads, int dim, int z_stride,
+                                                 int z_offset) {
+    return z + (row / heads) * z_stride + z_offset + (row % heads) * dim;
+}
+
+// x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w) over `rows` = tokens · heads rows of dim.
+// One warp per row: the rows are short (a value head, 128 wide) and there are many of them.
+extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __restrict__ z, int heads,
+                                          int z_stride, int z_offset, const __nv_bfloat16* __restrict__ w, int rows,
+                                          int dim, float eps) {
     const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     float* xr = x + row * dim;
-    const float* zr = z + row * dim;
+    const float* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
     float ss = 0.0f;
     for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
     const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
@@ -76,14 +84,14 @@ extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __
 }
 
 // The same gated norm written to bf16 elsewhere (the input of the projection that follows).
-extern "C" __global__ void gated_rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ z,
-                                               const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
-                                               int rows, int dim, float eps) {
+extern "C" __global__ void gated_rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ z, int heads,
+                                               int z_stride, int z_offset, const __nv_bfloat16* __restrict__ w,
+                                               __nv_bfloat16* __restrict__ out, int rows, int dim, float eps) {
     const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* xr = x + row * dim;
-    const float* zr = z + row * dim;
+    const float* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
     __nv_bfloat16* o = out + row * dim;
     float ss = 0.0f;
     for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];

@@ -57,3 +57,82 @@ __device__ int sequence_of_row(const u32* cu, int num_seqs, u32 row) {
     }
     return lo;
 }
+
+// ---- Tensor-core helpers (sm_80+), shared by flash_attention.cu and delta_chunked.cu.
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// "memory" keeps the compiler from moving these reads across the shared-memory stores and
+// barriers around them.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a · b for one 16x8x16 bf16 tile with f32 accumulation.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2, `lo` in the low half (the lower column / address).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&v);
+}
+
+// Block `t` of a packed batch as (sequence start, length, tile), tiles of BM rows: sequence by
+// sequence, last tile to first within a sequence (long causal tiles start first, short ones fill
+// the tail). Boundaries are clamped to `rows`, so no row at or beyond it is ever touched whatever
+// cu_seqlens holds; false for blocks beyond the batch's tiles. 32 sequences per step: lane i takes
+// sequence base + i, an inclusive warp scan of the tile counts finds the sequence holding tile t. Every warp runs it (same loads, same
+// answer), so no shared memory or barrier is needed. Counts are unsigned: a sequence has at most
+// ceil(2^32 / BM) tiles, 32 of them fit in 32 bits for BM >= 2.
+template <int BM>
+__device__ __forceinline__ bool find_tile_warp(const u32* __restrict__ cu_seqlens,
+                                               int num_seqs, u32 rows, int t_in, int& tile,
+                                               u32& seq_start, int& len) {
+    const int lane = threadIdx.x & 31;
+    u32 t = (u32)t_in;
+    for (int base = 0; base < num_seqs; base += 32) {
+        const int s = base + lane;
+        u32 a = 0, b = 0, n = 0;
+        if (s < num_seqs) {
+            a = min(cu_seqlens[s], rows);
+            b = min(cu_seqlens[s + 1], rows);
+            n = b > a ? (b - a - 1) / BM + 1 : 0;
+        }
+        u32 incl = n;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const u32 total = __shfl_sync(0xffffffffu, incl, 31);
+        if (t < total) {
+            // The first lane whose inclusive count passes t holds the tile.
+            const int src = __ffs(__ballot_sync(0xffffffffu, t < incl)) - 1;
+            const u32 before = __shfl_sync(0xffffffffu, incl - n, src);
+            const u32 count = __shfl_sync(0xffffffffu, n, src);
+            seq_start = __shfl_sync(0xffffffffu, a, src);
+            len = (int)(__shfl_sync(0xffffffffu, b, src) - seq_start);
+            tile = (int)(count - 1 - (t - before));
+            return true;
+        }
+        t -= total;
+    }
+    return false;
+}

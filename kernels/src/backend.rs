@@ -3,6 +3,8 @@
 //!
 //! Conventions shared by all ops:
 //! - Activations are row-major `[rows, width]` f32 buffers; a "row" is one token of the packed batch.
+//!   An operand that comes with a [`Strided`] may instead be a column block of wider rows (one
+//!   block of a stacked projection's output), read in place.
 //! - Linear weights are `[out, in]` (PyTorch layout) and ops compute `y = x Wᵀ`.
 //! - Sequences are packed back to back with no padding. Their boundaries live in a backend index
 //!   buffer (`cu_seqlens`, `num_seqs + 1` entries, starting at 0), so a device backend can replay
@@ -68,6 +70,60 @@ impl HeadLayout {
             + self.offset
             + (self.heads - 1) * self.head_stride
             + self.head_dim
+    }
+}
+
+/// Where the rows of a `[rows, width]` operand sit in a buffer that may be wider: row `t` starts at
+/// `t * row_stride + offset` and spans the `width` the op names. It lets an op read one column
+/// block of a stacked projection's output (`[rows, Σ widths]`, one GEMM for several projections)
+/// in place, without a copy. [`Strided::dense`] is the plain contiguous layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strided {
+    pub row_stride: usize,
+    pub offset: usize,
+}
+
+impl Strided {
+    /// Rows of `width` stored back to back.
+    pub fn dense(width: usize) -> Self {
+        Self {
+            row_stride: width,
+            offset: 0,
+        }
+    }
+
+    /// Columns `offset..offset + width` of rows `row_stride` wide.
+    pub fn cols(row_stride: usize, offset: usize) -> Self {
+        Self { row_stride, offset }
+    }
+
+    /// Index of value `c` of row `t`.
+    pub fn at(&self, t: usize, c: usize) -> usize {
+        t * self.row_stride + self.offset + c
+    }
+
+    /// Length a buffer needs to hold `rows` rows of `width` (saturating, so an absurd layout fails
+    /// every length check instead of wrapping past it).
+    pub fn required_len(&self, rows: usize, width: usize) -> usize {
+        if rows == 0 || width == 0 {
+            return 0;
+        }
+        (rows - 1)
+            .saturating_mul(self.row_stride)
+            .saturating_add(self.offset)
+            .saturating_add(width)
+    }
+
+    /// How many whole rows of `width` (`width > 0`) a buffer of `len` values holds: the row cap of
+    /// a varlen op.
+    pub fn rows_in(&self, len: usize, width: usize) -> usize {
+        let Some(room) = len.checked_sub(self.offset.saturating_add(width)) else {
+            return 0;
+        };
+        match self.row_stride {
+            0 => usize::MAX,
+            stride => room / stride + 1,
+        }
     }
 }
 
@@ -305,13 +361,15 @@ pub trait Backend: Buffers {
     ) -> KernelResult<()>;
 
     /// Causal depthwise conv1d (no bias) then SiLU, per sequence: `out_t[c] = silu(Σ_i w[c][i] ·
-    /// x_{t-kernel+1+i}[c])`, `w: [channels, kernel]`. Inputs before a sequence's start are zero,
-    /// or come from `window_in` (`[num_seqs, kernel-1, channels]`, oldest first: the last pre-conv
-    /// rows before the sequence). `window_out`, if given, receives the same layout for the end of
-    /// each sequence (for resuming it later).
+    /// x_{t-kernel+1+i}[c])`, `w: [channels, kernel]`. `x` rows (of `channels`) sit at `x_at`, so
+    /// the conv can read its block of a stacked projection; `out` is dense `[rows, channels]`.
+    /// Inputs before a sequence's start are zero, or come from `window_in` (`[num_seqs, kernel-1,
+    /// channels]`, oldest first: the last pre-conv rows before the sequence). `window_out`, if
+    /// given, receives the same layout for the end of each sequence (for resuming it later).
     fn conv1d_silu(
         &self,
         x: &Self::Buf,
+        x_at: Strided,
         weight: &Self::Buf,
         batch: Varlen<'_, Self::Idx>,
         channels: usize,
@@ -330,16 +388,22 @@ pub trait Backend: Buffers {
         eps: f32,
     ) -> KernelResult<()>;
 
-    /// Gated DeltaNet gates in place over `[rows, heads]`: `b ← sigmoid(b)` (β) and
-    /// `a ← −exp(a_log) · softplus(a + dt_bias)` (g, log decay; softplus returns its input above 20).
+    /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and
+    /// `g = −exp(a_log) · softplus(a + dt_bias)` (log decay; softplus returns its input above 20).
+    /// `b` and `a` rows sit at `b_at` / `a_at` (they may be two column blocks of one stacked
+    /// projection); `beta` and `g` are dense `[rows, heads]`, as the delta rule reads them.
     fn delta_gates(
         &self,
-        b: &mut Self::Buf,
-        a: &mut Self::Buf,
+        b: &Self::Buf,
+        b_at: Strided,
+        a: &Self::Buf,
+        a_at: Strided,
         a_log: &Self::Buf,
         dt_bias: &Self::Buf,
         rows: usize,
         heads: usize,
+        beta: &mut Self::Buf,
+        g: &mut Self::Buf,
     ) -> KernelResult<()>;
 
     /// Gated delta rule over each sequence, chunked (64 tokens, chunk grid starting at each
@@ -367,14 +431,17 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
-    /// Gated RMSNorm in place over `rows` rows of `dim`: `x ← w · x / sqrt(mean(x²) + eps) ·
-    /// silu(z)` (plain `w`, shared by all heads; a head is a row here).
+    /// Gated RMSNorm in place, each head of `dim` on its own: `x ← w · x / sqrt(mean(x²) + eps) ·
+    /// silu(z)` (plain `w: [dim]`, shared by all heads). `x` is dense `[rows, heads·dim]`; the rows
+    /// of `z` (`heads·dim` each) sit at `z_at` (a column block of a stacked projection).
     fn gated_rms_norm(
         &self,
         x: &mut Self::Buf,
         z: &Self::Buf,
+        z_at: Strided,
         weight: &Self::Buf,
         rows: usize,
+        heads: usize,
         dim: usize,
         eps: f32,
     ) -> KernelResult<()>;
@@ -389,14 +456,15 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
-    /// Gated RMSNorm then a projection: `y = g Wᵀ` with `g = gated_rms_norm(x, z)` over
-    /// `rows·heads` rows of `dim` (as [`Self::gated_rms_norm`]) and the GEMM over `rows` rows of
-    /// `heads·dim`. `x` may be left normalised in place, or untouched by a backend that feeds the
-    /// normalised values straight into its GEMM.
+    /// Gated RMSNorm then a projection: `y = g Wᵀ` with `g = gated_rms_norm(x, z)` (as
+    /// [`Self::gated_rms_norm`]) and the GEMM over `rows` rows of `heads·dim`. `x` may be left
+    /// normalised in place, or untouched by a backend that feeds the normalised values straight
+    /// into its GEMM.
     fn gated_rms_norm_gemm(
         &self,
         x: &mut Self::Buf,
         z: &Self::Buf,
+        z_at: Strided,
         norm_weight: &Self::Buf,
         rows: usize,
         heads: usize,
@@ -406,7 +474,7 @@ pub trait Backend: Buffers {
         out_dim: usize,
         y: &mut Self::Buf,
     ) -> KernelResult<()> {
-        self.gated_rms_norm(x, z, norm_weight, rows * heads, dim, eps)?;
+        self.gated_rms_norm(x, z, z_at, norm_weight, rows, heads, dim, eps)?;
         self.gemm(x, w, rows, heads * dim, out_dim, y)
     }
 

@@ -7,7 +7,8 @@ pub mod cuda;
 pub mod error;
 
 pub use backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope,
+    Strided, Varlen,
 };
 pub use cpu::CpuBackend;
 pub use error::KernelError;

@@ -30,6 +30,11 @@ const REAL: DeltaDims = DeltaDims {
 const STRONG: (f32, f32) = (-2.0, 0.0);
 const TINY: (f32, f32) = (-1e-3, 0.0);
 
+/// Error allowed against the f32 reference, relative to the data's scale: the state products run
+/// on bf16 tensor cores (state, W, q, k, P and V' rounded to bf16, f32 accumulation; the state
+/// itself stays f32), as flash-linear-attention's kernels do.
+const TOL: f32 = 1.5e-2;
+
 /// Written past the op's rows (and past the states): must survive the op.
 const SENTINEL: f32 = 7.25;
 
@@ -195,11 +200,11 @@ fn compare(gpu: &CudaBackend, dims: DeltaDims, lens: &[usize], seed: u64) {
             let (want, want_final) = inputs.reference(with_initial);
             let (got, got_final) = inputs.on_gpu(gpu, with_initial);
             let what = format!("{dims:?} lens {lens:?} {name} decay, initial {with_initial}");
-            assert_close(&got, &want, 1e-4, &format!("{what}: out"));
+            assert_close(&got, &want, TOL, &format!("{what}: out"));
             assert_close(
                 &got_final,
                 &want_final,
-                1e-4,
+                TOL,
                 &format!("{what}: final state"),
             );
         }
@@ -209,14 +214,16 @@ fn compare(gpu: &CudaBackend, dims: DeltaDims, lens: &[usize], seed: u64) {
 #[test]
 #[ignore = "needs a GPU"]
 fn chunked_matches_cpu_on_ragged_batches_at_the_real_shape() {
-    // Lengths around the chunk edges; six sequences × 32 heads take the 64-column slices.
+    // Lengths around the chunk edges; six sequences × 32 heads take the 64-column slices (384
+    // narrow blocks would not fit in one wave).
     compare(&gpu(), REAL, &[1, 63, 64, 65, 130, 333], 1);
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn chunked_matches_cpu_on_one_long_sequence() {
-    // One sequence × 32 heads takes the 32-column slices; 47 chunks of state carried.
+    // One sequence × 32 heads takes the 32-column slices (128 blocks, one wave); 47 chunks of state
+    // carried.
     compare(&gpu(), REAL, &[3001], 2);
 }
 
@@ -281,7 +288,7 @@ fn chunked_clamps_corrupt_cu_seqlens_to_the_batch_rows() {
         .unwrap();
     gpu.synchronize().unwrap();
     let got = gpu.read(&out, inputs.out_len()).unwrap();
-    assert_close(&got, &want, 1e-4, "sequence 0");
+    assert_close(&got, &want, TOL, "sequence 0");
     // The clamped sequences are empty: their final state is the (zero) initial one.
     let fin = gpu.read(&fin, 3 * dims.state_len()).unwrap();
     assert!(fin[dims.state_len()..].iter().all(|&x| x == 0.0));

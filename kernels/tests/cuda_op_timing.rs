@@ -9,7 +9,9 @@
 use std::time::Instant;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
-use instinct_kernels::{AttentionDims, Backend, DeltaDims, DeltaState, HeadLayout, Rope, Varlen};
+use instinct_kernels::{
+    AttentionDims, Backend, DeltaDims, DeltaState, HeadLayout, Rope, Strided, Varlen,
+};
 
 const HIDDEN: usize = 2560;
 const INTER: usize = 9216;
@@ -85,14 +87,13 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let hv = DELTA.v_heads;
     let kvw = ATTN.kv_heads * ATTN.head_dim;
     let qg_w = 2 * ATTN.q_heads * ATTN.head_dim;
+    // The stacked in-projection output row, [qkv | z | b | a], as the model runs it.
+    let in_w = qkv_w + vw + 2 * hv;
+    let [qkv_at, z_at, b_at, a_at] =
+        [0, qkv_w, qkv_w + vw, qkv_w + vw + hv].map(|o| Strided::cols(in_w, o));
 
     // Weights.
-    let (w_qkv, w_z, w_b, w_a) = (
-        weight(gpu, qkv_w * HIDDEN),
-        weight(gpu, vw * HIDDEN),
-        weight(gpu, hv * HIDDEN),
-        weight(gpu, hv * HIDDEN),
-    );
+    let w_in = weight(gpu, in_w * HIDDEN);
     let w_out = weight(gpu, HIDDEN * vw);
     let (w_q, w_k, w_v) = (
         weight(gpu, qg_w * HIDDEN),
@@ -113,8 +114,7 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     gpu.write(&mut normed, &vec![0.5; rows * HIDDEN]).unwrap();
     let mut residual = filled(gpu, rows * HIDDEN, 0.1);
     let mut out_h = gpu.alloc(rows * HIDDEN).unwrap();
-    let mut proj = gpu.alloc(rows * 2 * INTER).unwrap();
-    let mut z = filled(gpu, rows * vw, 0.2);
+    let mut proj = gpu.alloc(rows * (2 * INTER).max(in_w)).unwrap();
     let mut beta = filled(gpu, rows * hv, 0.3);
     let mut decay = filled(gpu, rows * hv, -0.1);
     let mut conv = filled(gpu, rows * qkv_w, 0.05);
@@ -134,23 +134,25 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     gpu.reserve_gemm_input(rows * INTER).unwrap();
 
     let t = time(gpu, runs, || {
-        gpu.gemm_shared_input(
-            &normed,
-            rows,
-            HIDDEN,
-            &mut [
-                (&w_qkv, qkv_w, &mut proj),
-                (&w_z, vw, &mut z),
-                (&w_b, hv, &mut beta),
-                (&w_a, hv, &mut decay),
-            ],
+        gpu.gemm(&normed, &w_in, rows, HIDDEN, in_w, &mut proj)
+            .unwrap()
+    });
+    row("deltanet in_proj (stacked GEMM)", DELTA_LAYERS, t);
+    // Small values in every block: the gates and gated norm below read them.
+    gpu.write(&mut proj, &vec![0.1; rows * in_w]).unwrap();
+    let t = time(gpu, runs, || {
+        gpu.conv1d_silu(
+            &proj,
+            qkv_at,
+            &conv_w,
+            batch(),
+            qkv_w,
+            4,
+            None,
+            None,
+            &mut conv,
         )
         .unwrap()
-    });
-    row("deltanet in_proj (4 GEMMs)", DELTA_LAYERS, t);
-    let t = time(gpu, runs, || {
-        gpu.conv1d_silu(&proj, &conv_w, batch(), qkv_w, 4, None, None, &mut conv)
-            .unwrap()
     });
     row("conv1d + silu", DELTA_LAYERS, t);
     let qk_layout = HeadLayout {
@@ -165,13 +167,12 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     });
     row("l2 norm q,k", DELTA_LAYERS, t);
     let t = time(gpu, runs, || {
-        gpu.delta_gates(&mut beta, &mut decay, &a_log, &a_log, rows, hv)
-            .unwrap()
+        gpu.delta_gates(
+            &proj, b_at, &proj, a_at, &a_log, &a_log, rows, hv, &mut beta, &mut decay,
+        )
+        .unwrap()
     });
     row("delta gates", DELTA_LAYERS, t);
-    // Gates must stay valid decays for the rule: refill after the in-place gate op.
-    let beta = filled(gpu, rows * hv, 0.5);
-    let decay = filled(gpu, rows * hv, -0.1);
     let t = time(gpu, runs.min(5), || {
         let state = DeltaState {
             initial: None,
@@ -184,7 +185,8 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let t = time(gpu, runs, || {
         gpu.gated_rms_norm_gemm(
             &mut core,
-            &z,
+            &proj,
+            z_at,
             &small,
             rows,
             hv,

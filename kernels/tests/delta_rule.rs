@@ -1,7 +1,7 @@
 //! The chunked gated delta rule against the token-by-token recurrence and an f64 reference, over
 //! chunk boundaries, ragged packed batches, initial and final states.
 
-use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Varlen};
+use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Strided, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -37,10 +37,14 @@ fn make_inputs(rng: &mut StdRng, dims: DeltaDims, lens: &[usize]) -> Inputs {
     // Real gate ranges: A in [0.01, 16], dt_bias around 0, logits a, b ~ N(0, 2).
     let a_log: Vec<f32> = (0..hv).map(|_| rng.gen_range(0.01f32..16.0).ln()).collect();
     let dt_bias: Vec<f32> = (0..hv).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let mut beta: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-4.0..4.0)).collect();
-    let mut g: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-6.0..3.0)).collect();
-    cpu.delta_gates(&mut beta, &mut g, &a_log, &dt_bias, rows, hv)
-        .unwrap();
+    let b: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-4.0..4.0)).collect();
+    let a: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-6.0..3.0)).collect();
+    let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
+    let dense = Strided::dense(hv);
+    cpu.delta_gates(
+        &b, dense, &a, dense, &a_log, &dt_bias, rows, hv, &mut beta, &mut g,
+    )
+    .unwrap();
     Inputs {
         dims,
         cu,

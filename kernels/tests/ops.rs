@@ -1,7 +1,7 @@
 //! Each CPU op against a direct formula, plus the structural properties the model relies on
 //! (causality, packing, carried conv window, RoPE relativity).
 
-use instinct_kernels::{AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Varlen};
+use instinct_kernels::{AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Strided, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -372,6 +372,7 @@ fn conv_with_carried_window_equals_conv_over_concatenation() {
         };
         cpu.conv1d_silu(
             &x.to_vec(),
+            Strided::dense(ch),
             &w,
             batch,
             ch,
@@ -451,11 +452,16 @@ fn delta_gates_match_formula_with_softplus_threshold() {
     let cpu = CpuBackend::new();
     let a_log = vec![0.5f32, -1.0];
     let dt_bias = vec![0.25f32, 1.0];
-    let mut b = vec![-3.0f32, 0.0, 2.0, 40.0];
-    let mut a = vec![-2.0f32, 0.3, 19.0, 30.0];
-    let (a0, b0) = (a.clone(), b.clone());
-    cpu.delta_gates(&mut b, &mut a, &a_log, &dt_bias, 2, 2)
-        .unwrap();
+    let (b0, a0) = (
+        vec![-3.0f32, 0.0, 2.0, 40.0],
+        vec![-2.0f32, 0.3, 19.0, 30.0],
+    );
+    let (mut b, mut a) = (vec![f32::NAN; 4], vec![f32::NAN; 4]);
+    let dense = Strided::dense(2);
+    cpu.delta_gates(
+        &b0, dense, &a0, dense, &a_log, &dt_bias, 2, 2, &mut b, &mut a,
+    )
+    .unwrap();
     for i in 0..4 {
         let h = i % 2;
         assert!((b[i] as f64 - sigmoid64(b0[i] as f64)).abs() < 1e-6);
@@ -481,7 +487,8 @@ fn gated_rms_norm_and_swiglu_match_formulas() {
     let z = rand_vec(&mut rng, rows * dim);
     let w = rand_vec(&mut rng, dim);
     let mut x = orig.clone();
-    cpu.gated_rms_norm(&mut x, &z, &w, rows, dim, 1e-6).unwrap();
+    cpu.gated_rms_norm(&mut x, &z, Strided::dense(dim), &w, rows, 1, dim, 1e-6)
+        .unwrap();
     for t in 0..rows {
         let row = &orig[t * dim..(t + 1) * dim];
         let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
@@ -579,6 +586,159 @@ fn embedding_and_gather_last_index_correctly_and_reject_bad_input() {
             },
             3,
             &mut last
+        )
+        .is_err());
+}
+
+#[test]
+fn strided_rows_need_and_hold_the_right_lengths() {
+    let at = Strided::cols(10, 3);
+    assert_eq!(at.at(2, 1), 24);
+    assert_eq!(at.required_len(0, 4), 0);
+    assert_eq!(at.required_len(3, 4), 27);
+    assert_eq!(at.rows_in(26, 4), 2);
+    assert_eq!(at.rows_in(27, 4), 3);
+    assert_eq!(at.rows_in(6, 4), 0);
+    assert_eq!(Strided::dense(4).rows_in(11, 4), 2);
+    assert_eq!(Strided::cols(usize::MAX, 0).required_len(3, 1), usize::MAX);
+}
+
+/// The Gated DeltaNet in-projection as the model runs it: the four weights stacked into one GEMM,
+/// and the conv, gates and gated norm reading their column blocks of its output in place. Every
+/// result must equal, bit for bit, the four separate GEMMs and the ops on dense copies.
+#[test]
+fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(21);
+    // hidden over the GEMM's depth block (256) and a width over its column block (1024); odd
+    // widths so the blocks do not fall on any tile boundary.
+    let (hidden, heads, dim, kernel) = (300, 3, 5, 4);
+    let (qkv, vw, hv) = (1031, heads * dim, heads);
+    let width = qkv + vw + 2 * hv;
+    let lens = [1usize, 6, 2];
+    let cu = cu_of(&lens);
+    let rows: usize = lens.iter().sum();
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: lens.len(),
+        rows,
+    };
+    let x = rand_vec(&mut rng, rows * hidden);
+    let parts: Vec<(Vec<f32>, usize)> = [qkv, vw, hv, hv]
+        .iter()
+        .map(|&out| (rand_vec(&mut rng, out * hidden), out))
+        .collect();
+    let stacked: Vec<f32> = parts.iter().flat_map(|(w, _)| w.clone()).collect();
+    let mut proj = vec![f32::NAN; rows * width];
+    cpu.gemm(&x, &stacked, rows, hidden, width, &mut proj)
+        .unwrap();
+    let mut dense = Vec::new();
+    let mut offset = 0;
+    for (w, out) in &parts {
+        let mut y = vec![0.0; rows * out];
+        cpu.gemm(&x, w, rows, hidden, *out, &mut y).unwrap();
+        for t in 0..rows {
+            let block = &proj[t * width + offset..][..*out];
+            assert_eq!(
+                block,
+                &y[t * out..(t + 1) * out],
+                "block at {offset}, row {t}"
+            );
+        }
+        dense.push(y);
+        offset += out;
+    }
+    let [qkv_at, z_at, b_at, a_at] =
+        [0, qkv, qkv + vw, qkv + vw + hv].map(|o| Strided::cols(width, o));
+
+    // conv1d over the qkv block, with a carried window in and out.
+    let conv_w = rand_vec(&mut rng, qkv * kernel);
+    let window = rand_vec(&mut rng, lens.len() * (kernel - 1) * qkv);
+    let conv = |x: &Vec<f32>, at: Strided| {
+        let mut out = vec![f32::NAN; rows * qkv];
+        let mut win_out = vec![f32::NAN; window.len()];
+        cpu.conv1d_silu(
+            x,
+            at,
+            &conv_w,
+            batch,
+            qkv,
+            kernel,
+            Some(&window),
+            Some(&mut win_out),
+            &mut out,
+        )
+        .unwrap();
+        (out, win_out)
+    };
+    assert_eq!(conv(&proj, qkv_at), conv(&dense[0], Strided::dense(qkv)));
+
+    // Gates from the b and a blocks into dense beta and g.
+    let a_log = rand_vec(&mut rng, hv);
+    let dt_bias = rand_vec(&mut rng, hv);
+    let gates = |b: &Vec<f32>, b_at, a: &Vec<f32>, a_at| {
+        let (mut beta, mut g) = (vec![f32::NAN; rows * hv], vec![f32::NAN; rows * hv]);
+        cpu.delta_gates(
+            b, b_at, a, a_at, &a_log, &dt_bias, rows, hv, &mut beta, &mut g,
+        )
+        .unwrap();
+        (beta, g)
+    };
+    let dense_hv = Strided::dense(hv);
+    assert_eq!(
+        gates(&proj, b_at, &proj, a_at),
+        gates(&dense[2], dense_hv, &dense[3], dense_hv)
+    );
+
+    // Gated norm (and its fused projection) gated by the z block.
+    let core = rand_vec(&mut rng, rows * vw);
+    let norm_w = rand_vec(&mut rng, dim);
+    let out_w = rand_vec(&mut rng, hidden * vw);
+    let gated = |z: &Vec<f32>, z_at| {
+        let mut x = core.clone();
+        cpu.gated_rms_norm(&mut x, z, z_at, &norm_w, rows, heads, dim, 1e-6)
+            .unwrap();
+        let mut x2 = core.clone();
+        let mut y = vec![f32::NAN; rows * hidden];
+        cpu.gated_rms_norm_gemm(
+            &mut x2, z, z_at, &norm_w, rows, heads, dim, 1e-6, &out_w, hidden, &mut y,
+        )
+        .unwrap();
+        (x, y)
+    };
+    assert_eq!(gated(&proj, z_at), gated(&dense[1], Strided::dense(vw)));
+
+    // A block whose last row would run past the buffer is refused, not read out of bounds.
+    let short = proj[..(rows - 1) * width + qkv + vw + hv + 1].to_vec();
+    let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
+    assert!(cpu
+        .delta_gates(&short, b_at, &short, a_at, &a_log, &dt_bias, rows, hv, &mut beta, &mut g)
+        .is_err());
+    let mut x = core.clone();
+    assert!(cpu
+        .gated_rms_norm(
+            &mut x,
+            &proj[..(rows - 1) * width + qkv + vw - 1].to_vec(),
+            z_at,
+            &norm_w,
+            rows,
+            heads,
+            dim,
+            1e-6
+        )
+        .is_err());
+    let mut out = vec![0.0; rows * qkv];
+    assert!(cpu
+        .conv1d_silu(
+            &proj[..(rows - 1) * width + qkv - 1].to_vec(),
+            qkv_at,
+            &conv_w,
+            batch,
+            qkv,
+            kernel,
+            None,
+            None,
+            &mut out
         )
         .is_err());
 }

@@ -10,7 +10,7 @@
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use instinct_kernels::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, Rope, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, Rope, Strided, Varlen,
 };
 
 use crate::config::{LayerKind, TextConfig};
@@ -153,6 +153,26 @@ impl Dims {
         self.delta.v_heads * self.delta.v_dim
     }
 
+    /// Width of the stacked DeltaNet input projection's output row: `[qkv | z | b | a]`.
+    fn delta_in_width(&self) -> usize {
+        self.delta.qkv_width() + self.value_width() + 2 * self.delta.v_heads
+    }
+
+    /// Where the qkv, z, b and a blocks sit in a stacked DeltaNet input projection row.
+    fn delta_in_blocks(&self) -> [Strided; 4] {
+        let (row, qkv, vw) = (
+            self.delta_in_width(),
+            self.delta.qkv_width(),
+            self.value_width(),
+        );
+        [
+            Strided::cols(row, 0),
+            Strided::cols(row, qkv),
+            Strided::cols(row, qkv + vw),
+            Strided::cols(row, qkv + vw + self.delta.v_heads),
+        ]
+    }
+
     /// Where the queries sit inside a `q_proj` output row (per head: D query, then D gate).
     fn q_layout(&self) -> HeadLayout {
         let d = self.attn.head_dim;
@@ -180,10 +200,9 @@ impl Dims {
 
 /// Weights of one Gated DeltaNet mixer on the backend.
 struct DeltaNetBufs<B: Buffers> {
-    in_proj_qkv: B::Buf,
-    in_proj_z: B::Buf,
-    in_proj_b: B::Buf,
-    in_proj_a: B::Buf,
+    /// `[qkv + z + 2·Hv, hidden]`: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a rows stacked, so
+    /// one GEMM makes all four (they share their input); see [`Dims::delta_in_blocks`].
+    in_proj: B::Buf,
     conv1d: B::Buf,
     dt_bias: B::Buf,
     a_log: B::Buf,
@@ -227,13 +246,11 @@ struct Workspace<B: Buffers> {
     normed: B::Buf,
     /// Output of the current sub-block `[T, hidden]`.
     block_out: B::Buf,
-    /// Widest projection: DeltaNet qkv, attention q|gate, or MLP gate|up; at the end, the
+    /// Widest projection: DeltaNet qkv|z|b|a, attention q|gate, or MLP gate|up; at the end, the
     /// final-normed hidden states.
     proj: B::Buf,
     /// DeltaNet conv output `[T, qkv]`.
     conv: B::Buf,
-    /// DeltaNet z `[T, Hv·Dv]`.
-    z: B::Buf,
     /// DeltaNet β (after the gates) `[T, Hv]`.
     beta: B::Buf,
     /// DeltaNet g (after the gates) `[T, Hv]`.
@@ -349,11 +366,12 @@ impl<B: Backend> TextModel<B> {
                 check_shape("linear_attn.A_log", &w.a_log, &[hv])?;
                 check_shape("linear_attn.norm", &w.norm, &[d.delta.v_dim])?;
                 check_shape("linear_attn.out_proj", &w.out_proj, &[h, vw])?;
+                let mut in_proj = Vec::with_capacity(d.delta_in_width() * h);
+                for part in [&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a] {
+                    in_proj.extend_from_slice(&part.data);
+                }
                 MixerBufs::Linear(DeltaNetBufs {
-                    in_proj_qkv: up(&w.in_proj_qkv)?,
-                    in_proj_z: up(&w.in_proj_z)?,
-                    in_proj_b: up(&w.in_proj_b)?,
-                    in_proj_a: up(&w.in_proj_a)?,
+                    in_proj: backend.upload(&in_proj).map_err(|e| anyhow!(e))?,
                     conv1d: up(&w.conv1d)?,
                     dt_bias: up(&w.dt_bias)?,
                     a_log: up(&w.a_log)?,
@@ -395,7 +413,7 @@ impl<B: Backend> TextModel<B> {
     fn allocate(backend: &B, d: &Dims, limits: BatchLimits) -> Result<Workspace<B>> {
         let t = limits.max_tokens;
         let f = |width: usize| backend.alloc(t * width).map_err(|e| anyhow!(e));
-        let proj_w = d.delta.qkv_width().max(d.q_gate_width()).max(2 * d.inter);
+        let proj_w = d.delta_in_width().max(d.q_gate_width()).max(2 * d.inter);
         let core_w = d.value_width().max(d.attn_out_width()).max(d.inter);
         // Every GEMM input is `normed` (hidden wide) or `core`.
         backend
@@ -414,7 +432,6 @@ impl<B: Backend> TextModel<B> {
             block_out: f(d.hidden)?,
             proj: f(proj_w)?,
             conv: f(d.delta.qkv_width())?,
-            z: f(d.value_width())?,
             beta: f(d.delta.v_heads)?,
             decay: f(d.delta.v_heads)?,
             k: f(d.kv_width())?,
@@ -701,26 +718,21 @@ impl<B: Backend> TextModel<B> {
             num_seqs: n,
             rows,
         };
-        let (h, qkv, vw, hv) = (
-            d.hidden,
-            d.delta.qkv_width(),
-            d.value_width(),
-            d.delta.v_heads,
-        );
-        be.gemm_shared_input(
+        let (h, qkv, hv) = (d.hidden, d.delta.qkv_width(), d.delta.v_heads);
+        let [qkv_at, z_at, b_at, a_at] = d.delta_in_blocks();
+        // One GEMM for the four input projections; the ops below read their column blocks in place.
+        be.gemm(
             &ws.normed,
+            &w.in_proj,
             rows,
             h,
-            &mut [
-                (&w.in_proj_qkv, qkv, &mut ws.proj),
-                (&w.in_proj_z, vw, &mut ws.z),
-                (&w.in_proj_b, hv, &mut ws.beta),
-                (&w.in_proj_a, hv, &mut ws.decay),
-            ],
+            d.delta_in_width(),
+            &mut ws.proj,
         )
         .map_err(e)?;
         be.conv1d_silu(
             &ws.proj,
+            qkv_at,
             &w.conv1d,
             batch,
             qkv,
@@ -732,8 +744,19 @@ impl<B: Backend> TextModel<B> {
         .map_err(e)?;
         be.l2_norm(&mut ws.conv, d.delta_qk_layout(), rows, L2_NORM_EPS)
             .map_err(e)?;
-        be.delta_gates(&mut ws.beta, &mut ws.decay, &w.a_log, &w.dt_bias, rows, hv)
-            .map_err(e)?;
+        be.delta_gates(
+            &ws.proj,
+            b_at,
+            &ws.proj,
+            a_at,
+            &w.a_log,
+            &w.dt_bias,
+            rows,
+            hv,
+            &mut ws.beta,
+            &mut ws.decay,
+        )
+        .map_err(e)?;
         let state = DeltaState {
             initial: None,
             final_out: None,
@@ -750,7 +773,8 @@ impl<B: Backend> TextModel<B> {
         .map_err(e)?;
         be.gated_rms_norm_gemm(
             &mut ws.core,
-            &ws.z,
+            &ws.proj,
+            z_at,
             &w.norm,
             rows,
             hv,

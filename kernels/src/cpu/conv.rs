@@ -1,12 +1,13 @@
 //! Causal depthwise conv1d + SiLU per packed sequence, with an optional carried window.
 
 use super::{check_len, seq_ranges, silu};
-use crate::backend::{KernelResult, Varlen};
+use crate::backend::{KernelResult, Strided, Varlen};
 use crate::error::KernelError;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn causal_conv1d_silu(
     x: &[f32],
+    x_at: Strided,
     weight: &[f32],
     batch: Varlen<'_, Vec<u32>>,
     channels: usize,
@@ -19,7 +20,7 @@ pub(super) fn causal_conv1d_silu(
     if kernel == 0 || channels == 0 {
         return Err(KernelError::invalid(OP, "kernel and channels must be > 0"));
     }
-    let ranges = seq_ranges(OP, batch, x.len() / channels)?;
+    let ranges = seq_ranges(OP, batch, x_at.rows_in(x.len(), channels))?;
     let rows = ranges.last().map_or(0, |r| r.end);
     let hist = kernel - 1;
     let win_len = ranges.len() * hist * channels;
@@ -38,7 +39,7 @@ pub(super) fn causal_conv1d_silu(
         // Pre-conv input at sequence-local time `t`, where t < 0 reads the carried window.
         let input = |t: isize, c: usize| -> f32 {
             if t >= 0 {
-                x[(r.start + t as usize) * channels + c]
+                x[x_at.at(r.start + t as usize, c)]
             } else {
                 let back = (-t) as usize; // 1 = the newest window row
                 if back > hist {

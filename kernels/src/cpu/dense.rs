@@ -1,7 +1,7 @@
 //! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
 
 use super::{check_layout, check_len, seq_ranges, sigmoid, silu};
-use crate::backend::{HeadLayout, KernelResult, Varlen};
+use crate::backend::{HeadLayout, KernelResult, Strided, Varlen};
 use crate::error::KernelError;
 
 pub(super) fn embedding(
@@ -186,47 +186,63 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn delta_gates(
-    b: &mut [f32],
-    a: &mut [f32],
+    b: &[f32],
+    b_at: Strided,
+    a: &[f32],
+    a_at: Strided,
     a_log: &[f32],
     dt_bias: &[f32],
     rows: usize,
     heads: usize,
+    beta: &mut [f32],
+    g: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "delta_gates";
-    check_len(OP, "b", b, rows * heads)?;
-    check_len(OP, "a", a, rows * heads)?;
+    check_len(OP, "b", b, b_at.required_len(rows, heads))?;
+    check_len(OP, "a", a, a_at.required_len(rows, heads))?;
     check_len(OP, "a_log", a_log, heads)?;
     check_len(OP, "dt_bias", dt_bias, heads)?;
-    for v in &mut b[..rows * heads] {
-        *v = sigmoid(*v);
-    }
-    for (i, v) in a[..rows * heads].iter_mut().enumerate() {
-        let h = i % heads;
-        *v = -a_log[h].exp() * softplus(*v + dt_bias[h]);
+    check_len(OP, "beta", beta, rows * heads)?;
+    check_len(OP, "g", g, rows * heads)?;
+    for t in 0..rows {
+        for h in 0..heads {
+            let i = t * heads + h;
+            beta[i] = sigmoid(b[b_at.at(t, h)]);
+            g[i] = -a_log[h].exp() * softplus(a[a_at.at(t, h)] + dt_bias[h]);
+        }
     }
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn gated_rms_norm(
     x: &mut [f32],
     z: &[f32],
+    z_at: Strided,
     weight: &[f32],
     rows: usize,
+    heads: usize,
     dim: usize,
     eps: f32,
 ) -> KernelResult<()> {
     const OP: &str = "gated_rms_norm";
-    check_len(OP, "x", x, rows * dim)?;
-    check_len(OP, "z", z, rows * dim)?;
+    let width = heads * dim;
+    check_len(OP, "x", x, rows * width)?;
+    check_len(OP, "z", z, z_at.required_len(rows, width))?;
     check_len(OP, "weight", weight, dim)?;
+    if width == 0 {
+        return Ok(());
+    }
     for t in 0..rows {
-        let row = &mut x[t * dim..(t + 1) * dim];
-        let inv = inv_rms(row, eps);
-        let gate = &z[t * dim..(t + 1) * dim];
-        for ((v, &w), &zg) in row.iter_mut().zip(weight).zip(gate) {
-            *v = w * (*v * inv) * silu(zg);
+        let gates = &z[z_at.at(t, 0)..][..width];
+        let heads_x = x[t * width..(t + 1) * width].chunks_exact_mut(dim);
+        for (row, gate) in heads_x.zip(gates.chunks_exact(dim)) {
+            let inv = inv_rms(row, eps);
+            for ((v, &w), &zg) in row.iter_mut().zip(weight).zip(gate) {
+                *v = w * (*v * inv) * silu(zg);
+            }
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use crate::backend::{
     AttentionDims, Backend, Buffers, DeltaDims, DeltaState, Gelu, HeadLayout, KernelResult, Rope,
-    Varlen, VisionBackend,
+    Strided, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -239,6 +239,7 @@ impl Backend for CpuBackend {
     fn conv1d_silu(
         &self,
         x: &Vec<f32>,
+        x_at: Strided,
         weight: &Vec<f32>,
         batch: Varlen<'_, Vec<u32>>,
         channels: usize,
@@ -249,6 +250,7 @@ impl Backend for CpuBackend {
     ) -> KernelResult<()> {
         conv::causal_conv1d_silu(
             x,
+            x_at,
             weight,
             batch,
             channels,
@@ -271,14 +273,18 @@ impl Backend for CpuBackend {
 
     fn delta_gates(
         &self,
-        b: &mut Vec<f32>,
-        a: &mut Vec<f32>,
+        b: &Vec<f32>,
+        b_at: Strided,
+        a: &Vec<f32>,
+        a_at: Strided,
         a_log: &Vec<f32>,
         dt_bias: &Vec<f32>,
         rows: usize,
         heads: usize,
+        beta: &mut Vec<f32>,
+        g: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        dense::delta_gates(b, a, a_log, dt_bias, rows, heads)
+        dense::delta_gates(b, b_at, a, a_at, a_log, dt_bias, rows, heads, beta, g)
     }
 
     fn gated_delta_rule_chunked(
@@ -320,12 +326,14 @@ impl Backend for CpuBackend {
         &self,
         x: &mut Vec<f32>,
         z: &Vec<f32>,
+        z_at: Strided,
         weight: &Vec<f32>,
         rows: usize,
+        heads: usize,
         dim: usize,
         eps: f32,
     ) -> KernelResult<()> {
-        dense::gated_rms_norm(x, z, weight, rows, dim, eps)
+        dense::gated_rms_norm(x, z, z_at, weight, rows, heads, dim, eps)
     }
 
     fn swiglu(

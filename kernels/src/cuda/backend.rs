@@ -10,9 +10,11 @@ use half::bf16;
 use super::blas::{Blas, GemmInput};
 use super::buffers::{act, act_mut, idx, norm_out, weight, CudaBuf, NormOut};
 use super::compile::GpuArch;
+use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
 use crate::backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope,
+    Strided, Varlen,
 };
 use crate::error::KernelError;
 
@@ -43,6 +45,8 @@ pub struct CudaBackend {
     /// Bytes uploaded as weights, and allocated as activation/index buffers (for metrics).
     weight_bytes: AtomicU64,
     buffer_bytes: AtomicU64,
+    /// The chunked delta rule's scratch between its two kernels.
+    pub(super) delta_scratch: DeltaScratchSlot,
 }
 
 /// Reads a device's free and total memory; cheap to clone, usable from any thread.
@@ -72,6 +76,7 @@ impl CudaBackend {
             ordinal: options.ordinal,
             weight_bytes: AtomicU64::new(0),
             buffer_bytes: AtomicU64::new(0),
+            delta_scratch: DeltaScratchSlot::default(),
         })
     }
 
@@ -98,6 +103,14 @@ impl CudaBackend {
         let weights = self.weight_bytes.load(Ordering::Relaxed);
         let buffers = self.buffer_bytes.load(Ordering::Relaxed) + self.blas.bytes();
         (weights, buffers)
+    }
+
+    pub(super) fn add_buffer_bytes(&self, bytes: u64) {
+        self.buffer_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(super) fn release_buffer_bytes(&self, bytes: u64) {
+        self.buffer_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// Waits for every queued op to finish.
@@ -181,16 +194,52 @@ fn gemm_input<'a>(op: &'static str, x: &'a CudaBuf, need: usize) -> KernelResult
     Ok(x)
 }
 
+/// The checked gate `z` of a gated RMSNorm launch and its layout arguments (`z, heads, z_stride,
+/// z_offset` in norms.cu).
+struct GateArgs<'a> {
+    z: &'a CudaSlice<f32>,
+    heads: i32,
+    stride: i32,
+    offset: i32,
+}
+
+impl<'a> GateArgs<'a> {
+    /// Checks that `z` holds `rows` rows of `heads·dim` at `z_at`.
+    fn check(
+        op: &'static str,
+        z: &'a CudaBuf,
+        z_at: Strided,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+    ) -> KernelResult<Self> {
+        Ok(Self {
+            z: act(op, "z", z, z_at.required_len(rows, heads * dim))?,
+            heads: to_i32(op, "heads", heads)?,
+            stride: to_i32(op, "z row stride", z_at.row_stride)?,
+            offset: to_i32(op, "z offset", z_at.offset)?,
+        })
+    }
+
+    fn push<'b>(&'b self, launch: &mut cudarc::driver::LaunchArgs<'b>) {
+        launch
+            .arg(self.z)
+            .arg(&self.heads)
+            .arg(&self.stride)
+            .arg(&self.offset);
+    }
+}
+
 /// The checked buffers of a delta-rule launch.
 pub(super) struct DeltaArgs<'a> {
-    qkv: &'a CudaSlice<f32>,
-    beta: &'a CudaSlice<f32>,
-    g: &'a CudaSlice<f32>,
-    cu_seqlens: &'a CudaSlice<u32>,
-    initial: Option<&'a CudaSlice<f32>>,
-    final_out: Option<&'a mut CudaSlice<f32>>,
-    out: &'a mut CudaSlice<f32>,
-    dims: DeltaDims,
+    pub qkv: &'a CudaSlice<f32>,
+    pub beta: &'a CudaSlice<f32>,
+    pub g: &'a CudaSlice<f32>,
+    pub cu_seqlens: &'a CudaSlice<u32>,
+    pub initial: Option<&'a CudaSlice<f32>>,
+    pub final_out: Option<&'a mut CudaSlice<f32>>,
+    pub out: &'a mut CudaSlice<f32>,
+    pub dims: DeltaDims,
     /// Rows every buffer holds and the batch covers: the kernels clamp the sequences to it.
     pub rows_cap: usize,
 }
@@ -672,6 +721,7 @@ impl Backend for CudaBackend {
     fn conv1d_silu(
         &self,
         x: &CudaBuf,
+        x_at: Strided,
         weight_buf: &CudaBuf,
         batch: Varlen<'_, CudaSlice<u32>>,
         channels: usize,
@@ -687,8 +737,12 @@ impl Backend for CudaBackend {
                 format!("kernel must be 1..={CONV_MAX_KERNEL} and channels > 0"),
             ));
         }
-        let rows_cap = check_batch(OP, &batch, x.len().min(out.len()) / channels)?;
+        // Rows both x (at its stride) and out hold: the kernels never touch a row beyond it.
+        let rows_cap = x_at.rows_in(x.len(), channels).min(out.len() / channels);
+        let rows_cap = check_batch(OP, &batch, rows_cap)?;
         let win_len = batch.num_seqs * (kernel - 1) * channels;
+        let x_stride = to_i32(OP, "x row stride", x_at.row_stride)?;
+        let x_offset = to_i32(OP, "x offset", x_at.offset)?;
         let x = act(OP, "x", x, 0)?;
         let w = weight(OP, "weight", weight_buf, channels * kernel)?;
         let out = act_mut(OP, "out", out, 0)?;
@@ -710,6 +764,8 @@ impl Backend for CudaBackend {
             let mut launch = self.device.stream.launch_builder(f);
             launch
                 .arg(x)
+                .arg(&x_stride)
+                .arg(&x_offset)
                 .arg(w)
                 .arg(batch.cu_seqlens)
                 .arg(&num_seqs)
@@ -739,6 +795,8 @@ impl Backend for CudaBackend {
                 let mut launch = self.device.stream.launch_builder(f);
                 launch
                     .arg(x)
+                    .arg(&x_stride)
+                    .arg(&x_offset)
                     .arg(batch.cu_seqlens)
                     .arg(&num_seqs)
                     .arg(window_in)
@@ -770,33 +828,50 @@ impl Backend for CudaBackend {
 
     fn delta_gates(
         &self,
-        b: &mut CudaBuf,
-        a: &mut CudaBuf,
+        b: &CudaBuf,
+        b_at: Strided,
+        a: &CudaBuf,
+        a_at: Strided,
         a_log: &CudaBuf,
         dt_bias: &CudaBuf,
         rows: usize,
         heads: usize,
+        beta: &mut CudaBuf,
+        g: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "delta_gates";
-        let b = act_mut(OP, "b", b, rows * heads)?;
-        let a = act_mut(OP, "a", a, rows * heads)?;
+        let b = act(OP, "b", b, b_at.required_len(rows, heads))?;
+        let a = act(OP, "a", a, a_at.required_len(rows, heads))?;
         let a_log = weight(OP, "a_log", a_log, heads)?;
         let dt_bias = weight(OP, "dt_bias", dt_bias, heads)?;
+        let beta = act_mut(OP, "beta", beta, rows * heads)?;
+        let g = act_mut(OP, "g", g, rows * heads)?;
         if rows * heads == 0 {
             return Ok(());
         }
         let rows_a = to_i32(OP, "rows", rows)?;
         let heads_a = to_i32(OP, "heads", heads)?;
+        let b_stride = to_i32(OP, "b row stride", b_at.row_stride)?;
+        let b_offset = to_i32(OP, "b offset", b_at.offset)?;
+        let a_stride = to_i32(OP, "a row stride", a_at.row_stride)?;
+        let a_offset = to_i32(OP, "a offset", a_at.offset)?;
         let f = self.device.function("delta_gates")?;
         let mut launch = self.device.stream.launch_builder(f);
         launch
             .arg(b)
+            .arg(&b_stride)
+            .arg(&b_offset)
             .arg(a)
+            .arg(&a_stride)
+            .arg(&a_offset)
             .arg(a_log)
             .arg(dt_bias)
+            .arg(beta)
+            .arg(g)
             .arg(&rows_a)
             .arg(&heads_a);
-        // SAFETY: argument types match the kernel; lengths checked above.
+        // SAFETY: argument types match the kernel; b and a hold `rows` rows at their strides, beta
+        // and g rows·heads values (checked above).
         unsafe { launch.launch(linear(OP, rows * heads, BLOCK)?) }
             .map_err(|e| driver_err(OP, e))?;
         Ok(())
@@ -837,31 +912,32 @@ impl Backend for CudaBackend {
         &self,
         x: &mut CudaBuf,
         z: &CudaBuf,
+        z_at: Strided,
         weight_buf: &CudaBuf,
         rows: usize,
+        heads: usize,
         dim: usize,
         eps: f32,
     ) -> KernelResult<()> {
         const OP: &str = "gated_rms_norm";
-        let x = act_mut(OP, "x", x, rows * dim)?;
-        let z = act(OP, "z", z, rows * dim)?;
+        let norm_rows = rows * heads;
+        let x = act_mut(OP, "x", x, norm_rows * dim)?;
+        let gate = GateArgs::check(OP, z, z_at, rows, heads, dim)?;
         let w = weight(OP, "weight", weight_buf, dim)?;
-        if rows == 0 || dim == 0 {
+        if norm_rows == 0 || dim == 0 {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
         let f = self.device.function("gated_rms_norm")?;
         let mut launch = self.device.stream.launch_builder(f);
-        let rows_a = to_i32(OP, "rows", rows)?;
-        launch
-            .arg(x)
-            .arg(z)
-            .arg(w)
-            .arg(&rows_a)
-            .arg(&dim_a)
-            .arg(&eps);
-        // SAFETY: argument types match the kernel; lengths checked above. One warp per row.
-        unsafe { launch.launch(linear(OP, rows * 32, BLOCK)?) }.map_err(|e| driver_err(OP, e))?;
+        let rows_a = to_i32(OP, "rows", norm_rows)?;
+        launch.arg(x);
+        gate.push(&mut launch);
+        launch.arg(w).arg(&rows_a).arg(&dim_a).arg(&eps);
+        // SAFETY: argument types match the kernel; x holds rows·heads·dim values and z `rows` rows
+        // of heads·dim at its stride (checked above). One warp per normalised row.
+        unsafe { launch.launch(linear(OP, norm_rows * 32, BLOCK)?) }
+            .map_err(|e| driver_err(OP, e))?;
         Ok(())
     }
 
@@ -893,6 +969,7 @@ impl Backend for CudaBackend {
         &self,
         x_buf: &mut CudaBuf,
         z_buf: &CudaBuf,
+        z_at: Strided,
         norm_buf: &CudaBuf,
         rows: usize,
         heads: usize,
@@ -905,7 +982,7 @@ impl Backend for CudaBackend {
         const OP: &str = "gated_rms_norm_gemm";
         let (norm_rows, in_dim) = (rows * heads, heads * dim);
         let x = act(OP, "x", x_buf, norm_rows * dim)?;
-        let z = act(OP, "z", z_buf, norm_rows * dim)?;
+        let gate = GateArgs::check(OP, z_buf, z_at, rows, heads, dim)?;
         let nw = weight(OP, "norm weight", norm_buf, dim)?;
         let w = weight(OP, "w", w_buf, out_dim * in_dim)?;
         let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
@@ -920,16 +997,17 @@ impl Backend for CudaBackend {
             }
             let f = self.device.function("gated_rms_norm_bf16")?;
             let mut launch = self.device.stream.launch_builder(f);
+            launch.arg(x);
+            gate.push(&mut launch);
             launch
-                .arg(x)
-                .arg(z)
                 .arg(nw)
                 .arg(x_bf16)
                 .arg(&rows_a)
                 .arg(&dim_a)
                 .arg(&eps);
-            // SAFETY: argument types match the kernel; x and z hold rows·heads·dim values and the
-            // scratch as many (sized by gemm_many). One warp per normalised row.
+            // SAFETY: argument types match the kernel; x holds rows·heads·dim values, z `rows` rows
+            // of heads·dim at its stride, the scratch rows·heads·dim (sized by gemm_many). One
+            // warp per normalised row.
             unsafe { launch.launch(linear(OP, norm_rows * 32, BLOCK)?) }
                 .map_err(|e| driver_err(OP, e))?;
             Ok(())
@@ -943,7 +1021,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         // No cuBLASLt plan for the shape: the two-step form.
-        self.gated_rms_norm(x_buf, z_buf, norm_buf, norm_rows, dim, eps)?;
+        self.gated_rms_norm(x_buf, z_buf, z_at, norm_buf, rows, heads, dim, eps)?;
         self.gemm(x_buf, w_buf, rows, in_dim, out_dim, y_buf)
     }
 

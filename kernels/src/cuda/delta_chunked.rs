@@ -1,10 +1,16 @@
-//! The chunked gated delta rule (`delta_chunked.cu`): one block per (sequence, value head, slice of
-//! value columns) walking its sequence 64 tokens at a time, for prefill, in f32 SIMT arithmetic.
-//! (A 3xTF32 tensor-core variant of the same kernel was measured slower on the H200: 9.7 against
-//! 8.2 ms per layer at 15,446 tokens, 14.3 against 12.2 ms at 128 × 300; it was dropped.)
+//! The chunked gated delta rule (`delta_chunked.cu`) in two kernels: `gdr_prepare` computes every
+//! chunk's state-independent quantities at once (f32), `gdr_state_pass` walks each sequence's
+//! chunks in order doing only the state products, on bf16 tensor cores with f32 accumulation.
+//!
+//! Earlier designs, measured on the H200 and dropped: one f32 SIMT kernel walking the chunks and
+//! recomputing everything per slice of value columns (8.2 ms per layer at 15,446 tokens, 12.2 at
+//! 128 × 300), and a 3xTF32 variant of it (9.7 and 14.3 ms).
+
+use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use half::bf16;
 
 use super::backend::{to_i32, to_u32, CudaBackend, DeltaArgs};
 use super::buffers::CudaBuf;
@@ -14,39 +20,64 @@ use crate::error::KernelError;
 
 /// Tokens per chunk (`DC_CHUNK`).
 const CHUNK: usize = 64;
-/// Key heads are zero-padded to this width (`DC_DK`); wider ones run the recurrent kernel.
-const MAX_K: usize = 128;
-/// Widest value head the chunked kernel takes; wider ones run the recurrent kernel.
-const MAX_V: usize = 128;
-/// Threads per block (`DC_THREADS`).
-const THREADS: u32 = 256;
-/// Row stride of the kernel's 64×64 A and P tiles (`DC_AP`).
-const AP_STRIDE: usize = 68;
-/// Dynamic shared memory of the kernel with `sv` value columns per block: k and q/W tiles, the
-/// state slice, the v/U/V' tile, A and P, and five per-token vectors (the layout at the top of
-/// `delta_chunked` in the .cu file).
-fn smem_bytes(sv: usize) -> usize {
-    4 * (2 * CHUNK * MAX_K + MAX_K * sv + CHUNK * sv + 2 * CHUNK * AP_STRIDE + 5 * CHUNK)
+/// Key and value heads are zero-padded to this width (`DC_DK`); wider ones run the recurrent
+/// kernel.
+const MAX_HEAD: usize = 128;
+/// Threads of `gdr_prepare` (`DC_THREADS`).
+const PREPARE_THREADS: u32 = 256;
+/// Dynamic shared memory of `gdr_prepare`: q and k tiles, A and P (row stride 68), five vectors.
+const PREPARE_SMEM: usize = 4 * (2 * CHUNK * MAX_HEAD + 2 * CHUNK * 68 + 5 * CHUNK);
+
+/// Dynamic shared memory of `gdr_state_pass` with `sv` value columns per block: two stages of
+/// (W, q, k tiles of row stride 136, P of stride 72 in bf16; U of stride sv + 4 in f32; one γ,
+/// padded to 16 bytes), then bf16 copies of the state and V' with row stride sv + 8 (`GsStage`).
+const fn pass_smem_bytes(sv: usize) -> usize {
+    let stage = 3 * CHUNK * 136 * 2 + CHUNK * 72 * 2 + CHUNK * (sv + 4) * 4 + 16;
+    2 * stage + (MAX_HEAD + CHUNK) * (sv + 8) * 2
 }
 
-/// The kernel and its shared memory for `sv`-column slices.
-fn kernel_for(sv: usize) -> (&'static str, usize) {
+/// The state-pass kernel for `sv`-column slices: name, shared memory, threads (4 warps per 32
+/// columns).
+fn pass_kernel(sv: usize) -> (&'static str, usize, u32) {
     match sv {
-        64 => ("gated_delta_rule_chunked_v64", smem_bytes(64)),
-        _ => ("gated_delta_rule_chunked_v32", smem_bytes(32)),
+        64 => ("gdr_state_pass_v64", pass_smem_bytes(64), 256),
+        _ => ("gdr_state_pass_v32", pass_smem_bytes(32), 128),
     }
 }
 
-/// Whether 64-column slices beat 32-column ones for `pairs` (sequence, head) pairs on `sms` SMs
-/// (one block per SM fits, by shared memory). A 64-column block costs about 3/2 of a 32-column
-/// one per chunk (A, P and W are recomputed per slice, the rest scales with the width), so wide
-/// slices win unless narrow ones fill the GPU in as many waves: one long prompt (32 pairs) runs
-/// 128 narrow blocks in one wave rather than 64 wide ones with half the SMs idle. Sequences are
-/// assumed equally long.
+/// Whether 64-column slices suit `pairs` (sequence, head) pairs on `sms` SMs (one block per SM
+/// fits, by shared memory). A 64-column block has twice the warps of a 32-column one and takes
+/// about as long per chunk, so it halves the waves of a large batch; when the 32-column blocks all
+/// fit in one wave (one long prompt: 32 pairs, 128 blocks) they spread the work over more SMs.
 fn wide_slices_win(pairs: usize, v_dim: usize, sms: usize) -> bool {
-    let waves = |sv: usize| (pairs * v_dim.div_ceil(sv)).div_ceil(sms);
-    v_dim > 32 && 3 * waves(64) <= 2 * waves(32)
+    v_dim > 32 && pairs * v_dim.div_ceil(32) > sms
 }
+
+/// Per-token scratch between the two kernels, `[rows][v_heads][..]`: W, e^γ·scale·q and
+/// e^{γ_last−γ}·k in bf16 (128 per head), U in f32 (128), a row of P in bf16 (64), γ in f32.
+/// Grown to the largest batch seen (the start-up warm-up runs the largest), never shrunk.
+pub(super) struct DeltaScratch {
+    /// Capacity in (row, value head) pairs.
+    pairs: usize,
+    w: CudaSlice<bf16>,
+    u: CudaSlice<f32>,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    p: CudaSlice<bf16>,
+    gam: CudaSlice<f32>,
+}
+
+impl DeltaScratch {
+    /// Device bytes per (row, value head) pair.
+    const BYTES_PER_PAIR: usize = 3 * 2 * MAX_HEAD + 4 * MAX_HEAD + 2 * CHUNK + 4;
+
+    pub(super) fn bytes(&self) -> u64 {
+        (self.pairs * Self::BYTES_PER_PAIR) as u64
+    }
+}
+
+/// The backend's scratch slot.
+pub(super) type DeltaScratchSlot = Mutex<Option<DeltaScratch>>;
 
 impl CudaBackend {
     /// Whether [`Self::delta_rule_chunked`] takes `dims` on this GPU (else the recurrent kernel
@@ -60,10 +91,55 @@ impl CudaBackend {
         } = dims;
         let shapes = k_heads > 0
             && v_heads.is_multiple_of(k_heads)
-            && (1..=MAX_K).contains(&k_dim)
-            && (1..=MAX_V).contains(&v_dim);
+            && (1..=MAX_HEAD).contains(&k_dim)
+            && (1..=MAX_HEAD).contains(&v_dim);
         // Opt-in shared memory per block: 227 KB on Hopper, 163 KB on A100.
-        shapes && self.device.max_smem_optin >= kernel_for(32).1
+        shapes && self.device.max_smem_optin >= pass_kernel(32).1.max(PREPARE_SMEM)
+    }
+
+    /// The scratch, holding at least `pairs` (row, value head) pairs.
+    fn delta_scratch(&self, pairs: usize) -> KernelResult<MutexGuard<'_, Option<DeltaScratch>>> {
+        const OP: &str = "gated_delta_rule_chunked scratch";
+        let mut slot = self
+            .delta_scratch
+            .lock()
+            .map_err(|_| KernelError::invalid(OP, "poisoned by an earlier panic"))?;
+        if slot.as_ref().is_some_and(|s| s.pairs >= pairs) {
+            return Ok(slot);
+        }
+        if let Some(old) = slot.take() {
+            self.release_buffer_bytes(old.bytes());
+        }
+        let stream = &self.device.stream;
+        let bf = |n: usize| stream.alloc_zeros::<bf16>(n).map_err(|e| driver_err(OP, e));
+        let f = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| driver_err(OP, e));
+        let scratch = DeltaScratch {
+            pairs,
+            w: bf(pairs * MAX_HEAD)?,
+            u: f(pairs * MAX_HEAD)?,
+            q: bf(pairs * MAX_HEAD)?,
+            k: bf(pairs * MAX_HEAD)?,
+            p: bf(pairs * CHUNK)?,
+            gam: f(pairs)?,
+        };
+        self.add_buffer_bytes(scratch.bytes());
+        *slot = Some(scratch);
+        Ok(slot)
+    }
+
+    /// Sets a kernel's dynamic shared memory limit (above the default 48 KB a kernel must opt
+    /// in: a driver call on the function, made with its context current).
+    fn opt_in_smem(&self, op: &'static str, kernel: &str, bytes: usize) -> KernelResult<()> {
+        let f = self.device.function(kernel)?;
+        self.device
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err(op, e))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            to_i32(op, "shared memory", bytes)?,
+        )
+        .map_err(|e| driver_err(op, e))
     }
 
     /// The gated delta rule by 64-token chunks; the caller checked
@@ -80,7 +156,12 @@ impl CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "gated_delta_rule_chunked";
-        let DeltaDims { v_heads, v_dim, .. } = dims;
+        let DeltaDims {
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+        } = dims;
         if !self.delta_chunked_supports(dims) {
             return Err(KernelError::invalid(
                 OP,
@@ -92,37 +173,107 @@ impl CudaBackend {
         let Some(args) = DeltaArgs::check(OP, qkv, beta, g, batch, dims, state, out)? else {
             return Ok(());
         };
+        let rows = args.rows_cap;
+        // With no rows the state pass only copies the initial states (or zeros) out.
+        let mut slot = self.delta_scratch(rows.max(1) * v_heads)?;
+        let scratch = slot.as_mut().expect("sized just above");
 
+        let num_seqs_a = to_i32(OP, "num_seqs", batch.num_seqs)?;
+        let k_heads_a = to_i32(OP, "k_heads", k_heads)?;
+        let v_heads_a = to_i32(OP, "v_heads", v_heads)?;
+        let k_dim_a = to_i32(OP, "k_dim", k_dim)?;
+        let v_dim_a = to_i32(OP, "v_dim", v_dim)?;
+        let scale = (k_dim as f64).powf(-0.5) as f32;
+        let rows_a = to_u32(OP, "rows", rows)?;
+
+        // 1. Every chunk at once. Chunk slots: Σ ceil(len / 64) ≤ ceil(rows / 64) + num_seqs.
+        if rows > 0 {
+            let slots = rows.div_ceil(CHUNK) + batch.num_seqs;
+            self.opt_in_smem(OP, "gdr_prepare", PREPARE_SMEM)?;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    to_u32(OP, "chunk slots", slots)?,
+                    to_u32(OP, "v_heads", v_heads)?,
+                    1,
+                ),
+                block_dim: (PREPARE_THREADS, 1, 1),
+                shared_mem_bytes: to_u32(OP, "shared memory", PREPARE_SMEM)?,
+            };
+            let f = self.device.function("gdr_prepare")?;
+            let mut launch = self.device.stream.launch_builder(f);
+            launch
+                .arg(args.qkv)
+                .arg(args.beta)
+                .arg(args.g)
+                .arg(args.cu_seqlens)
+                .arg(&num_seqs_a)
+                .arg(&k_heads_a)
+                .arg(&v_heads_a)
+                .arg(&k_dim_a)
+                .arg(&v_dim_a)
+                .arg(&scale)
+                .arg(&rows_a)
+                .arg(&mut scratch.w)
+                .arg(&mut scratch.u)
+                .arg(&mut scratch.q)
+                .arg(&mut scratch.k)
+                .arg(&mut scratch.p)
+                .arg(&mut scratch.gam);
+            // SAFETY: argument types match the kernel; the inputs hold `rows` rows (DeltaArgs) and
+            // the scratch rows · v_heads pairs; the kernel clamps every sequence to `rows`.
+            unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        }
+
+        // 2. The state pass.
         let sms = self.device.sm_count.max(1);
-        let fits_64 = self.device.max_smem_optin >= kernel_for(64).1;
+        let fits_64 = self.device.max_smem_optin >= pass_kernel(64).1;
         let sv = if fits_64 && wide_slices_win(batch.num_seqs * v_heads, v_dim, sms) {
             64
         } else {
             32
         };
-        let (kernel, smem) = kernel_for(sv);
-        let smem_a = to_u32(OP, "shared memory", smem)?;
+        let (kernel, smem, threads) = pass_kernel(sv);
+        self.opt_in_smem(OP, kernel, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 to_u32(OP, "num_seqs", batch.num_seqs)?,
                 to_u32(OP, "v_heads", v_heads)?,
                 to_u32(OP, "value slices", v_dim.div_ceil(sv))?,
             ),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem_a,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
         };
+        let has_initial = i32::from(args.initial.is_some());
+        let has_final = i32::from(args.final_out.is_some());
+        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
+        let initial = args.initial.unwrap_or(args.qkv);
         let f = self.device.function(kernel)?;
-        // Above the default 48 KB of dynamic shared memory a kernel must opt in (a driver call on
-        // the function, made with its context current).
-        self.device
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| driver_err(OP, e))?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            to_i32(OP, "shared memory", smem)?,
-        )
-        .map_err(|e| driver_err(OP, e))?;
-        self.launch_delta(OP, kernel, args, cfg)
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(&scratch.w)
+            .arg(&scratch.u)
+            .arg(&scratch.q)
+            .arg(&scratch.k)
+            .arg(&scratch.p)
+            .arg(&scratch.gam)
+            .arg(args.cu_seqlens)
+            .arg(initial)
+            .arg(&has_initial);
+        match args.final_out {
+            Some(final_state) => launch.arg(final_state),
+            None => launch.arg(args.qkv),
+        };
+        launch
+            .arg(&has_final)
+            .arg(args.out)
+            .arg(&v_heads_a)
+            .arg(&k_dim_a)
+            .arg(&v_dim_a)
+            .arg(&rows_a);
+        // SAFETY: argument types match the kernel; state buffers hold num_seqs states (checked
+        // by DeltaArgs); the scratch holds the rows the first kernel wrote; the kernel clamps every
+        // sequence to `rows` and sizes its launch as `pass_kernel` says.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
     }
 }

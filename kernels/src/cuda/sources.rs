@@ -102,9 +102,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "delta_chunked.cu",
         code: include_str!("../../cuda/delta_chunked.cu"),
-        functions: &[
-            "gated_delta_rule_chunked_v32",
-            "gated_delta_rule_chunked_v64",
-        ],
+        functions: &["gdr_prepare", "gdr_state_pass_v32", "gdr_state_pass_v64"],
     },
 ];
