@@ -11,10 +11,10 @@
 // decay.
 //
 // Two kernels, because only the last three lines depend on the state:
-//  1. gdr_prepare: one block per (chunk, value head), all chunks of the batch at once, f32 SIMT.
-//     Computes γ, A, P, T (by forward substitution), W, U, and the pre-scaled e^γ·scale·q and
-//     e^{γ_last−γ}·k, and writes them to scratch laid out like the tokens ([rows][v_heads][..]),
-//     so the second kernel finds a chunk's data at its rows.
+//  1. gdr_prepare: one block per (chunk, value head), all chunks of the batch at once. Computes
+//     γ, A, P, T, W, U (the products on TF32 tensor cores, the triangular inverse in f32) and the
+//     pre-scaled e^γ·scale·q and e^{γ_last−γ}·k, and writes them to scratch laid out like the
+//     tokens ([rows][v_heads][..]), so the second kernel finds a chunk's data at its rows.
 //  2. gdr_state_pass: one block per (sequence, value head, slice of SV value columns) walks its
 //     sequence's chunks in order. Per chunk it only does the four state products (V' = U − W S0,
 //     e^γ q S0 + P V', and the state update), on bf16 tensor cores (mma.sync m16n8k16) with f32
@@ -29,41 +29,56 @@
 
 #define DC_CHUNK 64
 #define DC_DK 128
-#define DC_THREADS 256
-// Row stride of the 64×64 A and P tiles: rows stay float4-aligned, and a thread's 4×4 tile store
-// (4 rows 4 floats wide) spreads consecutive tiles over different banks.
+#define DC_THREADS 512
+// f32 row strides of the [64][128] q / k / v tiles and of the [64][64] A and T tiles: 132 ≡ 68 ≡ 4
+// (mod 32), so the 8 rows × 4 columns a TF32 fragment load touches fall in 32 distinct banks.
+#define DC_LD 132
 #define DC_AP 68
 
 extern __shared__ float4 dc_smem[];
 
-// Index into a [64][128] q / k tile. The float4 groups of row r are XOR-swizzled by (r / 4) % 8:
-// the A and P products read 8 rows 4 apart at once, which unswizzled would all hit the same 4
-// banks; a row's 128 values stay a permutation of its own 32 float4 groups.
-__device__ __forceinline__ int dc_qk(int row, int k) {
-    return row * DC_DK + ((((k >> 2) ^ ((row >> 2) & 7)) << 2) | (k & 3));
+// ---- TF32 tensor-core helpers (mma.sync m16n8k8, f32 accumulation). Fragments, with
+// g = lane / 4 and t = lane % 4: A (16×8) a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4);
+// B (8×8) b0 (t, g), b1 (t+4, g); C (16×8) c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
+
+__device__ __forceinline__ u32 dc_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
 }
 
-__device__ __forceinline__ float4 dc_ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void dc_mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
-__device__ __forceinline__ void dc_st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-
-__device__ __forceinline__ float dc_dot4(float4 a, float4 b, float acc) {
-    acc = fmaf(a.x, b.x, acc);
-    acc = fmaf(a.y, b.y, acc);
-    acc = fmaf(a.z, b.z, acc);
-    return fmaf(a.w, b.w, acc);
+// A fragment of rows m0.., columns k0.. of a row-major tile with row stride ld.
+__device__ __forceinline__ void dc_frag_a(u32 (&a)[4], const float* x, int ld, int m0, int k0) {
+    const int g = (threadIdx.x & 31) >> 2;
+    const int t = threadIdx.x & 3;
+    a[0] = dc_tf32(x[(m0 + g) * ld + k0 + t]);
+    a[1] = dc_tf32(x[(m0 + g + 8) * ld + k0 + t]);
+    a[2] = dc_tf32(x[(m0 + g) * ld + k0 + t + 4]);
+    a[3] = dc_tf32(x[(m0 + g + 8) * ld + k0 + t + 4]);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel 1: the per-chunk quantities.
+// Kernel 1: the per-chunk quantities, on TF32 tensor cores where they are products (KKᵀ, QKᵀ,
+// T K, T V) and in f32 SIMT where they are the triangular inverse.
 //
 // Scratch outputs, row r of the batch, value head h (H = v_heads):
 //   w_out [r][H][128] bf16   W          u_out [r][H][128] f32    U
 //   q_out [r][H][128] bf16   e^γ·scale·q k_out [r][H][128] bf16  e^{γ_last−γ}·k
 //   p_out [r][H][64]  bf16   row of P (zero above the diagonal)
 //   gam_out [r][H]    f32    γ
-// Grid (ceil(rows / 64) + num_seqs chunk slots, v_heads), 256 threads; slots past the batch's
-// chunks return at once. Dynamic shared memory: 2·64·128 + 2·64·68 + 5·64 floats (101,632 bytes).
+// Grid (ceil(rows / 64) + num_seqs chunk slots, v_heads), 512 threads (16 warps: one block's
+// latency is what a short prompt waits for, so the work is spread thin); slots past the
+// batch's chunks return at once. Dynamic shared memory: PREPARE_SMEM in delta_chunked.rs.
+//
+// T = (I + A)⁻¹ by 16×16 blocks: the four diagonal blocks by forward substitution, then the block
+// diagonals below them one after the other, T_rs = −T_rr Σ_{s≤q<r} A_rq T_qs.
 
 extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     gdr_prepare(const float* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,
@@ -74,11 +89,14 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
                 float* __restrict__ gam_out) {
     constexpr int CH = DC_CHUNK;
     constexpr int DK = DC_DK;
-    float* const Ks = reinterpret_cast<float*>(dc_smem);  // [CH][DK] swizzled: k
-    float* const Qs = Ks + CH * DK;                       // [CH][DK] swizzled: scaled q
-    float* const As = Qs + CH * DK;                       // [CH][DC_AP]: A (strictly lower part)
-    float* const Ps = As + CH * DC_AP;                    // [CH][DC_AP]: P (lower part, 0 above)
-    float* const graw = Ps + CH * DC_AP;                  // [CH]: g
+    constexpr int ROWS_PER_PASS = DC_THREADS / (DK / 2);  // tile rows one pass of all threads covers
+    constexpr int PER_THREAD = CH / ROWS_PER_PASS;        // column pairs per thread
+    float* const Ks = reinterpret_cast<float*>(dc_smem);  // [CH][DC_LD]: k, then β e^γ k
+    float* const Qs = Ks + CH * DC_LD;                    // [CH][DC_LD]: scaled q, then β v
+    float* const As = Qs + CH * DC_LD;                    // [CH][DC_AP]: A (strictly lower)
+    float* const Ts = As + CH * DC_AP;                    // [CH][DC_AP]: T (lower)
+    float* const Ms = Ts + CH * DC_AP;                    // [3][16][16]: block sums of one level
+    float* const graw = Ms + 3 * 256;                     // [CH]: g
     float* const gam = graw + CH;                         // [CH]: γ, cumulative g in the chunk
     float* const bet = gam + CH;                          // [CH]: β
     float* const egam = bet + CH;                         // [CH]: e^{γ_i}
@@ -93,37 +111,43 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
 
     const int h = blockIdx.y;
     const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int fg = lane >> 2;  // fragment row group
+    const int ft = lane & 3;   // fragment thread in group
     const int kh = h / (v_heads / k_heads);
     const i64 width = 2 * (i64)k_heads * k_dim + (i64)v_heads * v_dim;
     const i64 q_at = (i64)kh * k_dim;
     const i64 k_at = (i64)k_heads * k_dim + (i64)kh * k_dim;
     const i64 v_at = 2 * (i64)k_heads * k_dim + (i64)h * v_dim;
+    // Thread tid owns columns ec, ec + 1 (ec = 2 (tid % 64)) of rows tid / 64 + 8m in every
+    // elementwise pass.
+    const int ec = 2 * (tid % (DK / 2));
+    const int er = tid / (DK / 2);
 
-    // ---- 1. Stage q (scaled) and k, g, β; zeros past n and past k_dim. Eight rows' loads are
-    // issued before any of them is stored, so their memory latencies overlap.
+    // ---- 1. Stage q (scaled) and k; hold v in registers until q is written out; g, β. All loads
+    // are issued before any store, so their latencies overlap. Zeros past n and past the heads.
+    float2 vr[PER_THREAD];
     {
-        constexpr int BATCH = 8;
-        constexpr int STEP = DC_THREADS / DK;  // rows per pass of all threads
-        const int c = tid % DK;
-        for (int i0 = tid / DK; i0 < CH; i0 += BATCH * STEP) {
-            float qv[BATCH], kv[BATCH];
+        float2 qv[PER_THREAD], kv[PER_THREAD];
 #pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                const int i = i0 + b * STEP;
-                qv[b] = 0.0f;
-                kv[b] = 0.0f;
-                if (i < n && c < k_dim) {
-                    const float* row = qkv + (i64)(c0 + i) * width;
-                    qv[b] = row[q_at + c] * scale;
-                    kv[b] = row[k_at + c];
-                }
-            }
+        for (int m = 0; m < PER_THREAD; ++m) {
+            const int i = er + m * ROWS_PER_PASS;
+            const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
+            const bool ok = i < n;
+            // Scalar loads: with odd head sizes the pairs are not 8-byte aligned.
+            qv[m].x = ok && ec < k_dim ? row[q_at + ec] * scale : 0.0f;
+            qv[m].y = ok && ec + 1 < k_dim ? row[q_at + ec + 1] * scale : 0.0f;
+            kv[m].x = ok && ec < k_dim ? row[k_at + ec] : 0.0f;
+            kv[m].y = ok && ec + 1 < k_dim ? row[k_at + ec + 1] : 0.0f;
+            vr[m].x = ok && ec < v_dim ? row[v_at + ec] : 0.0f;
+            vr[m].y = ok && ec + 1 < v_dim ? row[v_at + ec + 1] : 0.0f;
+        }
 #pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                const int i = i0 + b * STEP;
-                Qs[dc_qk(i, c)] = qv[b];
-                Ks[dc_qk(i, c)] = kv[b];
-            }
+        for (int m = 0; m < PER_THREAD; ++m) {
+            const int i = er + m * ROWS_PER_PASS;
+            *reinterpret_cast<float2*>(Qs + i * DC_LD + ec) = qv[m];
+            *reinterpret_cast<float2*>(Ks + i * DC_LD + ec) = kv[m];
         }
         if (tid < CH) {
             graw[tid] = tid < n ? g[(i64)(c0 + tid) * v_heads + h] : 0.0f;
@@ -132,149 +156,204 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     }
     __syncthreads();
 
-    // ---- 2. γ, summed left to right as the reference does.
-    if (tid < CH) {
-        float acc = 0.0f;
-        for (int t = 0; t <= tid; ++t) acc += graw[t];
-        gam[tid] = acc;
+    // ---- 2. γ by a warp scan (lane l holds rows 2l, 2l+1), and the decay factors.
+    if (warp == 0) {
+        const float a = graw[2 * lane];
+        const float b = graw[2 * lane + 1];
+        float s = a + b;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        const float g0 = s - b;  // γ of row 2l
+        const float g1 = s;      // γ of row 2l + 1
+        const int last = n - 1;
+        const float glast = __shfl_sync(0xffffffffu, (last & 1) ? g1 : g0, last >> 1);
+        gam[2 * lane] = g0;
+        gam[2 * lane + 1] = g1;
+        egam[2 * lane] = expf(g0);
+        egam[2 * lane + 1] = expf(g1);
+        edec[2 * lane] = expf(glast - g0);
+        edec[2 * lane + 1] = expf(glast - g1);
     }
     __syncthreads();
 
-    // ---- 3. A and P (one 4×4 tile per thread), the decay factors. Threads 0..119 take the 120
-    // tiles strictly below A's diagonal, threads 120..255 the 136 tiles on or below P's; the
-    // strictly-lower entries of A's 16 diagonal tiles are done separately (threads 0..95).
-    if (tid < CH) {
-        const float gi = gam[tid];
-        egam[tid] = expf(gi);
-        edec[tid] = expf(gam[n - 1] - gi);
-    }
+    // ---- 3. A = strictly-lower(β_i (k_i·k_j) e^{γ_i−γ_j}) (warps 0-7) and P = lower((q_i·k_j)
+    // e^{γ_i−γ_j}) (warps 8-15): per warp 16 rows and half of the 8 column tiles, of those only
+    // the ones up to the diagonal. A goes to shared memory, P straight to the scratch (zeros above
+    // the diagonal).
     {
-        const bool is_p = tid >= 120;
-        int tj = is_p ? tid - 120 : tid;
-        int ti = 0;
-        while (tj > ti) {
-            tj -= ti + 1;
-            ++ti;
-        }
-        if (!is_p) ti += 1;
-        const float* arows = (is_p ? Qs : Ks) + 4 * ti * DK;
-        const float* brows = Ks + 4 * tj * DK;
-        const int swa = ti & 7;
-        const int swb = tj & 7;
+        const bool is_p = warp >= 8;
+        const int rb = warp & 3;
+        const int nt0 = 4 * ((warp >> 2) & 1);
+        const float* left = is_p ? Qs : Ks;
         float acc[4][4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
         }
-#pragma unroll 2
-        for (int kg = 0; kg < DK / 4; ++kg) {
-            float4 a[4], b[4];
+        const int tiles = 2 * rb + 2 - nt0;  // column tiles of this warp up to the diagonal
+        if (tiles > 0) {
+#pragma unroll 4
+            for (int ks = 0; ks < DK / 8; ++ks) {
+                u32 a[4];
+                dc_frag_a(a, left, DC_LD, 16 * rb, 8 * ks);
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[r] = dc_ld4(arows + r * DK + ((kg ^ swa) << 2));
-#pragma unroll
-            for (int c = 0; c < 4; ++c) b[c] = dc_ld4(brows + c * DK + ((kg ^ swb) << 2));
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) acc[r][c] = dc_dot4(a[r], b[c], acc[r][c]);
+                for (int nt = 0; nt < 4; ++nt) {
+                    if (nt < tiles) {
+                        const float* kb = Ks + (8 * (nt0 + nt) + fg) * DC_LD + 8 * ks + ft;
+                        dc_mma_tf32(acc[nt], a, dc_tf32(kb[0]), dc_tf32(kb[4]));
+                    }
+                }
             }
         }
-        float* dst = is_p ? Ps : As;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int i = 4 * ti + r;
+        for (int half = 0; half < 2; ++half) {
+            const int i = 16 * rb + fg + 8 * half;
             const float gi = gam[i];
             const float bi = is_p ? 1.0f : bet[i];
-            float v[4];
+            __nv_bfloat16* prow = p_out + ((i64)(c0 + i) * v_heads + h) * CH;
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int j = 4 * tj + c;
-                // P's diagonal tiles need their upper entries zero: they are written out.
-                v[c] = i >= j ? bi * expf(gi - gam[j]) * acc[r][c] : 0.0f;
-            }
-            dc_st4(dst + i * DC_AP + 4 * tj, make_float4(v[0], v[1], v[2], v[3]));
-        }
-    }
-    if (tid < 96) {
-        // Entry (r, c), r > c, of A's diagonal tile d.
-        const int d = tid / 6;
-        const int e = tid % 6;
-        const int r = e < 1 ? 1 : (e < 3 ? 2 : 3);
-        const int c = e < 1 ? 0 : (e < 3 ? e - 1 : e - 3);
-        const int i = 4 * d + r;
-        const int j = 4 * d + c;
-        const int sw = d & 7;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int kg = 0; kg < DK / 4; ++kg) {
-            acc = dc_dot4(dc_ld4(Ks + i * DK + ((kg ^ sw) << 2)), dc_ld4(Ks + j * DK + ((kg ^ sw) << 2)), acc);
-        }
-        As[i * DC_AP + j] = bet[i] * expf(gam[i] - gam[j]) * acc;
-    }
-    __syncthreads();
-
-    // ---- 4. W = T (β e^γ K) (threads 0..127, one key column each) and U = T (β V) (threads
-    // 128..255, one value column each): independent forward substitutions x_i = b_i − Σ_{j<i}
-    // A_ij x_j, held in registers (every index is a constant once the loops unroll), written
-    // straight to the scratch (consecutive threads, consecutive columns).
-    {
-        const bool w_col = tid < DK;
-        const int c = w_col ? tid : tid - DK;
-        float x[CH];
-        if (w_col) {
-#pragma unroll
-            for (int i = 0; i < CH; ++i) x[i] = bet[i] * egam[i] * Ks[dc_qk(i, c)];
-        } else {
-#pragma unroll
-            for (int i = 0; i < CH; ++i) {
-                x[i] = (i < n && c < v_dim) ? bet[i] * qkv[(i64)(c0 + i) * width + v_at + c] : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int i = 1; i < CH; ++i) {
-            const float* arow = As + i * DC_AP;
-            // Four partial sums: shorter dependency chains.
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < i; j += 4) {
-                // Entries j ≥ i of the row are never initialised; they are never used either.
-                const float4 a = dc_ld4(arow + j);
-                s0 = fmaf(a.x, x[j], s0);
-                if (j + 1 < i) s1 = fmaf(a.y, x[j + 1], s1);
-                if (j + 2 < i) s2 = fmaf(a.z, x[j + 2], s2);
-                if (j + 3 < i) s3 = fmaf(a.w, x[j + 3], s3);
-            }
-            x[i] -= (s0 + s1) + (s2 + s3);
-        }
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            if (i < n) {
-                const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + c;
-                if (w_col) {
-                    w_out[at] = __float2bfloat16_rn(x[i]);
-                } else {
-                    u_out[at] = x[i];
+            for (int nt = 0; nt < 4; ++nt) {
+                const int j = 8 * (nt0 + nt) + 2 * ft;
+                float v0 = 0.0f, v1 = 0.0f;
+                if (nt < tiles) {
+                    const bool keep0 = is_p ? i >= j : i > j;
+                    const bool keep1 = is_p ? i >= j + 1 : i > j + 1;
+                    v0 = keep0 ? bi * expf(gi - gam[j]) * acc[nt][2 * half] : 0.0f;
+                    v1 = keep1 ? bi * expf(gi - gam[j + 1]) * acc[nt][2 * half + 1] : 0.0f;
+                }
+                if (is_p) {
+                    if (i < n) *reinterpret_cast<u32*>(prow + j) = pack_bf16x2(v0, v1);
+                } else if (nt < tiles) {
+                    As[i * DC_AP + j] = v0;
+                    As[i * DC_AP + j + 1] = v1;
                 }
             }
         }
     }
+    __syncthreads();
 
-    // ---- 5. P, e^γ·scale·q, e^{γ_last−γ}·k and γ for the state pass (rows of the chunk only).
-    for (int e = tid; e < n * CH; e += DC_THREADS) {
-        const int i = e / CH;
-        const int j = e % CH;
-        // Tiles above P's diagonal were never computed: their entries are zeros here.
-        p_out[((i64)(c0 + i) * v_heads + h) * CH + j] = __float2bfloat16_rn(j <= i ? Ps[i * DC_AP + j] : 0.0f);
-    }
-    for (int e = tid; e < n * DK; e += DC_THREADS) {
-        const int i = e / DK;
-        const int c = e % DK;
-        const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + c;
-        q_out[at] = __float2bfloat16_rn(egam[i] * Qs[dc_qk(i, c)]);
-        k_out[at] = __float2bfloat16_rn(edec[i] * Ks[dc_qk(i, c)]);
+    // ---- 4. Write e^γ·scale·q, e^{γ_last−γ}·k and γ; turn the tiles into the right operands of
+    // W and U (β e^γ k in place of k, β v in place of q). Threads 0-63 meanwhile invert A's
+    // diagonal blocks: column tid % 16 of block tid / 16, by forward substitution.
+#pragma unroll
+    for (int m = 0; m < PER_THREAD; ++m) {
+        const int i = er + m * ROWS_PER_PASS;
+        float2* qp = reinterpret_cast<float2*>(Qs + i * DC_LD + ec);
+        float2* kp = reinterpret_cast<float2*>(Ks + i * DC_LD + ec);
+        const float2 qv = *qp;
+        const float2 kv = *kp;
+        const float eg = egam[i];
+        const float bg = bet[i] * eg;
+        if (i < n) {
+            const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + ec;
+            *reinterpret_cast<u32*>(q_out + at) = pack_bf16x2(eg * qv.x, eg * qv.y);
+            *reinterpret_cast<u32*>(k_out + at) = pack_bf16x2(edec[i] * kv.x, edec[i] * kv.y);
+        }
+        *kp = make_float2(bg * kv.x, bg * kv.y);
+        *qp = make_float2(bet[i] * vr[m].x, bet[i] * vr[m].y);
     }
     if (tid < n) gam_out[(i64)(c0 + tid) * v_heads + h] = gam[tid];
+    if (tid < CH) {
+        const int d = tid >> 4;
+        const int cc = tid & 15;
+        const float* arows = As + 16 * d * DC_AP + 16 * d;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            float s = r == cc ? 1.0f : 0.0f;
+#pragma unroll
+            for (int q = 0; q < r; ++q) s = fmaf(-arows[r * DC_AP + q], x[q], s);
+            x[r] = s;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; ++r) Ts[(16 * d + r) * DC_AP + 16 * d + cc] = x[r];
+    }
+    __syncthreads();
+
+    // ---- 5. The blocks below the diagonal, one block diagonal (level L = r − s) at a time:
+    // M = Σ_{s≤q<r} A_rq T_qs, then T_rs = −T_rr M.
+#pragma unroll 1
+    for (int level = 1; level < 4; ++level) {
+        const int count = (4 - level) * 256;
+        for (int e = tid; e < count; e += DC_THREADS) {
+            const int s = e >> 8;
+            const int r = s + level;
+            const int a = (e >> 4) & 15;
+            const int b = e & 15;
+            const float* arow = As + (16 * r + a) * DC_AP;
+            float acc[2] = {0.0f, 0.0f};
+            for (int q = s; q < r; ++q) {
+#pragma unroll
+                for (int x = 0; x < 16; ++x) {
+                    const int j = 16 * q + x;
+                    acc[x & 1] = fmaf(arow[j], Ts[j * DC_AP + 16 * s + b], acc[x & 1]);
+                }
+            }
+            Ms[e] = acc[0] + acc[1];
+        }
+        __syncthreads();
+        for (int e = tid; e < count; e += DC_THREADS) {
+            const int s = e >> 8;
+            const int r = s + level;
+            const int a = (e >> 4) & 15;
+            const int b = e & 15;
+            const float* trow = Ts + (16 * r + a) * DC_AP + 16 * r;
+            const float* mcol = Ms + (s << 8) + b;
+            float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int x = 0; x < 16; ++x) {
+                // T_rr is lower triangular: its entries past a are zero.
+                if (x <= a) acc[x & 1] = fmaf(trow[x], mcol[x * 16], acc[x & 1]);
+            }
+            Ts[(16 * r + a) * DC_AP + 16 * s + b] = -(acc[0] + acc[1]);
+        }
+        __syncthreads();
+    }
+
+    // ---- 6. W = T (β e^γ K) (warps 0-7) and U = T (β V) (warps 8-15): per warp 16 rows × 64
+    // columns, depth up to the diagonal (T is lower triangular), straight to the scratch.
+    {
+        const bool is_u = warp >= 8;
+        const int rb = warp & 3;
+        const int col0 = 64 * ((warp >> 2) & 1);
+        const float* right = (is_u ? Qs : Ks) + col0;
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+        }
+        for (int ks = 0; ks < 2 * rb + 2; ++ks) {
+            u32 a[4];
+            dc_frag_a(a, Ts, DC_AP, 16 * rb, 8 * ks);
+            const float* b = right + (8 * ks + ft) * DC_LD + fg;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                dc_mma_tf32(acc[nt], a, dc_tf32(b[8 * nt]), dc_tf32(b[4 * DC_LD + 8 * nt]));
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int i = 16 * rb + fg + 8 * half;
+            if (i < n) {
+                const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + col0 + 2 * ft;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    const float v0 = acc[nt][2 * half];
+                    const float v1 = acc[nt][2 * half + 1];
+                    if (is_u) {
+                        *reinterpret_cast<float2*>(u_out + at + 8 * nt) = make_float2(v0, v1);
+                    } else {
+                        *reinterpret_cast<u32*>(w_out + at + 8 * nt) = pack_bf16x2(v0, v1);
+                    }
+                }
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 //! The chunked gated delta rule (`delta_chunked.cu`) in two kernels: `gdr_prepare` computes every
-//! chunk's state-independent quantities at once (f32), `gdr_state_pass` walks each sequence's
+//! chunk's state-independent quantities at once (products on TF32 tensor cores, the triangular
+//! inverse in f32), `gdr_state_pass` walks each sequence's
 //! chunks in order doing only the state products, on bf16 tensor cores with f32 accumulation.
 //!
 //! Earlier designs, measured on the H200 and dropped: one f32 SIMT kernel walking the chunks and
@@ -24,9 +25,10 @@ const CHUNK: usize = 64;
 /// kernel.
 const MAX_HEAD: usize = 128;
 /// Threads of `gdr_prepare` (`DC_THREADS`).
-const PREPARE_THREADS: u32 = 256;
-/// Dynamic shared memory of `gdr_prepare`: q and k tiles, A and P (row stride 68), five vectors.
-const PREPARE_SMEM: usize = 4 * (2 * CHUNK * MAX_HEAD + 2 * CHUNK * 68 + 5 * CHUNK);
+const PREPARE_THREADS: u32 = 512;
+/// Dynamic shared memory of `gdr_prepare`: q and k tiles (row stride 132), A and T (stride 68),
+/// three 16×16 blocks, five per-token vectors; f32. Two blocks fit on an SM.
+const PREPARE_SMEM: usize = 4 * (2 * CHUNK * 132 + 2 * CHUNK * 68 + 3 * 256 + 5 * CHUNK);
 
 /// Dynamic shared memory of `gdr_state_pass` with `sv` value columns per block: two stages of
 /// (W, q, k tiles of row stride 136, P of stride 72 in bf16; U of stride sv + 4 in f32; one γ,
