@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::bf16;
+use rayon::prelude::*;
 
 use super::blas::{Blas, GemmInput};
 use super::buffers::{act, act_mut, idx, norm_out, weight, CudaBuf, NormOut};
@@ -337,9 +338,18 @@ impl Backend for CudaBackend {
         Ok(slice)
     }
 
-    /// Uploads a weight, converted to bf16 on the host (the model stores its weights in bf16).
+    /// Uploads a weight, converted to bf16 on the host (the model stores its weights in bf16), on
+    /// every core: a 4B model is 4.2 G values.
     fn upload(&self, data: &[f32]) -> KernelResult<CudaBuf> {
-        let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        const CHUNK: usize = 1 << 20;
+        let mut host = vec![bf16::ZERO; data.len()];
+        host.par_chunks_mut(CHUNK)
+            .zip(data.par_chunks(CHUNK))
+            .for_each(|(dst, src)| {
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = bf16::from_f32(v);
+                }
+            });
         let slice = self.device.stream.clone_htod(&host);
         let slice = slice.map_err(|e| driver_err("upload", e))?;
         self.weight_bytes
