@@ -464,17 +464,19 @@ __device__ __forceinline__ void gdr_state_pass(
     const u32 start = min(cu_seqlens[s], rows_cap);
     const u32 end = max(start, min(cu_seqlens[s + 1], rows_cap));
 
-    // The state slice, f32 in mma accumulator layout: st[m][n] covers rows 32·rw + 16·m (+ gr,
-    // + gr + 8), columns cw + 8·n (+ gc, + gc + 1).
+    // The state slice, f32 in mma accumulator layout: st[m][nt][e] is at row st_row(m, e) (a key)
+    // and column st_col(nt, e) of the slice.
     float st[2][4][4];
+    auto st_row = [&](int m, int e) { return 32 * rw + 16 * m + gr + (e >> 1) * 8; };
+    auto st_col = [&](int nt, int e) { return cw + 8 * nt + gc + (e & 1); };
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = 32 * rw + 16 * m + gr + (e >> 1) * 8;
-                const int col = cw + 8 * nt + gc + (e & 1);
+                const int row = st_row(m, e);
+                const int col = st_col(nt, e);
                 st[m][nt][e] = (has_initial && row < k_dim && col < vcols)
                                    ? initial[state_at + (i64)row * v_dim + col]
                                    : 0.0f;
@@ -648,8 +650,8 @@ __device__ __forceinline__ void gdr_state_pass(
             for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int row = 32 * rw + 16 * m + gr + (e >> 1) * 8;
-                    const int col = cw + 8 * nt + gc + (e & 1);
+                    const int row = st_row(m, e);
+                    const int col = st_col(nt, e);
                     if (row < k_dim && col < vcols) final_state[state_at + (i64)row * v_dim + col] = st[m][nt][e];
                 }
             }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -222,7 +222,7 @@ impl<'a> GateArgs<'a> {
         })
     }
 
-    fn push<'b>(&'b self, launch: &mut cudarc::driver::LaunchArgs<'b>) {
+    fn push<'b>(&'b self, launch: &mut LaunchArgs<'b>) {
         launch
             .arg(self.z)
             .arg(&self.heads)
@@ -243,6 +243,9 @@ pub(super) struct DeltaArgs<'a> {
     pub dims: DeltaDims,
     /// Rows every buffer holds and the batch covers: the kernels clamp the sequences to it.
     pub rows_cap: usize,
+    /// Whether the states are present, as the kernels take it.
+    has_initial: i32,
+    has_final: i32,
 }
 
 impl<'a> DeltaArgs<'a> {
@@ -271,6 +274,8 @@ impl<'a> DeltaArgs<'a> {
         .unwrap_or(0);
         let rows_cap = check_batch(op, &batch, rows_cap)?;
         let state_len = batch.num_seqs * dims.state_len();
+        let has_initial = i32::from(state.initial.is_some());
+        let has_final = i32::from(state.final_out.is_some());
         let args = Self {
             qkv: act(op, "qkv", qkv, 0)?,
             beta: act(op, "beta", beta, 0)?,
@@ -287,8 +292,25 @@ impl<'a> DeltaArgs<'a> {
             out: act_mut(op, "out", out, 0)?,
             dims,
             rows_cap,
+            has_initial,
+            has_final,
         };
         Ok((batch.num_seqs > 0 && v_heads > 0).then_some(args))
+    }
+
+    /// Pushes the arguments every delta-rule kernel takes in this order: `cu_seqlens, initial,
+    /// has_initial, final_state, has_final, out`. The kernels never touch an absent state
+    /// (has_* = 0); qkv stands in for it as a valid pointer.
+    pub(super) fn push_states_and_out<'b>(&'b mut self, launch: &mut LaunchArgs<'b>) {
+        launch
+            .arg(self.cu_seqlens)
+            .arg(self.initial.unwrap_or(self.qkv))
+            .arg(&self.has_initial);
+        match self.final_out.as_deref_mut() {
+            Some(final_state) => launch.arg(final_state),
+            None => launch.arg(self.qkv),
+        };
+        launch.arg(&self.has_final).arg(&mut *self.out);
     }
 }
 
@@ -1255,51 +1277,26 @@ impl CudaBackend {
         self.launch_delta(OP, "gated_delta_rule_recurrent", args, cfg)
     }
 
-    /// Launches a delta-rule kernel (the recurrent and the chunked ones take the same arguments).
-    pub(super) fn launch_delta(
+    /// Launches the token-by-token delta-rule kernel.
+    fn launch_delta(
         &self,
         op: &'static str,
         kernel: &str,
-        args: DeltaArgs<'_>,
+        mut args: DeltaArgs<'_>,
         cfg: LaunchConfig,
     ) -> KernelResult<()> {
-        let DeltaArgs {
-            qkv,
-            beta,
-            g,
-            cu_seqlens,
-            initial,
-            final_out,
-            out,
-            dims,
-            rows_cap,
-        } = args;
-        let has_initial = i32::from(initial.is_some());
-        let has_final = i32::from(final_out.is_some());
-        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
-        let initial = initial.unwrap_or(qkv);
+        let dims = args.dims;
         let k_heads_a = to_i32(op, "k_heads", dims.k_heads)?;
         let v_heads_a = to_i32(op, "v_heads", dims.v_heads)?;
         let k_dim_a = to_i32(op, "k_dim", dims.k_dim)?;
         let v_dim_a = to_i32(op, "v_dim", dims.v_dim)?;
         let scale = (dims.k_dim as f64).powf(-0.5) as f32;
-        let rows_cap_a = to_u32(op, "rows", rows_cap)?;
+        let rows_cap_a = to_u32(op, "rows", args.rows_cap)?;
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(args.qkv).arg(args.beta).arg(args.g);
+        args.push_states_and_out(&mut launch);
         launch
-            .arg(qkv)
-            .arg(beta)
-            .arg(g)
-            .arg(cu_seqlens)
-            .arg(initial)
-            .arg(&has_initial);
-        match final_out {
-            Some(final_state) => launch.arg(final_state),
-            None => launch.arg(qkv),
-        };
-        launch
-            .arg(&has_final)
-            .arg(out)
             .arg(&k_heads_a)
             .arg(&v_heads_a)
             .arg(&k_dim_a)

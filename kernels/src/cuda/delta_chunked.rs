@@ -172,7 +172,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        let Some(args) = DeltaArgs::check(OP, qkv, beta, g, batch, dims, state, out)? else {
+        let Some(mut args) = DeltaArgs::check(OP, qkv, beta, g, batch, dims, state, out)? else {
             return Ok(());
         };
         let rows = args.rows_cap;
@@ -245,10 +245,6 @@ impl CudaBackend {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
         };
-        let has_initial = i32::from(args.initial.is_some());
-        let has_final = i32::from(args.final_out.is_some());
-        // The kernel never touches an absent state (has_* = 0); qkv stands in as a valid pointer.
-        let initial = args.initial.unwrap_or(args.qkv);
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
         launch
@@ -257,17 +253,9 @@ impl CudaBackend {
             .arg(&scratch.q)
             .arg(&scratch.k)
             .arg(&scratch.p)
-            .arg(&scratch.gam)
-            .arg(args.cu_seqlens)
-            .arg(initial)
-            .arg(&has_initial);
-        match args.final_out {
-            Some(final_state) => launch.arg(final_state),
-            None => launch.arg(args.qkv),
-        };
+            .arg(&scratch.gam);
+        args.push_states_and_out(&mut launch);
         launch
-            .arg(&has_final)
-            .arg(args.out)
             .arg(&v_heads_a)
             .arg(&k_dim_a)
             .arg(&v_dim_a)
