@@ -15,71 +15,116 @@ __device__ __forceinline__ float conv_input(const float* x, int x_stride, int x_
     return window_in[((i64)s * hist + hist + t) * channels + c];
 }
 
-#define CONV_ROWS 16       // rows one thread walks (CONV_ROWS in the launcher)
-#define CONV_MAX_KERNEL 8  // largest kernel width (taps held in registers)
+#define CONV_TILE_ROWS 32   // rows per block (CONV_TILE_ROWS in the launcher)
+#define CONV_TILE_CH 128     // channels per block (CONV_TILE_CH in the launcher)
+#define CONV_THREADS 256     // threads per block: CONV_TILE_CH channels x 2 row halves
+#define CONV_MAX_KERNEL 8    // largest kernel width (CONV_MAX_KERNEL in the launcher)
 
-// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]). Each thread owns one channel over CONV_ROWS
-// consecutive rows (grid.x: row runs, grid.y × block: channels), sliding the window in registers,
-// so every input is read once and the sequence lookup happens once per run, not per element.
-extern "C" __global__ void conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset,
-                                       const __nv_bfloat16* __restrict__ w,
-                                       const u32* __restrict__ cu_seqlens, int num_seqs,
-                                       const float* __restrict__ window_in, int has_window,
-                                       float* __restrict__ out, int channels, int kernel, u32 rows_cap) {
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    const u32 r0 = blockIdx.x * CONV_ROWS;
-    if (c >= channels || r0 >= rows_cap) return;
-    const u32 r1 = min(r0 + CONV_ROWS, rows_cap);
+// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]). One block per tile of CONV_TILE_ROWS rows x
+// CONV_TILE_CH channels: the tile and the kernel-1 rows before it are first copied into shared
+// memory with every load issued at once (float4s where the layout allows), so the block waits on
+// memory once; then each thread computes one channel over half the tile's rows from shared memory.
+// Each row's sequence start is looked up once per block. Inputs before a sequence's start come
+// from the carried window (or are zero); rows past the last sequence are not written; a row before
+// its sequence's start (corrupt boundaries) gets NaN.
+extern "C" __global__ void __launch_bounds__(CONV_THREADS)
+conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_bfloat16* __restrict__ w,
+            const u32* __restrict__ cu_seqlens, int num_seqs, const float* __restrict__ window_in,
+            int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap) {
+    constexpr int HALO = CONV_MAX_KERNEL - 1;
+    constexpr int TILE = CONV_TILE_ROWS + HALO;  // shared rows: HALO before the tile, then the tile
+    __shared__ float s_x[TILE][CONV_TILE_CH];
+    __shared__ int s_seq[CONV_TILE_ROWS];
+    __shared__ u32 s_start[CONV_TILE_ROWS];
     const int hist = kernel - 1;
+    const i64 r0 = (i64)blockIdx.x * CONV_TILE_ROWS;
+    const int c0 = blockIdx.y * CONV_TILE_CH;
+    const int tid = threadIdx.x;
+
+    // Shared row j holds x row r0 - HALO + j (zeros outside [0, rows_cap) or past the channels).
+    // Every load of the thread goes out before the first store, so the block waits on memory once.
+    const bool vec = ((x_stride | x_offset | channels) & 3) == 0;
+    if (vec) {
+        constexpr int PARTS = CONV_TILE_CH / 4;
+        constexpr int PER = (TILE * PARTS + CONV_THREADS - 1) / CONV_THREADS;
+        float4 v[PER];
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            const int i = tid + e * CONV_THREADS;
+            const int j = i / PARTS;
+            const int c = (i % PARTS) * 4;
+            const i64 r = r0 - HALO + j;
+            v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < TILE * PARTS && r >= 0 && r < (i64)rows_cap && c0 + c < channels)
+                v[e] = *reinterpret_cast<const float4*>(x + r * x_stride + x_offset + c0 + c);
+        }
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            const int i = tid + e * CONV_THREADS;
+            if (i < TILE * PARTS) *reinterpret_cast<float4*>(&s_x[i / PARTS][(i % PARTS) * 4]) = v[e];
+        }
+    } else {
+        constexpr int PER = (TILE * CONV_TILE_CH + CONV_THREADS - 1) / CONV_THREADS;
+        float v[PER];
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            const int i = tid + e * CONV_THREADS;
+            const int j = i / CONV_TILE_CH;
+            const int c = i % CONV_TILE_CH;
+            const i64 r = r0 - HALO + j;
+            v[e] = i < TILE * CONV_TILE_CH && r >= 0 && r < (i64)rows_cap && c0 + c < channels
+                       ? x[r * x_stride + x_offset + c0 + c]
+                       : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            const int i = tid + e * CONV_THREADS;
+            if (i < TILE * CONV_TILE_CH) s_x[i / CONV_TILE_CH][i % CONV_TILE_CH] = v[e];
+        }
+    }
+    if (tid < CONV_TILE_ROWS) {
+        const i64 r = r0 + tid;
+        const int s = r < (i64)rows_cap ? sequence_of_row(cu_seqlens, num_seqs, (u32)r) : -1;
+        s_seq[tid] = s;
+        s_start[tid] = s >= 0 ? cu_seqlens[s] : 0;
+    }
+    __syncthreads();
+
+    const int cl = tid % CONV_TILE_CH;
+    const int c = c0 + cl;
+    if (c >= channels) return;
     float taps[CONV_MAX_KERNEL];
 #pragma unroll
     for (int k = 0; k < CONV_MAX_KERNEL; ++k) taps[k] = k < kernel ? load_bf16(w, (i64)c * kernel + k) : 0.0f;
-    int s = sequence_of_row(cu_seqlens, num_seqs, r0);
-    if (s < 0) return;
-    u32 start = cu_seqlens[s];
-    u32 end = cu_seqlens[s + 1];
-    // win[i]: the input `hist - i` steps back (oldest first).
-    float win[CONV_MAX_KERNEL];
-    bool fresh = true;
-    for (u32 r = r0; r < r1; ++r) {
-        while (r >= end) {  // the next sequence (skipping empty ones)
-            if (++s >= num_seqs) return;
-            start = cu_seqlens[s];
-            end = cu_seqlens[s + 1];
-            fresh = true;
-        }
-        const i64 at = (i64)r * channels + c;
-        if (r < start) {  // corrupt boundaries: never index before the sequence
-            out[at] = F32_NAN;
-            fresh = true;
+    const int half = tid / CONV_TILE_CH;
+    constexpr int PER = CONV_TILE_ROWS / (CONV_THREADS / CONV_TILE_CH);
+#pragma unroll 4
+    for (int jj = 0; jj < PER; ++jj) {
+        const int j = half * PER + jj;
+        const int s = s_seq[j];
+        if (s < 0) continue;  // past the last sequence (or past rows_cap)
+        const i64 r = r0 + j;
+        const u32 start = s_start[j];
+        if (r < (i64)start) {
+            out[r * channels + c] = F32_NAN;
             continue;
         }
         const int local = (int)(r - start);
-        if (fresh) {
-#pragma unroll
-            for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
-                if (i < hist)
-                    win[i] = conv_input(x, x_stride, x_offset, window_in, has_window, start, s, local - hist + i, c,
-                                        channels, hist);
-            }
-            fresh = false;
-        }
-        const float cur = x[(i64)r * x_stride + x_offset + c];
         float acc = 0.0f;
 #pragma unroll
-        for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
-            if (i < hist) acc += taps[i] * win[i];
+        for (int i = 0; i < CONV_MAX_KERNEL; ++i) {
+            if (i > hist) break;
+            const int back = hist - i;  // steps before row r
+            float in;
+            if (back <= local) {
+                in = s_x[HALO + j - back][cl];
+            } else {
+                const int t = local - back;  // < 0: before the sequence
+                in = has_window && -t <= hist ? window_in[((i64)s * hist + hist + t) * channels + c] : 0.0f;
+            }
+            acc += taps[i] * in;
         }
-#pragma unroll
-        for (int k = 0; k < CONV_MAX_KERNEL; ++k) {
-            if (k == hist) acc += taps[k] * cur;
-        }
-        out[at] = silu_f(acc);
-#pragma unroll
-        for (int i = 0; i < CONV_MAX_KERNEL - 1; ++i) {
-            if (i + 1 < hist) win[i] = win[i + 1];
-            else if (i + 1 == hist) win[i] = cur;
-        }
+        out[r * channels + c] = silu_f(acc);
     }
 }
 

@@ -363,23 +363,6 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
                    // 8 row addresses in distinct bank groups
 #define GS_PLD 72  // bf16 row stride of the [64][64] P tile
 
-__device__ __forceinline__ void gs_cp16(u32 dst, const void* src, bool valid) {
-    // src-size 0 fills the 16 bytes with zeros (rows past the sequence).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void gs_cp4(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void gs_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void gs_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Shared memory of one stage (one chunk's tiles), in bytes, for SV value columns.
 template <int SV>
 struct GsStage {
@@ -409,9 +392,9 @@ __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restri
         const bool ok = i < n;
         const i64 at = ((i64)(c0 + (ok ? i : 0)) * v_heads + h) * DC_DK + part * 8;
         const u32 off = (u32)(i * GS_LD + part * 8) * 2;
-        gs_cp16(base + L::W + off, w + at, ok);
-        gs_cp16(base + L::Q + off, q + at, ok);
-        gs_cp16(base + L::K + off, k + at, ok);
+        cp_async16(base + L::W + off, w + at, ok);
+        cp_async16(base + L::Q + off, q + at, ok);
+        cp_async16(base + L::K + off, k + at, ok);
     }
     // P: 64 rows of 8 × 16 bytes.
     for (int e = tid; e < DC_CHUNK * 8; e += THREADS) {
@@ -419,7 +402,7 @@ __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restri
         const int part = e % 8;
         const bool ok = i < n;
         const i64 at = ((i64)(c0 + (ok ? i : 0)) * v_heads + h) * DC_CHUNK + part * 8;
-        gs_cp16(base + L::P + (u32)(i * GS_PLD + part * 8) * 2, p + at, ok);
+        cp_async16(base + L::P + (u32)(i * GS_PLD + part * 8) * 2, p + at, ok);
     }
     // U: this slice's SV columns, SV / 4 × 16 bytes per row.
     for (int e = tid; e < DC_CHUNK * (SV / 4); e += THREADS) {
@@ -427,9 +410,9 @@ __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restri
         const int part = e % (SV / 4);
         const bool ok = i < n;
         const i64 at = ((i64)(c0 + (ok ? i : 0)) * v_heads + h) * DC_DK + col0 + part * 4;
-        gs_cp16(base + L::U + (u32)(i * L::ULD + part * 4) * 4, u + at, ok);
+        cp_async16(base + L::U + (u32)(i * L::ULD + part * 4) * 4, u + at, ok);
     }
-    if (tid == 0) gs_cp4(base + L::GL, gam + (i64)(c0 + n - 1) * v_heads + h);
+    if (tid == 0) cp_async4(base + L::GL, gam + (i64)(c0 + n - 1) * v_heads + h);
 }
 
 // SV value columns per block, in groups of 32; warps (4 per group) each own 16 rows of the
@@ -510,12 +493,12 @@ __device__ __forceinline__ void gdr_state_pass(
 
     int n = (int)min((u32)DC_CHUNK, end - start);
     if (start < end) gs_issue<SV, THREADS>(stage0, w, u, q, k, p, gam, start, n, v_heads, h, col0);
-    gs_commit();
+    cp_async_commit();
     int buf = 0;
     for (u32 c0 = start; c0 < end; c0 += DC_CHUNK, buf ^= 1) {
         const u32 base = stage0 + buf * L::BYTES;
         const unsigned char* stage = smem + buf * L::BYTES;
-        gs_wait<0>();
+        cp_async_wait<0>();
         // The chunk's tiles and the state copy are complete; every warp is done with the other stage.
         __syncthreads();
         const u32 c_next = c0 + (u32)n;
@@ -524,7 +507,7 @@ __device__ __forceinline__ void gdr_state_pass(
             gs_issue<SV, THREADS>(stage0 + (buf ^ 1) * L::BYTES, w, u, q, k, p, gam, c_next, n_next, v_heads, h,
                                   col0);
         }
-        gs_commit();
+        cp_async_commit();
 
         // ---- V' = U − W S0 and O = (e^γ q) S0: 16 rows × 32 columns per warp, depth 128.
         float vp[4][4], o[4][4];
@@ -641,7 +624,7 @@ __device__ __forceinline__ void gdr_state_pass(
         store_state();
         n = n_next;
     }
-    gs_wait<0>();
+    cp_async_wait<0>();
 
     if (has_final) {
 #pragma unroll

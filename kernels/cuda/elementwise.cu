@@ -55,6 +55,61 @@ extern "C" __global__ void swiglu_bf16(const float* __restrict__ gate_up, __nv_b
     }
 }
 
+// SwiGLU from a bf16 gate|up (a GEMM's bf16 output), to f32 or (for the down projection's input)
+// bf16. Pairs of values per thread-step when inter is even.
+__device__ __forceinline__ float2 swiglu_pair(const __nv_bfloat16* row, int inter, int c) {
+    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + c));
+    const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + inter + c));
+    return make_float2(silu_f(g.x) * u.x, silu_f(g.y) * u.y);
+}
+
+__device__ __forceinline__ float swiglu_one(const __nv_bfloat16* row, int inter, int c) {
+    return silu_f(__bfloat162float(row[c])) * __bfloat162float(row[inter + c]);
+}
+
+extern "C" __global__ void swiglu_from_bf16(const __nv_bfloat16* __restrict__ gate_up, float* __restrict__ out,
+                                            int rows, int inter) {
+    const i64 t = blockIdx.x;
+    if (t >= rows) return;
+    const __nv_bfloat16* row = gate_up + t * 2 * inter;
+    float* o = out + t * inter;
+    if ((inter & 1) == 0) {
+        for (int c = threadIdx.x * 2; c < inter; c += blockDim.x * 2)
+            *reinterpret_cast<float2*>(o + c) = swiglu_pair(row, inter, c);
+    } else {
+        for (int c = threadIdx.x; c < inter; c += blockDim.x) o[c] = swiglu_one(row, inter, c);
+    }
+}
+
+extern "C" __global__ void swiglu_bf16_from_bf16(const __nv_bfloat16* __restrict__ gate_up,
+                                                 __nv_bfloat16* __restrict__ out, int rows, int inter) {
+    const i64 t = blockIdx.x;
+    if (t >= rows) return;
+    const __nv_bfloat16* row = gate_up + t * 2 * inter;
+    __nv_bfloat16* o = out + t * inter;
+    if ((inter & 7) == 0) {  // 16-byte loads and stores: 8 values per thread-step
+        for (int c = threadIdx.x * 8; c < inter; c += blockDim.x * 8) {
+            const uint4 g = *reinterpret_cast<const uint4*>(row + c);
+            const uint4 u = *reinterpret_cast<const uint4*>(row + inter + c);
+            const u32 gs[4] = {g.x, g.y, g.z, g.w};
+            const u32 us[4] = {u.x, u.y, u.z, u.w};
+            u32 r[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gs[k]));
+                const float2 uf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&us[k]));
+                r[k] = pack_bf16x2(silu_f(gf.x) * uf.x, silu_f(gf.y) * uf.y);
+            }
+            *reinterpret_cast<uint4*>(o + c) = make_uint4(r[0], r[1], r[2], r[3]);
+        }
+    } else if ((inter & 1) == 0) {
+        for (int c = threadIdx.x * 2; c < inter; c += blockDim.x * 2)
+            *reinterpret_cast<__nv_bfloat162*>(o + c) = __float22bfloat162_rn(swiglu_pair(row, inter, c));
+    } else {
+        for (int c = threadIdx.x; c < inter; c += blockDim.x) o[c] = __float2bfloat16_rn(swiglu_one(row, inter, c));
+    }
+}
+
 // PyTorch's softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 

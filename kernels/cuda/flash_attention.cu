@@ -8,24 +8,23 @@
 // P V into its 16 x D f32 accumulator, which never leaves registers. The C-fragment layout of S
 // equals the A-fragment layout P needs, so P goes from S to the PV product without shared memory.
 //
-// The inputs are f32, so tiles cannot be copied with cp.async: each thread loads float4s into
-// registers, converts to bf16 and stores them. To hide that latency with one block per SM, the
-// V tile of step j is loaded in chunks interleaved with the QKᵀ MMAs of step j, and the K tile of
-// step j+1 with the PV MMAs of step j; one K and one V buffer suffice (two barriers per step).
+// The kernel reads Q (pre-scaled), K and V as bf16 from a scratch that `flash_bf16_inputs` fills
+// from the f32 activations just before, so tiles stream into shared memory with cp.async and no
+// register staging. One K and one V buffer: the V tile of step j loads while the block computes
+// S = Q K_jᵀ and its softmax, the K tile of step j+1 while it computes P V_j (four barriers per
+// step). Rows past a sequence load as zeros (so a masked key's V row is 0, never stale memory).
 //
 // Shared memory rows are padded by 16 bytes: the 8 row addresses of every ldmatrix then fall in
 // distinct 16-byte bank groups (no conflicts), without an XOR swizzle.
 
-// Two shapes of the same kernel (template parameters WARPS and STAGE):
+// Two shapes of the same kernel (template parameters WARPS and NARROW):
 //  - wide (flash_attention_d*): 8 warps, 128 query rows per block, one block per SM at D = 256.
 //    Grid (query tiles, q_heads). For long sequences.
 //  - narrow (flash_attention_narrow_d*): 4 warps, 64 query rows per block, 99 KiB of shared memory
-//    at D = 256, so two blocks share an SM and one block's memory waits overlap the other's MMAs;
-//    8 staged float4s per thread (so half the threads still load a tile in 4 round trips, as the
-//    wide kernel does). Grid (q_heads, query tiles):
-//    the heads of one kv group run side by side, so their K/V reads hit L2. It finds its tile with
-//    a warp-parallel scan of cu_seqlens (32 sequences per load) instead of a serial walk. For
-//    batches of short sequences, where the wide kernel waits on memory with one block per SM.
+//    at D = 256, so two blocks share an SM and one block's memory waits overlap the other's MMAs.
+//    Grid (q_heads, query tiles): the heads of one kv group run side by side, so their K/V reads
+//    hit L2. It finds its tile with a warp-parallel scan of cu_seqlens (32 sequences per load)
+//    instead of a serial walk. For batches of short sequences.
 #define FA_BN 64                  // keys per tile
 #define FA_PAD 8                  // bf16 padding per shared-memory row (16 bytes)
 
@@ -38,37 +37,64 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return y;
 }
 
-__device__ __forceinline__ void fa_store_bf16x4(__nv_bfloat16* dst, float4 x) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
-}
-
-// Chunk `c` of a K or V tile: STAGE float4s per thread, consecutive threads on consecutive
-// float4s of a row (coalesced). Pass e of chunk c covers tile rows (c·STAGE + e)·rows_per_pass
-// + ld_row, column ld_col. `src` points at column ld_col of sequence row key0 + ld_row; stepping it
-// by `step` (rows_per_pass rows) keeps the per-thread addressing to one pointer. Keys at or beyond
-// `kv_len`, and columns at or beyond head_dim (when head_dim < D), load as zeros: causal masking
-// hides those keys, and zero columns add nothing.
-template <int D, int THREADS, int STAGE>
-__device__ __forceinline__ void fa_issue(float4 (&stage)[STAGE], const float* src, i64 step,
-                                         int key, int kv_len, bool col_ok, int c) {
-    constexpr int RPP = THREADS * 4 / D;  // tile rows per pass of all threads
-    src += (i64)(c * STAGE) * step;
-    key += c * STAGE * RPP;
-#pragma unroll
-    for (int e = 0; e < STAGE; ++e) {
-        stage[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (col_ok && key + e * RPP < kv_len) stage[e] = *reinterpret_cast<const float4*>(src);
-        src += step;
+// Q, K, V in bf16 for the kernels below: qb [rows][q_heads][D] = q · scale · log2(e) (so the
+// softmax can use exp2), kb and vb [rows][kv_heads][D]; columns at or beyond head_dim are zeros.
+// One thread per 8 values (two float4 loads, one 16-byte store).
+extern "C" __global__ void flash_bf16_inputs(const float* __restrict__ qg, const float* __restrict__ k,
+                                             const float* __restrict__ v, u32 rows, int q_heads,
+                                             int kv_heads, int head_dim, int d, float scale,
+                                             __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb,
+                                             __nv_bfloat16* __restrict__ vb) {
+    const int parts = d / 8;
+    const int heads = q_heads + 2 * kv_heads;
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * heads * parts) return;
+    const int col = (int)(i % parts) * 8;
+    const i64 rh = i / parts;
+    const int hh = (int)(rh % heads);
+    const i64 row = rh / heads;
+    const float* src;
+    __nv_bfloat16* dst;
+    float mul = 1.0f;
+    if (hh < q_heads) {
+        src = qg + (row * q_heads + hh) * 2 * head_dim;
+        dst = qb + (row * q_heads + hh) * d;
+        mul = scale * 1.4426950408889634f;
+    } else if (hh < q_heads + kv_heads) {
+        src = k + (row * kv_heads + hh - q_heads) * head_dim;
+        dst = kb + (row * kv_heads + hh - q_heads) * d;
+    } else {
+        src = v + (row * kv_heads + hh - q_heads - kv_heads) * head_dim;
+        dst = vb + (row * kv_heads + hh - q_heads - kv_heads) * d;
     }
+    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+    if (col < head_dim) {  // head_dim is a multiple of 16: a part is wholly in or out
+        const float4 a = *reinterpret_cast<const float4*>(src + col);
+        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
+        packed = make_uint4(pack_bf16x2(a.x * mul, a.y * mul), pack_bf16x2(a.z * mul, a.w * mul),
+                            pack_bf16x2(b.x * mul, b.y * mul), pack_bf16x2(b.z * mul, b.w * mul));
+    }
+    *reinterpret_cast<uint4*>(dst + col) = packed;
 }
 
-// Stores chunk `c` into a tile; `dst` is the thread's (ld_row, ld_col) element of the tile.
-template <int D, int THREADS, int STAGE>
-__device__ __forceinline__ void fa_commit(const float4 (&stage)[STAGE], __nv_bfloat16* dst, int c) {
-    constexpr int RPP = THREADS * 4 / D;
+// cp.async of one tile (ROWS rows of D bf16 from a [rows][heads][D] array) into shared memory.
+// Thread tid copies 16-byte part (tid % (D/8)) of tile rows tid / (D/8) + e · THREADS / (D/8).
+// Rows at or beyond `limit` are filled with zeros; `base` points at the tile's first row and head.
+template <int D, int THREADS, int ROWS>
+__device__ __forceinline__ void fa_load_tile(u32 dst, const __nv_bfloat16* base, i64 row_stride,
+                                             int first, int limit) {
+    constexpr int PARTS = D / 8;
+    constexpr int RSTEP = THREADS / PARTS;
+    static_assert(THREADS % PARTS == 0 && ROWS % RSTEP == 0, "whole rows per pass");
+    const int tid = threadIdx.x;
+    const int r0 = tid / PARTS;
+    const int col = (tid % PARTS) * 8;
 #pragma unroll
-    for (int e = 0; e < STAGE; ++e) {
-        fa_store_bf16x4(dst + (c * STAGE + e) * RPP * (D + FA_PAD), stage[e]);
+    for (int e = 0; e < ROWS / RSTEP; ++e) {
+        const int r = r0 + e * RSTEP;
+        const bool ok = first + r < limit;
+        const __nv_bfloat16* src = ok ? base + (i64)r * row_stride + col : base;
+        cp_async16(dst + (u32)(r * (D + FA_PAD) + col) * 2, src, ok);
     }
 }
 
@@ -99,33 +125,40 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
 }
 
 // D: the head size the block is laid out for (64, 128 or 256); head_dim <= D, a multiple of 16.
-// WARPS: warps per block (16 query rows each). STAGE: float4s per thread per staged K/V chunk.
-// NARROW: grid (q_heads, tiles) with the warp-parallel tile search, else (tiles, q_heads) with the
-// serial one.
-template <int D, int WARPS, int STAGE, bool NARROW>
+// WARPS: warps per block (16 query rows each). NARROW: grid (q_heads, tiles) with the warp-parallel
+// tile search, else (tiles, q_heads) with the serial one. qb, kb, vb as `flash_bf16_inputs` writes
+// them; qg (f32) for the output gate. LAST: only each sequence's last row (grid (q_heads,
+// num_seqs), block y = sequence; the block takes the sequence's last tile, only the warp holding the
+// last row computes, and out is [num_seqs][q_heads][head_dim]).
+template <int D, int WARPS, bool NARROW, bool LAST>
 __device__ __forceinline__ void flash_attention_impl(
-    const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v,
+    const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
+    const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg,
     const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, float* __restrict__ out,
-    int q_heads, int kv_heads, int head_dim, float scale) {
+    int q_heads, int kv_heads, int head_dim) {
     constexpr int FA_BM = WARPS * 16;      // query rows per block
     constexpr int FA_THREADS = WARPS * 32;
     constexpr int STRIDE = D + FA_PAD;  // shared-memory row stride, bf16 elements
     constexpr int KSTEPS = D / 16;      // 16-wide steps over the head dim (QKᵀ depth, PV width)
-    constexpr int CHUNKS = FA_BN * D / 4 / FA_THREADS / STAGE;  // staged chunks per tile
-    constexpr int PERIOD = KSTEPS / CHUNKS;  // steps between chunks
-    static_assert(CHUNKS >= 1, "a tile holds at least one chunk");
-    static_assert(CHUNKS * STAGE * FA_THREADS * 4 == FA_BN * D, "tile splits into chunks");
-    static_assert(PERIOD * CHUNKS == KSTEPS, "chunks spread evenly over the steps");
-    static_assert(FA_THREADS * 4 % D == 0, "a pass of all threads covers whole tile rows");
 
     int tile = -1;
     u32 seq_start = 0;
     int len = 0;
-    const bool found =
-        NARROW
-            ? find_tile_warp<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.y, tile, seq_start, len)
-            : fa_find_tile_serial<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, tile, seq_start,
-                                         len);
+    bool found;
+    if (LAST) {
+        const int seq = blockIdx.y;
+        const u32 a = min(cu_seqlens[seq], rows);
+        const u32 b = min(cu_seqlens[seq + 1], rows);
+        found = seq < num_seqs && b > a;
+        seq_start = a;
+        len = found ? (int)(b - a) : 0;
+        tile = found ? (len - 1) / FA_BM : 0;
+    } else {
+        found = NARROW ? find_tile_warp<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.y, tile,
+                                               seq_start, len)
+                       : fa_find_tile_serial<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, tile,
+                                                    seq_start, len);
+    }
     if (!found) return;  // uniform over the block, before any barrier
 
     const int h = NARROW ? blockIdx.x : blockIdx.y;
@@ -139,50 +172,24 @@ __device__ __forceinline__ void flash_attention_impl(
     const int kv_len = min(q0 + FA_BM, len); // keys any row of the block can see
     const int n_tiles = (kv_len + FA_BN - 1) / FA_BN;
     const int wrow = q0 + warp * 16;         // first query row of this warp
-    const bool warp_rows = wrow < len;
+    // LAST: only the warp holding the sequence's last row has rows to compute.
+    const bool warp_rows = LAST ? wrow <= len - 1 && len - 1 < wrow + 16 : wrow < len;
 
     __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(fa_smem);
     __nv_bfloat16* s_k = s_q + FA_BM * STRIDE;
     __nv_bfloat16* s_v = s_k + FA_BN * STRIDE;
+    const u32 sq = smem_addr(s_q), sk = smem_addr(s_k), sv = smem_addr(s_v);
+    const i64 kv_row = (i64)kv_heads * D;
+    const __nv_bfloat16* k_seq = kb + (i64)seq_start * kv_row + (i64)kvh * D;
+    const __nv_bfloat16* v_seq = vb + (i64)seq_start * kv_row + (i64)kvh * D;
 
-    // This thread's part of every K/V tile load (see fa_issue): tile row ld_row, column ld_col.
-    const int ld_row = tid / (D / 4);
-    const int ld_col = (tid % (D / 4)) * 4;
-    const bool ld_col_ok = ld_col < head_dim;
-    const i64 kv_stride = (i64)kv_heads * head_dim;
-    const i64 ld_step = (i64)(FA_THREADS * 4 / D) * kv_stride;
-    const i64 ld_offset = ((i64)seq_start + ld_row) * kv_stride + (i64)kvh * head_dim + ld_col;
-    const float* k_ld = k + ld_offset;
-    const float* v_ld = v + ld_offset;
-    __nv_bfloat16* k_st = s_k + ld_row * STRIDE + ld_col;
-    __nv_bfloat16* v_st = s_v + ld_row * STRIDE + ld_col;
-
-    // Q, pre-scaled in f32 by scale·log2(e) so the softmax can use exp2.
-    {
-        const float qs = scale * 1.4426950408889634f;
-#pragma unroll(NARROW ? 16 : 8)
-        for (int i = tid; i < FA_BM * D / 4; i += FA_THREADS) {
-            const int r = i / (D / 4);
-            const int col = (i % (D / 4)) * 4;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (q0 + r < len && col < head_dim) {
-                const i64 row = (i64)seq_start + q0 + r;
-                x = *reinterpret_cast<const float4*>(qg + (row * q_heads + h) * 2 * head_dim + col);
-                x.x *= qs;
-                x.y *= qs;
-                x.z *= qs;
-                x.w *= qs;
-            }
-            fa_store_bf16x4(s_q + r * STRIDE + col, x);
-        }
-    }
-    float4 stage[STAGE];
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-        fa_issue<D, FA_THREADS, STAGE>(stage, k_ld, ld_step, ld_row, kv_len, ld_col_ok, c);
-        fa_commit<D, FA_THREADS, STAGE>(stage, k_st, c);
-    }
-    __syncthreads();
+    // Groups in flight at the top of step j: {K_j} (with Q at j = 0), then {V_j}.
+    fa_load_tile<D, FA_THREADS, FA_BM>(sq, qb + ((i64)(seq_start + q0) * q_heads + h) * D,
+                                       (i64)q_heads * D, q0, len);
+    fa_load_tile<D, FA_THREADS, FA_BN>(sk, k_seq, kv_row, 0, kv_len);
+    cp_async_commit();
+    fa_load_tile<D, FA_THREADS, FA_BN>(sv, v_seq, kv_row, 0, kv_len);
+    cp_async_commit();
 
     // ldmatrix lane addresses. A (Q, 16x16): lanes 0-15 rows 0-15 at column 0, lanes 16-31 rows
     // 0-15 at column 8. B from K (keys x dims, non-transposed): lanes 0-7 keys 0-7 dims 0, 8-15
@@ -203,34 +210,30 @@ __device__ __forceinline__ void flash_attention_impl(
         const int key0 = j * FA_BN;
         const bool has_next = j + 1 < n_tiles;
         // Warps whose rows all precede the tile (or lie past the sequence) skip the math but still
-        // load and reach every barrier.
+        // copy and reach every barrier.
         const bool active = warp_rows && key0 <= wrow + 15;
 
-        // S = Q Kᵀ, with V_j staged in between (its buffer was released by the last barrier).
+        cp_async_wait<1>();  // K_j (V_j may still be in flight)
+        __syncthreads();
+
+        // S = Q Kᵀ.
         float s[FA_BN / 8][4];
 #pragma unroll
         for (int n = 0; n < FA_BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        if (active) {
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            if (kk % PERIOD == 0) {
-                if (kk > 0) fa_commit<D, FA_THREADS, STAGE>(stage, v_st, kk / PERIOD - 1);
-                fa_issue<D, FA_THREADS, STAGE>(stage, v_ld + key0 * kv_stride, ld_step,
-                                               key0 + ld_row, kv_len, ld_col_ok, kk / PERIOD);
-            }
-            if (active) {
+            for (int kk = 0; kk < KSTEPS; ++kk) {
                 u32 qa[4];
                 ldmatrix_x4(qa, q_addr + kk * 32);
 #pragma unroll
                 for (int np = 0; np < FA_BN / 16; ++np) {
-                    u32 kb[4];
-                    ldmatrix_x4(kb, k_addr + (np * 16 * STRIDE + kk * 16) * 2);
-                    mma_bf16_16816(s[2 * np], qa, kb[0], kb[1]);
-                    mma_bf16_16816(s[2 * np + 1], qa, kb[2], kb[3]);
+                    u32 kb4[4];
+                    ldmatrix_x4(kb4, k_addr + (np * 16 * STRIDE + kk * 16) * 2);
+                    mma_bf16_16816(s[2 * np], qa, kb4[0], kb4[1]);
+                    mma_bf16_16816(s[2 * np + 1], qa, kb4[2], kb4[3]);
                 }
             }
         }
-        fa_commit<D, FA_THREADS, STAGE>(stage, v_st, CHUNKS - 1);
-        __syncthreads();  // V_j visible to all; every warp is done reading K_j
 
         // Online softmax over this tile, then P as bf16 A fragments.
         u32 p[FA_BN / 16][4];
@@ -295,27 +298,30 @@ __device__ __forceinline__ void flash_attention_impl(
             }
         }
 
-        // O += P V, with K_{j+1} staged in between.
+        __syncthreads();  // every warp is done reading K_j
+        if (has_next) fa_load_tile<D, FA_THREADS, FA_BN>(sk, k_seq + (i64)(key0 + FA_BN) * kv_row, kv_row,
+                                                         key0 + FA_BN, kv_len);
+        cp_async_commit();
+        cp_async_wait<1>();  // V_j
+        __syncthreads();
+
+        // O += P V.
+        if (active) {
 #pragma unroll
-        for (int dp = 0; dp < KSTEPS; ++dp) {
-            if (dp % PERIOD == 0 && has_next) {
-                if (dp > 0) fa_commit<D, FA_THREADS, STAGE>(stage, k_st, dp / PERIOD - 1);
-                fa_issue<D, FA_THREADS, STAGE>(stage, k_ld + (key0 + FA_BN) * kv_stride, ld_step,
-                                               key0 + FA_BN + ld_row, kv_len, ld_col_ok,
-                                               dp / PERIOD);
-            }
-            if (active) {
+            for (int dp = 0; dp < KSTEPS; ++dp) {
 #pragma unroll
                 for (int ks = 0; ks < FA_BN / 16; ++ks) {
-                    u32 vb[4];
-                    ldmatrix_x4_trans(vb, v_addr + (ks * 16 * STRIDE + dp * 16) * 2);
-                    mma_bf16_16816(o[2 * dp], p[ks], vb[0], vb[1]);
-                    mma_bf16_16816(o[2 * dp + 1], p[ks], vb[2], vb[3]);
+                    u32 vb4[4];
+                    ldmatrix_x4_trans(vb4, v_addr + (ks * 16 * STRIDE + dp * 16) * 2);
+                    mma_bf16_16816(o[2 * dp], p[ks], vb4[0], vb4[1]);
+                    mma_bf16_16816(o[2 * dp + 1], p[ks], vb4[2], vb4[3]);
                 }
             }
         }
-        if (has_next) fa_commit<D, FA_THREADS, STAGE>(stage, k_st, CHUNKS - 1);
-        __syncthreads();  // K_{j+1} visible to all; every warp is done reading V_j
+        __syncthreads();  // every warp is done reading V_j
+        if (has_next) fa_load_tile<D, FA_THREADS, FA_BN>(sv, v_seq + (i64)(key0 + FA_BN) * kv_row, kv_row,
+                                                         key0 + FA_BN, kv_len);
+        cp_async_commit();
     }
 
     if (!warp_rows) return;
@@ -326,11 +332,12 @@ __device__ __forceinline__ void flash_attention_impl(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = wrow + g + half * 8;
-        if (r >= len) continue;
+        if (r >= len || (LAST && r != len - 1)) continue;
         const float inv = 1.0f / (half == 0 ? l0 : l1);
         const i64 row = (i64)seq_start + r;
         const float* gate = qg + (row * q_heads + h) * 2 * head_dim + head_dim;
-        float* dst = out + (row * q_heads + h) * head_dim;
+        const i64 out_row = LAST ? (i64)blockIdx.y : row;
+        float* dst = out + (out_row * q_heads + h) * head_dim;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             const int col = n * 8 + tq * 2;
@@ -347,19 +354,23 @@ __device__ __forceinline__ void flash_attention_impl(
 // One entry point per head-size bucket and shape: the shared-memory layout and register tiles are
 // fixed at compile time. Launch with 32·WARPS threads and (16·WARPS + 2·FA_BN)·(D + FA_PAD)·2
 // bytes of dynamic shared memory; grid (ceil(rows / BM) + num_seqs, q_heads) for the wide kernel,
-// (q_heads, ceil(rows / BM) + num_seqs) for the narrow one.
-#define FA_ENTRY(NAME, D, WARPS, STAGE, NARROW, MIN_BLOCKS)                                       \
+// (q_heads, ceil(rows / BM) + num_seqs) for the narrow one, (q_heads, num_seqs) for the last-row one.
+#define FA_ENTRY(NAME, D, WARPS, NARROW, LAST, MIN_BLOCKS)                                        \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(                     \
-        const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v,   \
+        const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
+        const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg,                       \
         const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, float* __restrict__ out,      \
-        int q_heads, int kv_heads, int head_dim, float scale) {                                   \
-        flash_attention_impl<D, WARPS, STAGE, NARROW>(qg, k, v, cu_seqlens, num_seqs, rows, out,  \
-                                                      q_heads, kv_heads, head_dim, scale);        \
+        int q_heads, int kv_heads, int head_dim) {                                                \
+        flash_attention_impl<D, WARPS, NARROW, LAST>(qb, kb, vb, qg, cu_seqlens, num_seqs, rows,  \
+                                                     out, q_heads, kv_heads, head_dim);           \
     }
 
-FA_ENTRY(flash_attention_d64, 64, 8, 4, false, 1)
-FA_ENTRY(flash_attention_d128, 128, 8, 4, false, 1)
-FA_ENTRY(flash_attention_d256, 256, 8, 4, false, 1)
-FA_ENTRY(flash_attention_narrow_d64, 64, 4, 8, true, 2)
-FA_ENTRY(flash_attention_narrow_d128, 128, 4, 8, true, 2)
-FA_ENTRY(flash_attention_narrow_d256, 256, 4, 8, true, 2)
+FA_ENTRY(flash_attention_d64, 64, 8, false, false, 1)
+FA_ENTRY(flash_attention_d128, 128, 8, false, false, 1)
+FA_ENTRY(flash_attention_d256, 256, 8, false, false, 1)
+FA_ENTRY(flash_attention_narrow_d64, 64, 4, true, false, 2)
+FA_ENTRY(flash_attention_narrow_d128, 128, 4, true, false, 2)
+FA_ENTRY(flash_attention_narrow_d256, 256, 4, true, false, 2)
+FA_ENTRY(flash_attention_last_d64, 64, 4, true, true, 2)
+FA_ENTRY(flash_attention_last_d128, 128, 4, true, true, 2)
+FA_ENTRY(flash_attention_last_d256, 256, 4, true, true, 2)

@@ -241,8 +241,10 @@ pub trait Backend: Buffers {
     /// A zeroed f32 buffer of `len` values.
     fn alloc(&self, len: usize) -> KernelResult<Self::Buf>;
     /// A zeroed buffer of `len` values for a GEMM input that only the norms write (`rms_norm`,
-    /// `add_rms_norm` as `out`) and only GEMMs read: a device backend may hold it in its GEMM
-    /// operand precision (bf16 on CUDA). The default is [`Self::alloc`].
+    /// `add_rms_norm` as `out`) and only GEMMs read, or for a GEMM output that only `swiglu` and
+    /// `swiglu_gemm` read (the MLP's gate|up): a device backend may hold it in its GEMM operand
+    /// precision (bf16 on CUDA, as a bf16 model's activations are). The default is
+    /// [`Self::alloc`].
     fn alloc_gemm_input(&self, len: usize) -> KernelResult<Self::Buf> {
         self.alloc(len)
     }
@@ -351,6 +353,19 @@ pub trait Backend: Buffers {
     /// Causal GQA attention within each sequence, with the sigmoid output gate (see
     /// [`AttentionDims`] for the row layouts).
     fn attention(
+        &self,
+        qg: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// [`Self::attention`] at each sequence's last position only: `out[s]` (`[num_seqs,
+    /// q_heads·head_dim]`) is the gated output of row `cu_seqlens[s + 1] − 1`, which attends to the
+    /// whole sequence. A decision reads only the last position, so its last layer needs no more.
+    fn attention_last(
         &self,
         qg: &Self::Buf,
         k: &Self::Buf,

@@ -339,6 +339,77 @@ fn rows_beyond_the_batch_stay_untouched() {
     });
 }
 
+/// Runs `attention_last` on both backends over `lens` and compares: one row per sequence.
+fn check_attention_last(gpu: &CudaBackend, rng: &mut StdRng, lens: &[usize]) {
+    let dims = REAL;
+    let cu = cu_of(lens);
+    let rows = *cu.last().unwrap() as usize;
+    let inputs = Inputs::new(rng, rows, dims, 2.0);
+    let out_len = lens.len() * dims.q_heads * dims.head_dim;
+    let mut want = vec![0.0; out_len];
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: lens.len(),
+        rows,
+    };
+    CpuBackend::new()
+        .attention_last(&inputs.qg, &inputs.k, &inputs.v, batch, dims, &mut want)
+        .unwrap();
+    // The CPU's last rows are its full attention's last rows.
+    let full = cpu_attention(&inputs, lens, dims);
+    let width = dims.q_heads * dims.head_dim;
+    for (s, &end) in cu[1..].iter().enumerate() {
+        let last = end as usize - 1;
+        assert_eq!(
+            want[s * width..(s + 1) * width],
+            full[last * width..(last + 1) * width]
+        );
+    }
+    let qg = padded(gpu, &inputs.qg, 0, 0.0);
+    let k = padded(gpu, &inputs.k, 0, 0.0);
+    let v = padded(gpu, &inputs.v, 0, 0.0);
+    let cu_d = indices(gpu, &cu);
+    // One spare row past the sequences: it must stay untouched.
+    let mut out = padded(gpu, &vec![7.0; out_len + width], 0, 0.0);
+    let batch = Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs: lens.len(),
+        rows,
+    };
+    gpu.attention_last(&qg, &k, &v, batch, dims, &mut out)
+        .unwrap();
+    let got = gpu.read(&out, out_len + width).unwrap();
+    assert!(
+        got[out_len..].iter().all(|&x| x == 7.0),
+        "wrote past the last sequence"
+    );
+    let what = if lens.len() > 8 {
+        format!("last rows, {} sequences", lens.len())
+    } else {
+        format!("last rows, lens {lens:?}")
+    };
+    assert_close(&got[..out_len], &want, FLASH_TOL, dims, &what);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_last_matches_the_last_rows_of_the_cpu_reference() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(27);
+    for lens in [
+        vec![1],
+        vec![63],
+        vec![64],
+        vec![65],
+        vec![777],
+        vec![2_500, 37],
+        vec![1, 63, 64, 65, 300, 777],
+        (0..70).map(|i| [1, 63, 64, 65, 17, 130][i % 6]).collect(),
+    ] {
+        check_attention_last(&gpu, &mut rng, &lens);
+    }
+}
+
 /// Causal attention FLOPs: QKᵀ and PV, 2 FLOPs per multiply-add, over the lower triangle.
 fn causal_flops(lens: &[usize], dims: AttentionDims) -> f64 {
     let pairs: f64 = lens.iter().map(|&l| (l as f64) * (l as f64) / 2.0).sum();
@@ -403,5 +474,45 @@ fn flash_attention_throughput() {
                 flops / secs / 1e12
             );
         });
+        let secs = time_attention_last(&gpu, &mut rng, lens, dims);
+        eprintln!("    last rows only {name}: {:.3} ms", secs * 1e3);
     }
+}
+
+/// Mean seconds per `attention_last` call over `lens` (after warm-up).
+fn time_attention_last(
+    gpu: &CudaBackend,
+    rng: &mut StdRng,
+    lens: &[usize],
+    dims: AttentionDims,
+) -> f64 {
+    let rows: usize = lens.iter().sum();
+    let inputs = Inputs::new(rng, rows, dims, 2.0);
+    let qg = padded(gpu, &inputs.qg, 0, 0.0);
+    let k = padded(gpu, &inputs.k, 0, 0.0);
+    let v = padded(gpu, &inputs.v, 0, 0.0);
+    let cu_d = indices(gpu, &cu_of(lens));
+    let mut out = gpu
+        .alloc(lens.len() * dims.q_heads * dims.head_dim)
+        .unwrap();
+    let batch = Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs: lens.len(),
+        rows,
+    };
+    for _ in 0..3 {
+        gpu.attention_last(&qg, &k, &v, batch, dims, &mut out)
+            .unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let iters = 20;
+    let t = Instant::now();
+    for _ in 0..iters {
+        gpu.attention_last(&qg, &k, &v, batch, dims, &mut out)
+            .unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let sample = gpu.read(&out, 16).unwrap();
+    assert!(sample.iter().all(|x| x.is_finite()));
+    t.elapsed().as_secs_f64() / f64::from(iters)
 }

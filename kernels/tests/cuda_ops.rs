@@ -160,7 +160,8 @@ fn embedding_matches_cpu() {
 fn rms_norm_and_fused_add_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = StdRng::seed_from_u64(2);
-    for (rows, dim) in [(1, 2560), (65, 2560), (7, 100)] {
+    // 2560 and 100 take the register-held row (float4s), 101 and 5,000 the plain loops.
+    for (rows, dim) in [(1, 2560), (65, 2560), (7, 100), (5, 101), (2, 5000)] {
         let x = rand_vec(&mut rng, rows * dim, 2.0);
         let delta = rand_vec(&mut rng, rows * dim, 1.0);
         let (w_h, w_d) = weight(&gpu, &mut rng, dim, 0.5);
@@ -332,7 +333,7 @@ fn gated_rms_norm_gemm_matches_cpu() {
     }
 }
 
-fn head_layouts() -> [HeadLayout; 2] {
+fn head_layouts() -> [HeadLayout; 3] {
     let (heads, head_dim) = (4, 256);
     [
         HeadLayout {
@@ -343,6 +344,14 @@ fn head_layouts() -> [HeadLayout; 2] {
             offset: 0,
         },
         HeadLayout::dense(2, head_dim),
+        // Unaligned heads: the kernels' scalar path.
+        HeadLayout {
+            heads: 3,
+            head_dim: 100,
+            head_stride: 101,
+            row_stride: 310,
+            offset: 1,
+        },
     ]
 }
 
@@ -637,6 +646,56 @@ fn swiglu_gemm_matches_cpu() {
         // An f32 ulp in SiLU can flip one bf16 rounding: allow a few such flips.
         let tol = if inter % 8 == 0 { 1e-3 } else { 1e-2 };
         assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, tol, &what);
+    }
+}
+
+/// The MLP with gate|up in a bf16 buffer (`alloc_gemm_input`): the GEMM writes bf16 (its f32
+/// result rounded once), SwiGLU and SwiGLU + down read it. Against the CPU's GEMM rounded to bf16.
+#[test]
+#[ignore = "needs a GPU"]
+fn gemm_into_bf16_then_swiglu_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(12);
+    // The real MLP widths at 1 and 139 rows; an odd inter (the scalar SwiGLU path).
+    for (rows, hidden, inter, out_dim) in [
+        (1, 2560, 9216, 2560),
+        (139, 256, 1024, 320),
+        (5, 64, 33, 16),
+    ] {
+        let x = bf16_round(&rand_vec(&mut rng, rows * hidden, 1.0));
+        let (gu_h, gu_d) = weight(&gpu, &mut rng, 2 * inter * hidden, 0.05);
+        let (w_h, w_d) = weight(&gpu, &mut rng, out_dim * inter, 0.05);
+        let mut gate_up = vec![0.0; rows * 2 * inter];
+        cpu.gemm(&x, &gu_h, rows, hidden, 2 * inter, &mut gate_up)
+            .unwrap();
+        let gate_up = bf16_round(&gate_up);
+        let mut act = vec![0.0; rows * inter];
+        cpu.swiglu(&gate_up, rows, inter, &mut act).unwrap();
+        let mut want = vec![0.0; rows * out_dim];
+        cpu.gemm(&bf16_round(&act), &w_h, rows, inter, out_dim, &mut want)
+            .unwrap();
+
+        let x_d = activation(&gpu, &x, 0);
+        let mut gate_up_d = gpu.alloc_gemm_input(rows * 2 * inter).unwrap();
+        assert_eq!(gate_up_d.dtype(), DType::Bf16);
+        gpu.gemm(&x_d, &gu_d, rows, hidden, 2 * inter, &mut gate_up_d)
+            .unwrap();
+        let what = format!("gemm into bf16 {rows}x{hidden}x{}", 2 * inter);
+        // Both sides round the same f32 sums (up to summation order) to bf16: one bf16 ulp.
+        let got = gpu.read(&gate_up_d, rows * 2 * inter).unwrap();
+        assert_close(&got, &gate_up, 8e-3, &what);
+
+        let mut act_d = gpu.alloc(rows * inter).unwrap();
+        gpu.swiglu(&gate_up_d, rows, inter, &mut act_d).unwrap();
+        let what = format!("swiglu from bf16 {rows}x{inter}");
+        // SiLU of values one bf16 ulp apart: a few ulps.
+        assert_close(&gpu.read(&act_d, rows * inter).unwrap(), &act, 3e-2, &what);
+
+        let mut y = gpu.alloc(rows * out_dim).unwrap();
+        gpu.swiglu_gemm(&gate_up_d, rows, inter, &w_d, out_dim, &mut act_d, &mut y)
+            .unwrap();
+        let what = format!("swiglu_gemm from bf16 {rows}x{inter}x{out_dim}");
+        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 2e-2, &what);
     }
 }
 

@@ -246,9 +246,11 @@ struct Workspace<B: Buffers> {
     normed: B::Buf,
     /// Output of the current sub-block `[T, hidden]`.
     block_out: B::Buf,
-    /// Widest projection: DeltaNet qkv|z|b|a, attention q|gate, or MLP gate|up; at the end, the
+    /// Widest mixer projection: DeltaNet qkv|z|b|a or attention q|gate; at the end, the
     /// final-normed hidden states.
     proj: B::Buf,
+    /// MLP gate|up `[T, 2·inter]`, read only by SwiGLU (from `alloc_gemm_input`: bf16 on a GPU).
+    gate_up: B::Buf,
     /// DeltaNet conv output `[T, qkv]`.
     conv: B::Buf,
     /// DeltaNet β (after the gates) `[T, Hv]`.
@@ -413,7 +415,7 @@ impl<B: Backend> TextModel<B> {
     fn allocate(backend: &B, d: &Dims, limits: BatchLimits) -> Result<Workspace<B>> {
         let t = limits.max_tokens;
         let f = |width: usize| backend.alloc(t * width).map_err(|e| anyhow!(e));
-        let proj_w = d.delta_in_width().max(d.q_gate_width()).max(2 * d.inter);
+        let proj_w = d.delta_in_width().max(d.q_gate_width()).max(d.hidden);
         let core_w = d.value_width().max(d.attn_out_width()).max(d.inter);
         // Every GEMM input is `normed` (hidden wide) or `core`.
         backend
@@ -431,6 +433,9 @@ impl<B: Backend> TextModel<B> {
                 .map_err(|e| anyhow!(e))?,
             block_out: f(d.hidden)?,
             proj: f(proj_w)?,
+            gate_up: backend
+                .alloc_gemm_input(t * 2 * d.inter)
+                .map_err(|e| anyhow!(e))?,
             conv: f(d.delta.qkv_width())?,
             beta: f(d.delta.v_heads)?,
             decay: f(d.delta.v_heads)?,
@@ -532,18 +537,42 @@ impl<B: Backend> TextModel<B> {
             &mut ws.normed,
         )
         .map_err(e)?;
+        let last_layer = layers.len() - 1;
         for i in 0..layers.len() {
             let layer = &layers[i];
-            match &layer.mixer {
-                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, n, rows),
-                MixerBufs::Full(w) => Self::attention(be, d, w, ws, n, rows),
+            // The answer reads each sequence's last position only, so after the last layer's
+            // mixer (whose attention already computes just those rows) the rest of the layer runs
+            // on one row per sequence: `ws.last` holds their residual rows.
+            let last = i == last_layer;
+            let compact_mixer = match &layer.mixer {
+                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, n, rows).map(|()| false),
+                MixerBufs::Full(w) => Self::attention(be, d, w, ws, n, rows, last).map(|()| last),
             }
             .with_context(|| format!("layer {i} mixer"))?;
+            let m = if last { n } else { rows };
+            if last {
+                let batch = Varlen {
+                    cu_seqlens: &ws.cu_seqlens,
+                    num_seqs: n,
+                    rows,
+                };
+                be.gather_last(&ws.residual, batch, h, &mut ws.last)
+                    .map_err(e)?;
+                if !compact_mixer {
+                    be.gather_last(&ws.block_out, batch, h, &mut ws.core)
+                        .map_err(e)?;
+                }
+            }
+            let (residual, mixer_out) = match (last, compact_mixer) {
+                (false, _) => (&mut ws.residual, &ws.block_out),
+                (true, true) => (&mut ws.last, &ws.block_out),
+                (true, false) => (&mut ws.last, &ws.core),
+            };
             be.add_rms_norm(
-                &mut ws.residual,
-                &ws.block_out,
+                residual,
+                mixer_out,
                 &layer.post_norm,
-                rows,
+                m,
                 h,
                 d.eps,
                 &mut ws.normed,
@@ -553,15 +582,15 @@ impl<B: Backend> TextModel<B> {
             be.gemm(
                 &ws.normed,
                 &layer.gate_up,
-                rows,
+                m,
                 h,
                 2 * d.inter,
-                &mut ws.proj,
+                &mut ws.gate_up,
             )
             .map_err(e)?;
             be.swiglu_gemm(
-                &ws.proj,
-                rows,
+                &ws.gate_up,
+                m,
                 d.inter,
                 &layer.down,
                 h,
@@ -575,25 +604,12 @@ impl<B: Backend> TextModel<B> {
                 Some(next) => (&next.input_norm, &mut ws.normed),
                 None => (&*final_norm, &mut ws.proj),
             };
-            be.add_rms_norm(
-                &mut ws.residual,
-                &ws.block_out,
-                next_norm,
-                rows,
-                h,
-                d.eps,
-                out,
-            )
-            .map_err(e)?;
+            let residual = if last { &mut ws.last } else { &mut ws.residual };
+            be.add_rms_norm(residual, &ws.block_out, next_norm, m, h, d.eps, out)
+                .map_err(e)?;
         }
-        let batch = Varlen {
-            cu_seqlens: &ws.cu_seqlens,
-            num_seqs: n,
-            rows,
-        };
-        be.gather_last(&ws.proj, batch, h, &mut ws.last)
-            .map_err(e)?;
-        let flat = be.read(&ws.last, n * h).map_err(e)?;
+        // `proj` holds the final-normed last rows, one per sequence.
+        let flat = be.read(&ws.proj, n * h).map_err(e)?;
         Ok(flat.chunks_exact(h).map(<[f32]>::to_vec).collect())
     }
 
@@ -788,7 +804,8 @@ impl<B: Backend> TextModel<B> {
         Ok(())
     }
 
-    /// Gated full attention: `normed` → `block_out`.
+    /// Gated full attention: `normed` → `block_out`; with `last_only`, each sequence's last row
+    /// only (`block_out[s]`).
     fn attention(
         be: &B,
         d: &Dims,
@@ -796,6 +813,7 @@ impl<B: Backend> TextModel<B> {
         ws: &mut Workspace<B>,
         n: usize,
         rows: usize,
+        last_only: bool,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let (h, kv) = (d.hidden, d.kv_width());
@@ -824,12 +842,19 @@ impl<B: Backend> TextModel<B> {
             num_seqs: n,
             rows,
         };
-        be.attention(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
-            .map_err(e)?;
+        let out_rows = if last_only {
+            be.attention_last(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
+                .map_err(e)?;
+            n
+        } else {
+            be.attention(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
+                .map_err(e)?;
+            rows
+        };
         be.gemm(
             &ws.core,
             &w.o_proj,
-            rows,
+            out_rows,
             d.attn_out_width(),
             h,
             &mut ws.block_out,

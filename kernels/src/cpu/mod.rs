@@ -236,6 +236,22 @@ impl Backend for CpuBackend {
         attention::gated_causal_gqa(qg, k, v, batch, dims, out)
     }
 
+    fn attention_last(
+        &self,
+        qg: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: AttentionDims,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        // The reference computes every row, then keeps the last ones. `qg` holds q and gate, so half
+        // its length is every row's output (the attention checks the rows against it).
+        let mut all = vec![0.0; qg.len() / 2];
+        attention::gated_causal_gqa(qg, k, v, batch, dims, &mut all)?;
+        dense::gather_last(&all, batch, dims.q_heads * dims.head_dim, out)
+    }
+
     fn conv1d_silu(
         &self,
         x: &Vec<f32>,

@@ -8,11 +8,12 @@ use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfi
 use half::bf16;
 use rayon::prelude::*;
 
-use super::blas::{Blas, GemmInput};
+use super::blas::{Blas, GemmInput, GemmOut};
 use super::buffers::{act, act_mut, idx, norm_out, weight, CudaBuf, NormOut};
 use super::compile::GpuArch;
 use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
+use super::flash::FlashScratchSlot;
 use crate::backend::{
     AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope,
     Strided, Varlen,
@@ -27,9 +28,11 @@ const ATTN_THREADS: u32 = 128;
 const ATTN_MAX_HEAD_DIM: usize = 512;
 /// Tile edge of the naive GEMM (`GEMM_TILE` in gemm.cu).
 const GEMM_TILE: u32 = 16;
-/// Rows one conv1d thread walks, and the widest kernel it holds (`CONV_ROWS`, `CONV_MAX_KERNEL`
-/// in conv.cu).
-const CONV_ROWS: usize = 16;
+/// The conv1d block's tile (rows x channels), its threads, and the widest kernel it holds
+/// (`CONV_TILE_ROWS`, `CONV_TILE_CH`, `CONV_THREADS`, `CONV_MAX_KERNEL` in conv.cu).
+const CONV_TILE_ROWS: usize = 32;
+const CONV_TILE_CH: usize = 128;
+const CONV_THREADS: u32 = 256;
 const CONV_MAX_KERNEL: usize = 8;
 /// Frequency pairs the rope kernel's by-value table holds (`ROPE_MAX_PAIRS` in rope.cu).
 const ROPE_MAX_PAIRS: usize = 64;
@@ -48,6 +51,8 @@ pub struct CudaBackend {
     buffer_bytes: AtomicU64,
     /// The chunked delta rule's scratch between its two kernels.
     pub(super) delta_scratch: DeltaScratchSlot,
+    /// Flash attention's bf16 copies of Q, K and V.
+    pub(super) flash_scratch: FlashScratchSlot,
 }
 
 /// Reads a device's free and total memory; cheap to clone, usable from any thread.
@@ -78,6 +83,7 @@ impl CudaBackend {
             weight_bytes: AtomicU64::new(0),
             buffer_bytes: AtomicU64::new(0),
             delta_scratch: DeltaScratchSlot::default(),
+            flash_scratch: FlashScratchSlot::default(),
         })
     }
 
@@ -168,6 +174,64 @@ fn check_layout(op: &'static str, layout: HeadLayout, len: usize, rows: usize) -
 /// fits in `rows_cap`, the rows every buffer of the op holds) and returns the rows to launch over.
 /// The contents of `cu_seqlens` stay on the device: kernels read them there and never step beyond
 /// the returned row count, whatever they hold.
+/// A device slice of either element type, as a kernel argument (for ops whose kernel has one
+/// entry point per input type).
+enum KernelArg<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<bf16>),
+}
+
+impl KernelArg<'_> {
+    fn push<'b>(&'b self, launch: &mut cudarc::driver::LaunchArgs<'b>) {
+        match self {
+            Self::F32(s) => launch.arg(*s),
+            Self::Bf16(s) => launch.arg(*s),
+        };
+    }
+}
+
+/// Checks attention dims and returns the rows qg, k and v all hold.
+fn attention_rows(
+    op: &'static str,
+    qg: &CudaBuf,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    batch: &Varlen<'_, CudaSlice<u32>>,
+    dims: AttentionDims,
+) -> KernelResult<usize> {
+    let AttentionDims {
+        q_heads,
+        kv_heads,
+        head_dim,
+        ..
+    } = dims;
+    if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) || head_dim == 0 {
+        return Err(KernelError::invalid(
+            op,
+            format!(
+                "q_heads {q_heads} must be a positive multiple of kv_heads {kv_heads} > 0, \
+                 head_dim > 0"
+            ),
+        ));
+    }
+    if head_dim > ATTN_MAX_HEAD_DIM {
+        return Err(KernelError::invalid(
+            op,
+            format!("head_dim {head_dim} exceeds {ATTN_MAX_HEAD_DIM}"),
+        ));
+    }
+    idx(op, "cu_seqlens", batch.cu_seqlens, batch.num_seqs + 1)?;
+    // Rows every buffer can hold: kernels never touch a row beyond it.
+    Ok([
+        qg.len() / (q_heads * 2 * head_dim),
+        k.len() / (kv_heads * head_dim),
+        v.len() / (kv_heads * head_dim),
+    ]
+    .into_iter()
+    .min()
+    .unwrap_or(0))
+}
+
 pub(super) fn check_batch(
     op: &'static str,
     batch: &Varlen<'_, CudaSlice<u32>>,
@@ -554,11 +618,34 @@ impl Backend for CudaBackend {
         const OP: &str = "gemm";
         let x = gemm_input(OP, x, rows * in_dim)?;
         let w = weight(OP, "w", w, out_dim * in_dim)?;
-        let y = act_mut(OP, "y", y, rows * out_dim)?;
+        if y.len() < rows * out_dim {
+            return Err(KernelError::invalid(
+                OP,
+                format!("y holds {} values, needs {}", y.len(), rows * out_dim),
+            ));
+        }
         if rows == 0 || out_dim == 0 {
             return Ok(());
         }
-        if in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, y)])? {
+        // A bf16 `y` (from alloc_gemm_input) gets cuBLASLt's bf16 output; only f32 has a fallback.
+        let y = match y {
+            CudaBuf::F32(y) => y,
+            CudaBuf::Bf16(y) => {
+                if in_dim > 0
+                    && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, GemmOut::Bf16(y))])?
+                {
+                    return Ok(());
+                }
+                return Err(KernelError::invalid(
+                    OP,
+                    format!(
+                        "cuBLASLt has no bf16-output algorithm for {rows}x{in_dim} -> {out_dim}; \
+                         give an f32 y"
+                    ),
+                ));
+            }
+        };
+        if in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, GemmOut::F32(y))])? {
             return Ok(());
         }
         self.tiled_gemm(x, w, rows, in_dim, out_dim, y)
@@ -581,9 +668,14 @@ impl Backend for CudaBackend {
                 checked.push((w, *out_dim, y));
             }
         }
-        if checked.is_empty() || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut checked)?) {
+        let mut outs: Vec<_> = checked
+            .iter_mut()
+            .map(|(w, out_dim, y)| (*w, *out_dim, GemmOut::F32(y)))
+            .collect();
+        if outs.is_empty() || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut outs)?) {
             return Ok(());
         }
+        drop(outs);
         for (w, out_dim, y) in checked {
             self.tiled_gemm(x, w, rows, in_dim, out_dim, y)?;
         }
@@ -684,31 +776,8 @@ impl Backend for CudaBackend {
             head_dim,
             scale,
         } = dims;
-        if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) || head_dim == 0 {
-            return Err(KernelError::invalid(
-                OP,
-                format!(
-                    "q_heads {q_heads} must be a positive multiple of kv_heads {kv_heads} > 0, \
-                     head_dim > 0"
-                ),
-            ));
-        }
-        if head_dim > ATTN_MAX_HEAD_DIM {
-            return Err(KernelError::invalid(
-                OP,
-                format!("head_dim {head_dim} exceeds {ATTN_MAX_HEAD_DIM}"),
-            ));
-        }
-        // Rows every buffer can hold: kernels never touch a row beyond it.
-        let rows_cap = [
-            qg.len() / (q_heads * 2 * head_dim),
-            k.len() / (kv_heads * head_dim),
-            v.len() / (kv_heads * head_dim),
-            out.len() / (q_heads * head_dim),
-        ]
-        .into_iter()
-        .min()
-        .unwrap_or(0);
+        let out_rows = out.len() / (q_heads * head_dim).max(1);
+        let rows_cap = attention_rows(OP, qg, k, v, &batch, dims)?.min(out_rows);
         let rows_cap = check_batch(OP, &batch, rows_cap)?;
         let qg = act(OP, "qg", qg, 0)?;
         let k = act(OP, "k", k, 0)?;
@@ -719,7 +788,7 @@ impl Backend for CudaBackend {
         }
         // Head dims that are multiples of 16 up to 256 take the tensor-core kernel.
         if super::flash::flash_variant(head_dim).is_some() {
-            return self.flash_attention(qg, k, v, batch, dims, out);
+            return self.flash_attention(qg, k, v, batch, dims, false, out);
         }
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let q_heads_a = to_i32(OP, "q_heads", q_heads)?;
@@ -748,6 +817,42 @@ impl Backend for CudaBackend {
         // SAFETY: argument types match the kernel; it stays below rows_cap in every buffer.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
+    }
+
+    fn attention_last(
+        &self,
+        qg: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: AttentionDims,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "attention_last";
+        let rows_cap = attention_rows(OP, qg, k, v, &batch, dims)?;
+        check_batch(OP, &batch, rows_cap)?;
+        if super::flash::flash_variant(dims.head_dim).is_none() {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "head_dim {} is not a multiple of 16 up to 256 (the last-row kernel's sizes)",
+                    dims.head_dim
+                ),
+            ));
+        }
+        let qg = act(OP, "qg", qg, 0)?;
+        let k = act(OP, "k", k, 0)?;
+        let v = act(OP, "v", v, 0)?;
+        let out = act_mut(
+            OP,
+            "out",
+            out,
+            batch.num_seqs * dims.q_heads * dims.head_dim,
+        )?;
+        if batch.rows == 0 || batch.num_seqs == 0 {
+            return Ok(());
+        }
+        self.flash_attention(qg, k, v, batch, dims, true, out)
     }
 
     fn conv1d_silu(
@@ -807,14 +912,14 @@ impl Backend for CudaBackend {
                 .arg(&channels_a)
                 .arg(&kernel_a)
                 .arg(&rows_cap_a);
-            // grid.x: runs of CONV_ROWS rows, grid.y × BLOCK: channels (see conv.cu).
+            // One block per tile of rows x channels (see conv.cu).
             let cfg = LaunchConfig {
                 grid_dim: (
-                    to_u32(OP, "rows", rows_cap.div_ceil(CONV_ROWS))?,
-                    to_u32(OP, "channels", channels.div_ceil(BLOCK as usize))?,
+                    to_u32(OP, "rows", rows_cap.div_ceil(CONV_TILE_ROWS))?,
+                    to_u32(OP, "channels", channels.div_ceil(CONV_TILE_CH))?,
                     1,
                 ),
-                block_dim: (BLOCK, 1, 1),
+                block_dim: (CONV_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: argument types match the kernel; it stays below rows_cap rows.
@@ -981,16 +1086,27 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "swiglu";
-        let gate_up = act(OP, "gate_up", gate_up, rows * 2 * inter)?;
+        let need = rows * 2 * inter;
+        if gate_up.len() < need {
+            return Err(KernelError::invalid(
+                OP,
+                format!("gate_up holds {} values, needs {need}", gate_up.len()),
+            ));
+        }
         let out = act_mut(OP, "out", out, rows * inter)?;
         if rows * inter == 0 {
             return Ok(());
         }
         let rows_a = to_i32(OP, "rows", rows)?;
         let inter_a = to_i32(OP, "inter", inter)?;
-        let f = self.device.function("swiglu")?;
+        let (kernel, gate_up) = match gate_up {
+            CudaBuf::F32(g) => ("swiglu", KernelArg::F32(g)),
+            CudaBuf::Bf16(g) => ("swiglu_from_bf16", KernelArg::Bf16(g)),
+        };
+        let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
-        launch.arg(gate_up).arg(out).arg(&rows_a).arg(&inter_a);
+        gate_up.push(&mut launch);
+        launch.arg(out).arg(&rows_a).arg(&inter_a);
         // SAFETY: argument types match the kernel; lengths checked above.
         // One block per row.
         unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
@@ -1048,7 +1164,7 @@ impl Backend for CudaBackend {
         if in_dim > 0
             && self
                 .blas
-                .gemm_many(rows, in_dim, &mut [(w, out_dim, y)], input)?
+                .gemm_many(rows, in_dim, &mut [(w, out_dim, GemmOut::F32(y))], input)?
         {
             return Ok(());
         }
@@ -1068,7 +1184,20 @@ impl Backend for CudaBackend {
         y_buf: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "swiglu_gemm";
-        let gu = act(OP, "gate_up", gate_up, rows * 2 * inter)?;
+        if gate_up.len() < rows * 2 * inter {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "gate_up holds {} values, needs {}",
+                    gate_up.len(),
+                    rows * 2 * inter
+                ),
+            ));
+        }
+        let (kernel, gu) = match gate_up {
+            CudaBuf::F32(g) => ("swiglu_bf16", KernelArg::F32(g)),
+            CudaBuf::Bf16(g) => ("swiglu_bf16_from_bf16", KernelArg::Bf16(g)),
+        };
         let w = weight(OP, "w", w_buf, out_dim * inter)?;
         let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
         if rows == 0 || out_dim == 0 {
@@ -1080,9 +1209,10 @@ impl Backend for CudaBackend {
             if inter == 0 {
                 return Ok(());
             }
-            let f = self.device.function("swiglu_bf16")?;
+            let f = self.device.function(kernel)?;
             let mut launch = self.device.stream.launch_builder(f);
-            launch.arg(gu).arg(x_bf16).arg(&rows_a).arg(&inter_a);
+            gu.push(&mut launch);
+            launch.arg(x_bf16).arg(&rows_a).arg(&inter_a);
             // SAFETY: argument types match the kernel; gate_up holds rows·2·inter values and the
             // scratch rows·inter (sized by gemm_many). One block per row.
             unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
@@ -1092,7 +1222,7 @@ impl Backend for CudaBackend {
             && self.blas.gemm_many(
                 rows,
                 inter,
-                &mut [(w, out_dim, y)],
+                &mut [(w, out_dim, GemmOut::F32(y))],
                 GemmInput::Convert(convert),
             )?
         {
@@ -1152,7 +1282,7 @@ impl CudaBackend {
         x: &CudaBuf,
         rows: usize,
         in_dim: usize,
-        outputs: &mut [(&CudaSlice<bf16>, usize, &mut CudaSlice<f32>)],
+        outputs: &mut [(&CudaSlice<bf16>, usize, GemmOut<'_>)],
     ) -> KernelResult<bool> {
         match x {
             CudaBuf::F32(x) => {

@@ -1,4 +1,5 @@
-//! GEMMs through cuBLASLt: bf16 operands, f32 accumulation and f32 output.
+//! GEMMs through cuBLASLt: bf16 operands, f32 accumulation, f32 output (or bf16, for an output
+//! whose only reader rounds it to bf16 anyway: the MLP's gate|up, read by SwiGLU).
 //!
 //! Activations are f32 in this backend, so `y = x Wᵀ` first rounds `x` to bf16 into a scratch
 //! buffer (as a bf16 model's activations are), then runs one cuBLASLt matmul against the bf16
@@ -42,6 +43,18 @@ pub(crate) enum GemmInput<'a, F> {
     Ready(&'a CudaSlice<bf16>),
 }
 
+/// Where a GEMM writes `y`: f32, or rounded to bf16.
+pub(crate) enum GemmOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    Bf16(&'a mut CudaSlice<bf16>),
+}
+
+impl GemmOut<'_> {
+    fn is_bf16(&self) -> bool {
+        matches!(self, Self::Bf16(_))
+    }
+}
+
 /// Descriptors and algorithm of one GEMM shape.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
@@ -68,8 +81,8 @@ impl Drop for Plan {
     }
 }
 
-/// Shape key: (rows, in_dim, out_dim).
-type Shape = (usize, usize, usize);
+/// Shape key: (rows, in_dim, out_dim, bf16 output).
+type Shape = (usize, usize, usize, bool);
 
 /// The row count a tuning result is shared across: the next power of two. Serving sees a new
 /// total row count with almost every batch; timing candidates for each would put the tuning cost
@@ -169,19 +182,20 @@ impl Blas {
         &self,
         rows: usize,
         in_dim: usize,
-        outputs: &mut [(&CudaSlice<bf16>, usize, &mut CudaSlice<f32>)],
+        outputs: &mut [(&CudaSlice<bf16>, usize, GemmOut<'_>)],
         input: GemmInput<'_, impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>>,
     ) -> KernelResult<bool> {
         const OP: &str = "gemm";
         let mut state = self.state.lock().expect("blas state");
-        for &mut (_, out_dim, _) in outputs.iter_mut() {
-            let key = (rows, in_dim, out_dim);
+        for (_, out_dim, y) in outputs.iter_mut() {
+            let (out_dim, bf16_out) = (*out_dim, y.is_bf16());
+            let key = (rows, in_dim, out_dim, bf16_out);
             if !state.plans.contains_key(&key) {
                 if state.plans.len() >= MAX_PLANS {
                     state.plans.clear();
                 }
-                let mut plan = self.plan(rows, in_dim, out_dim)?;
-                let bucket = (row_bucket(rows), in_dim, out_dim);
+                let mut plan = self.plan(rows, in_dim, out_dim, bf16_out)?;
+                let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out);
                 if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
                     // The bucket's winner, if cuBLASLt accepts it for this exact shape.
                     if self.accepts(plan, algo) {
@@ -216,19 +230,23 @@ impl Blas {
         let (x_ptr, _x_rec) = x.device_ptr(stream);
         let (ws_ptr, _ws_rec) = self.workspace.device_ptr(stream);
         for (w, out_dim, y) in outputs.iter_mut() {
+            let bf16_out = y.is_bf16();
             let plan = plans
-                .get_mut(&(rows, in_dim, *out_dim))
+                .get_mut(&(rows, in_dim, *out_dim, bf16_out))
                 .and_then(Option::as_mut)
                 .expect("checked above");
             let (w_ptr, _w_rec) = w.device_ptr(stream);
-            let (y_ptr, _y_rec) = y.device_ptr_mut(stream);
+            let (y_ptr, _y_rec) = match y {
+                GemmOut::F32(y) => y.device_ptr_mut(stream),
+                GemmOut::Bf16(y) => y.device_ptr_mut(stream),
+            };
             let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
             if !plan.tuned {
                 self.tune(plan, ptrs)?;
                 if tuned.len() >= MAX_PLANS {
                     tuned.clear();
                 }
-                tuned.insert((row_bucket(rows), in_dim, *out_dim), plan.algo);
+                tuned.insert((row_bucket(rows), in_dim, *out_dim, bf16_out), plan.algo);
             }
             // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
             // checked by the caller) and the workspace; all on `stream`.
@@ -329,7 +347,13 @@ impl Blas {
     /// cuBLASLt is column-major: the row-major `y [rows, out]` is the column-major `yᵀ [out, rows]`
     /// `= W xᵀ`, where the row-major `W [out, in]` is a column-major `[in, out]` used transposed
     /// and the row-major `x [rows, in]` a column-major `[in, rows]` used as is.
-    fn plan(&self, rows: usize, in_dim: usize, out_dim: usize) -> KernelResult<Option<Plan>> {
+    fn plan(
+        &self,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        bf16_out: bool,
+    ) -> KernelResult<Option<Plan>> {
         const OP: &str = "gemm plan";
         let e = |err| blas_err(OP, err);
         let (r, k, n) = (rows as u64, in_dim as u64, out_dim as u64);
@@ -340,7 +364,8 @@ impl Blas {
         let plan_parts = (|| {
             let w_layout = lt::create_matrix_layout(bf, k, n, k as i64)?;
             let x_layout = lt::create_matrix_layout(bf, k, r, k as i64)?;
-            let y_layout = lt::create_matrix_layout(f32t, n, r, n as i64)?;
+            let y_type = if bf16_out { bf } else { f32t };
+            let y_layout = lt::create_matrix_layout(y_type, n, r, n as i64)?;
             Ok::<_, lt::CublasError>((w_layout, x_layout, y_layout))
         })();
         let (w_layout, x_layout, y_layout) = match plan_parts {

@@ -6,15 +6,22 @@
 //! Two shapes: the wide kernel (128 query rows, 8 warps, one block per SM at head size 256) for
 //! long sequences, the narrow one (64 rows, 4 warps, two blocks per SM) for batches whose mean
 //! sequence length is below 1,024, where the wide one mostly waits on memory.
+//!
+//! Both read Q, K and V in bf16 (so their tiles stream in with cp.async): a first kernel,
+//! `flash_bf16_inputs`, writes them from the f32 activations into a scratch owned by the backend.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::backend::{to_i32, to_u32, CudaBackend};
+use half::bf16;
+
+use super::backend::{linear, to_i32, to_u32, CudaBackend};
 use super::device::driver_err;
 use crate::backend::{AttentionDims, KernelResult, Varlen};
+use crate::error::KernelError;
 
 /// Query rows per block of the wide kernel (8 warps of 16 rows; one block per SM at d = 256).
 const BM: usize = 128;
@@ -33,6 +40,27 @@ const GRID_Y_MAX: usize = 65_535;
 /// Testing and benchmarking override of the kernel choice: 0 = by batch shape, else the query
 /// rows per block to force (`BM` or `BM_NARROW`). Process-wide.
 static FORCE_ROWS: AtomicUsize = AtomicUsize::new(0);
+
+/// Threads per block of the bf16 conversion.
+const CONVERT_BLOCK: u32 = 256;
+
+/// bf16 Q `[rows][q_heads][d]` and K, V `[rows][kv_heads][d]` (head size padded to the kernel's
+/// `d` with zeros), grown to the largest batch seen (the start-up warm-up runs the largest), never
+/// shrunk.
+pub(super) struct FlashScratch {
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+}
+
+impl FlashScratch {
+    fn bytes(&self) -> u64 {
+        2 * (self.q.len() + self.k.len() + self.v.len()) as u64
+    }
+}
+
+/// The backend's flash scratch slot.
+pub(super) type FlashScratchSlot = Mutex<Option<FlashScratch>>;
 
 /// One shape of the flash kernel: query rows per block (16 per warp), and whether query tiles
 /// run on grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side
@@ -119,9 +147,11 @@ impl CudaBackend {
         FORCE_ROWS.store(rows.unwrap_or(0), Ordering::Relaxed);
     }
 
-    /// Gated causal GQA attention with the flash kernel. The caller (`attention`) has checked the
-    /// dims, that every buffer holds `batch.rows` rows, and that `flash_variant(head_dim)` is
-    /// `Some`; `batch.rows` and `batch.num_seqs` are non-zero.
+    /// Gated causal GQA attention with the flash kernel: every row, or with `last` each sequence's
+    /// last row only (into `out[s]`). The caller (`attention`, `attention_last`) has checked the
+    /// dims, that qg, k and v hold `batch.rows` rows and `out` the rows written, and that
+    /// `flash_variant(head_dim)` is `Some`; `batch.rows` and `batch.num_seqs` are non-zero.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn flash_attention(
         &self,
         qg: &CudaSlice<f32>,
@@ -129,18 +159,82 @@ impl CudaBackend {
         v: &CudaSlice<f32>,
         batch: Varlen<'_, CudaSlice<u32>>,
         dims: AttentionDims,
+        last: bool,
         out: &mut CudaSlice<f32>,
     ) -> KernelResult<()> {
         const OP: &str = "attention";
         let Some((_, d)) = flash_variant(dims.head_dim) else {
-            return Err(crate::error::KernelError::invalid(
+            return Err(KernelError::invalid(
                 OP,
                 format!("flash attention does not take head_dim {}", dims.head_dim),
             ));
         };
-        let shape = flash_shape(batch.rows, batch.num_seqs);
+        let q_len = batch.rows * dims.q_heads * d;
+        let kv_len = batch.rows * dims.kv_heads * d;
+        let mut slot = self
+            .flash_scratch
+            .lock()
+            .map_err(|_| KernelError::invalid(OP, "flash scratch poisoned by an earlier panic"))?;
+        if !slot
+            .as_ref()
+            .is_some_and(|s| s.q.len() >= q_len && s.k.len() >= kv_len)
+        {
+            if let Some(old) = slot.take() {
+                self.release_buffer_bytes(old.bytes());
+            }
+            let stream = &self.device.stream;
+            let alloc = |n: usize| {
+                stream
+                    .alloc_zeros::<bf16>(n)
+                    .map_err(|e| driver_err("attention bf16 scratch", e))
+            };
+            let fresh = FlashScratch {
+                q: alloc(q_len)?,
+                k: alloc(kv_len)?,
+                v: alloc(kv_len)?,
+            };
+            self.add_buffer_bytes(fresh.bytes());
+            *slot = Some(fresh);
+        }
+        let scratch = slot.as_mut().expect("sized just above");
+        let rows = to_u32(OP, "rows", batch.rows)?;
+        let q_heads = to_i32(OP, "q_heads", dims.q_heads)?;
+        let kv_heads = to_i32(OP, "kv_heads", dims.kv_heads)?;
+        let head_dim = to_i32(OP, "head_dim", dims.head_dim)?;
+        let d_a = to_i32(OP, "head size", d)?;
+        {
+            let f = self.device.function("flash_bf16_inputs")?;
+            let mut launch = self.device.stream.launch_builder(f);
+            launch
+                .arg(qg)
+                .arg(k)
+                .arg(v)
+                .arg(&rows)
+                .arg(&q_heads)
+                .arg(&kv_heads)
+                .arg(&head_dim)
+                .arg(&d_a)
+                .arg(&dims.scale)
+                .arg(&mut scratch.q)
+                .arg(&mut scratch.k)
+                .arg(&mut scratch.v);
+            let items = batch.rows * (dims.q_heads + 2 * dims.kv_heads) * (d / 8);
+            // SAFETY: argument types match the kernel; it reads `rows` rows of qg, k and v (held,
+            // checked by the caller) and writes that many rows of the scratch (sized above).
+            unsafe { launch.launch(linear(OP, items, CONVERT_BLOCK)?) }
+                .map_err(|e| driver_err(OP, e))?;
+        }
+        let shape = if last {
+            NARROW
+        } else {
+            flash_shape(batch.rows, batch.num_seqs)
+        };
         let smem = shape.smem_bytes(d);
-        let f = self.device.function(shape.kernel(d))?;
+        let f = self.device.function(&if last {
+            format!("flash_attention_last_d{d}")
+        } else {
+            shape.kernel(d).to_string()
+        })?;
         // Above 48 KiB a kernel must opt in. Setting it on every launch costs a host-side driver
         // call, is no stream operation (so it is fine during graph capture), and keeps the
         // attribute with the function, whichever backend instance launches it.
@@ -158,7 +252,11 @@ impl CudaBackend {
             )
             .map_err(|e| driver_err("attention: shared memory carveout", e))?;
         }
-        let tiles = to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?;
+        let tiles = if last {
+            to_u32(OP, "sequences", batch.num_seqs)?
+        } else {
+            to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?
+        };
         let heads = to_u32(OP, "q_heads", dims.q_heads)?;
         let cfg = LaunchConfig {
             grid_dim: if shape.tiles_on_y {
@@ -170,23 +268,19 @@ impl CudaBackend {
             shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
         };
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
-        let rows = to_u32(OP, "rows", batch.rows)?;
-        let q_heads = to_i32(OP, "q_heads", dims.q_heads)?;
-        let kv_heads = to_i32(OP, "kv_heads", dims.kv_heads)?;
-        let head_dim = to_i32(OP, "head_dim", dims.head_dim)?;
         let mut launch = self.device.stream.launch_builder(f);
         launch
+            .arg(&scratch.q)
+            .arg(&scratch.k)
+            .arg(&scratch.v)
             .arg(qg)
-            .arg(k)
-            .arg(v)
             .arg(batch.cu_seqlens)
             .arg(&num_seqs)
             .arg(&rows)
             .arg(out)
             .arg(&q_heads)
             .arg(&kv_heads)
-            .arg(&head_dim)
-            .arg(&dims.scale);
+            .arg(&head_dim);
         // SAFETY: argument types match the kernel; it clamps every sequence boundary to `rows`,
         // which every buffer holds (checked by the caller).
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;

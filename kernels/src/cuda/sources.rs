@@ -60,6 +60,8 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "gather_last",
             "f32_to_bf16",
             "swiglu_bf16",
+            "swiglu_from_bf16",
+            "swiglu_bf16_from_bf16",
         ],
     },
     KernelSource {
@@ -86,12 +88,16 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         file: "flash_attention.cu",
         code: include_str!("../../cuda/flash_attention.cu"),
         functions: &[
+            "flash_bf16_inputs",
             "flash_attention_d64",
             "flash_attention_d128",
             "flash_attention_d256",
             "flash_attention_narrow_d64",
             "flash_attention_narrow_d128",
             "flash_attention_narrow_d256",
+            "flash_attention_last_d64",
+            "flash_attention_last_d128",
+            "flash_attention_last_d256",
         ],
     },
     KernelSource {
