@@ -3,44 +3,37 @@
 // The norms' outputs are f32, or bf16 when they only feed GEMMs (which read bf16 operands).
 __device__ __forceinline__ void store_out(float* out, i64 i, float v) { out[i] = v; }
 __device__ __forceinline__ void store_out(__nv_bfloat16* out, i64 i, float v) { out[i] = __float2bfloat16_rn(v); }
-// Four values at a multiple of 4 (16-byte aligned f32, 8-byte aligned bf16).
-__device__ __forceinline__ void store_out4(float* out, i64 i, float4 v) { *reinterpret_cast<float4*>(out + i) = v; }
-__device__ __forceinline__ void store_out4(__nv_bfloat16* out, i64 i, float4 v) {
-    *reinterpret_cast<uint2*>(out + i) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
-}
 
-__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float sumsq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
-// v · inv · (1 + w[i..i+4]) (zero-centred norm weight).
-__device__ __forceinline__ float4 scale4(float4 v, float inv, const __nv_bfloat16* w, i64 i) {
-    return make_float4(v.x * inv * (1.0f + load_bf16(w, i)), v.y * inv * (1.0f + load_bf16(w, i + 1)),
-                       v.z * inv * (1.0f + load_bf16(w, i + 2)), v.w * inv * (1.0f + load_bf16(w, i + 3)));
-}
-
-// Row kernels hold a row in registers when it has at most NORM_V4 float4s per thread (4,096 values
-// at 256 threads) and a length that is a multiple of 4: one read of the row, all loads issued
-// before any use. Longer or odd rows take the plain loops.
-#define NORM_V4 4
+// The kernels below hold their row in registers when it fits (NORM_HELD values per thread: 4,096 at
+// 256 threads for the row kernels, 512 for the one-warp kernels): every load is issued before the
+// first use, so a thread waits on memory once. Each thread keeps the elements the plain loop gives
+// it (stride blockDim, or 32) and sums them in the same order, so the results are bit for bit
+// those of the plain loops, which remain for longer rows. (A float4 layout would be a little faster
+// but changes the summation order, and bf16 roundings downstream turn that into answer noise.)
+#define NORM_HELD 16
 
 // out = x / sqrt(mean(x²) + eps) · (1 + w), the zero-centred RMSNorm.
 template <typename Out>
 __device__ void rms_norm_row(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w, Out* __restrict__ out,
                              int dim, float eps) {
     const i64 base = (i64)blockIdx.x * dim;
-    if ((dim & 3) == 0 && dim <= NORM_V4 * 4 * (int)blockDim.x) {
-        float4 v[NORM_V4];
+    if (dim <= NORM_HELD * (int)blockDim.x) {
+        float v[NORM_HELD];
+#pragma unroll
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            v[e] = i < dim ? x[base + i] : 0.0f;
+        }
         float ss = 0.0f;
 #pragma unroll
-        for (int e = 0; e < NORM_V4; ++e) {
-            const int i = (threadIdx.x + e * blockDim.x) * 4;
-            v[e] = i < dim ? ld4(x + base + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            ss += sumsq4(v[e]);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            if (threadIdx.x + e * blockDim.x < dim) ss += v[e] * v[e];
         }
         const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
 #pragma unroll
-        for (int e = 0; e < NORM_V4; ++e) {
-            const int i = (threadIdx.x + e * blockDim.x) * 4;
-            if (i < dim) store_out4(out, base + i, scale4(v[e], inv, w, i));
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            if (i < dim) store_out(out, base + i, (v[e] * inv) * (1.0f + load_bf16(w, i)));
         }
         return;
     }
@@ -70,28 +63,29 @@ template <typename Out>
 __device__ void add_rms_norm_row(float* __restrict__ residual, const float* __restrict__ delta,
                                  const __nv_bfloat16* __restrict__ w, Out* __restrict__ out, int dim, float eps) {
     const i64 base = (i64)blockIdx.x * dim;
-    if ((dim & 3) == 0 && dim <= NORM_V4 * 4 * (int)blockDim.x) {
-        float4 v[NORM_V4], d[NORM_V4];
+    if (dim <= NORM_HELD * (int)blockDim.x) {
+        float v[NORM_HELD], d[NORM_HELD];
 #pragma unroll
-        for (int e = 0; e < NORM_V4; ++e) {
-            const int i = (threadIdx.x + e * blockDim.x) * 4;
-            const bool in = i < dim;
-            v[e] = in ? ld4(residual + base + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            d[e] = in ? ld4(delta + base + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            v[e] = i < dim ? residual[base + i] : 0.0f;
+            d[e] = i < dim ? delta[base + i] : 0.0f;
         }
         float ss = 0.0f;
 #pragma unroll
-        for (int e = 0; e < NORM_V4; ++e) {
-            const int i = (threadIdx.x + e * blockDim.x) * 4;
-            v[e] = make_float4(v[e].x + d[e].x, v[e].y + d[e].y, v[e].z + d[e].z, v[e].w + d[e].w);
-            if (i < dim) *reinterpret_cast<float4*>(residual + base + i) = v[e];
-            ss += sumsq4(v[e]);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            if (i < dim) {
+                v[e] = v[e] + d[e];
+                residual[base + i] = v[e];
+                ss += v[e] * v[e];
+            }
         }
         const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
 #pragma unroll
-        for (int e = 0; e < NORM_V4; ++e) {
-            const int i = (threadIdx.x + e * blockDim.x) * 4;
-            if (i < dim) store_out4(out, base + i, scale4(v[e], inv, w, i));
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            if (i < dim) store_out(out, base + i, (v[e] * inv) * (1.0f + load_bf16(w, i)));
         }
         return;
     }
@@ -153,29 +147,24 @@ extern "C" __global__ void gated_rms_norm_bf16(const float* __restrict__ x, cons
     const float* xr = x + row * dim;
     const float* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
     __nv_bfloat16* o = out + row * dim;
-    // Rows of up to 4·128 values at 16-byte aligned strides: float4s held in registers.
-    if (((dim | z_stride | z_offset) & 3) == 0 && dim <= 4 * 128) {
-        float4 xv[4], zv[4];
+    if (dim <= NORM_HELD * 32) {
+        float xv[NORM_HELD], zv[NORM_HELD];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = (lane + e * 32) * 4;
-            xv[e] = i < dim ? ld4(xr + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            zv[e] = i < dim ? ld4(zr + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = lane + e * 32;
+            xv[e] = i < dim ? xr[i] : 0.0f;
+            zv[e] = i < dim ? zr[i] : 0.0f;
         }
         float ss = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ss += sumsq4(xv[e]);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            if (lane + e * 32 < dim) ss += xv[e] * xv[e];
+        }
         const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = (lane + e * 32) * 4;
-            if (i < dim) {
-                const float4 y = make_float4(load_bf16(w, i) * (xv[e].x * inv) * silu_f(zv[e].x),
-                                             load_bf16(w, i + 1) * (xv[e].y * inv) * silu_f(zv[e].y),
-                                             load_bf16(w, i + 2) * (xv[e].z * inv) * silu_f(zv[e].z),
-                                             load_bf16(w, i + 3) * (xv[e].w * inv) * silu_f(zv[e].w));
-                store_out4(o, i, y);
-            }
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = lane + e * 32;
+            if (i < dim) o[i] = __float2bfloat16_rn(load_bf16(w, i) * (xv[e] * inv) * silu_f(zv[e]));
         }
         return;
     }
@@ -211,22 +200,23 @@ extern "C" __global__ void l2_norm(float* __restrict__ x, int rows, int heads, i
     const int lane = threadIdx.x & 31;
     if (item >= (i64)rows * heads) return;
     float* h = x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride);
-    // Heads of up to 4·128 values at 16-byte aligned offsets: float4s held in registers.
-    if (((head_dim | head_stride | row_stride | offset) & 3) == 0 && head_dim <= 4 * 128) {
-        float4 v[4];
+    if (head_dim <= NORM_HELD * 32) {
+        float v[NORM_HELD];
+#pragma unroll
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = lane + e * 32;
+            v[e] = i < head_dim ? h[i] : 0.0f;
+        }
         float ss = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = (lane + e * 32) * 4;
-            v[e] = i < head_dim ? ld4(h + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            ss += sumsq4(v[e]);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            if (lane + e * 32 < head_dim) ss += v[e] * v[e];
         }
         const float inv = rsqrtf(warp_sum(ss) + eps);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = (lane + e * 32) * 4;
-            if (i < head_dim)
-                *reinterpret_cast<float4*>(h + i) = make_float4(v[e].x * inv, v[e].y * inv, v[e].z * inv, v[e].w * inv);
+        for (int e = 0; e < NORM_HELD; ++e) {
+            const int i = lane + e * 32;
+            if (i < head_dim) h[i] = v[e] * inv;
         }
         return;
     }

@@ -160,7 +160,7 @@ fn embedding_matches_cpu() {
 fn rms_norm_and_fused_add_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = StdRng::seed_from_u64(2);
-    // 2560 and 100 take the register-held row (float4s), 101 and 5,000 the plain loops.
+    // Up to 4,096 values the kernels hold the row in registers; 5,000 takes the plain loops.
     for (rows, dim) in [(1, 2560), (65, 2560), (7, 100), (5, 101), (2, 5000)] {
         let x = rand_vec(&mut rng, rows * dim, 2.0);
         let delta = rand_vec(&mut rng, rows * dim, 1.0);
@@ -333,7 +333,7 @@ fn gated_rms_norm_gemm_matches_cpu() {
     }
 }
 
-fn head_layouts() -> [HeadLayout; 3] {
+fn head_layouts() -> [HeadLayout; 4] {
     let (heads, head_dim) = (4, 256);
     [
         HeadLayout {
@@ -344,7 +344,7 @@ fn head_layouts() -> [HeadLayout; 3] {
             offset: 0,
         },
         HeadLayout::dense(2, head_dim),
-        // Unaligned heads: the kernels' scalar path.
+        // Unaligned heads.
         HeadLayout {
             heads: 3,
             head_dim: 100,
@@ -352,6 +352,8 @@ fn head_layouts() -> [HeadLayout; 3] {
             row_stride: 310,
             offset: 1,
         },
+        // Longer than the 512 values a warp holds in registers: the plain loops.
+        HeadLayout::dense(1, 600),
     ]
 }
 
