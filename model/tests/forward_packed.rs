@@ -2,7 +2,7 @@
 //! input checks, and the letter readout on top.
 
 use instinct_kernels::CpuBackend;
-use instinct_model::config::TextConfig;
+use instinct_model::config::{LayerKind, TextConfig};
 use instinct_model::forward::{BatchLimits, SequenceInput, TextModel};
 use instinct_model::readout::{LetterReadout, QWEN_LETTER_TOKEN_IDS};
 use instinct_model::weights::{
@@ -73,7 +73,7 @@ fn random_weights(cfg: &TextConfig, seed: u64) -> TextWeights {
         .iter()
         .map(|kind| {
             let mixer = match kind {
-                instinct_model::config::LayerKind::LinearAttention => {
+                LayerKind::LinearAttention => {
                     let qkv = cfg.linear_qkv_dim();
                     let vw = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
                     let hv = cfg.linear_num_value_heads;
@@ -91,7 +91,7 @@ fn random_weights(cfg: &TextConfig, seed: u64) -> TextWeights {
                         out_proj: linear(&mut rng, h, vw),
                     })
                 }
-                instinct_model::config::LayerKind::FullAttention => {
+                LayerKind::FullAttention => {
                     let (hq, hk, d) = (
                         cfg.num_attention_heads,
                         cfg.num_key_value_heads,
@@ -183,6 +183,89 @@ fn packed_batch_equals_each_sequence_alone_and_is_finite() {
     for i in 0..seqs.len() {
         assert!(max_diff(&out_rev[seqs.len() - 1 - i], &packed[i]) < 1e-5);
     }
+}
+
+/// `cfg` and `w` with one more layer of `kind` whose output projections (mixer out_proj / o_proj
+/// and MLP down) are zero: it adds nothing to the residual stream.
+fn with_inert_layer(
+    cfg: &TextConfig,
+    w: &TextWeights,
+    kind: LayerKind,
+) -> (TextConfig, TextWeights) {
+    let mut cfg = cfg.clone();
+    cfg.num_hidden_layers += 1;
+    cfg.layer_types.push(kind);
+    let mut extra = random_weights(&cfg, 99).layers.pop().unwrap();
+    let out = match &mut extra.mixer {
+        MixerWeights::Linear(d) => &mut d.out_proj,
+        MixerWeights::Full(a) => &mut a.o_proj,
+    };
+    out.data.iter_mut().for_each(|x| *x = 0.0);
+    extra.mlp.down_proj.data.iter_mut().for_each(|x| *x = 0.0);
+    let mut w = w.clone();
+    w.layers.push(extra);
+    (cfg, w)
+}
+
+/// Past its mixer the last layer runs on one row per sequence: an attention mixer computes only
+/// those rows, a DeltaNet mixer's rows are gathered. Appending an inert layer moves the last real
+/// layer onto the every-row path without changing what the model computes, so a model must answer
+/// exactly as it does with an inert layer after it: for a model ending in attention (its last-row
+/// path against the full one) and for one ending in a DeltaNet layer (its gather against the full
+/// path).
+#[test]
+fn the_last_layer_on_last_rows_answers_as_on_every_row() {
+    let cfg = tiny_config();
+    assert!(matches!(
+        cfg.layer_types.last(),
+        Some(LayerKind::FullAttention)
+    ));
+    let w = random_weights(&cfg, 11);
+    // The same layers plus a (live) DeltaNet layer at the end.
+    let mut cfg_delta = cfg.clone();
+    cfg_delta.num_hidden_layers += 1;
+    cfg_delta.layer_types.push(LayerKind::LinearAttention);
+    let mut w_delta = w.clone();
+    w_delta
+        .layers
+        .push(random_weights(&cfg_delta, 12).layers.pop().unwrap());
+    let mut rng = StdRng::seed_from_u64(13);
+    let seqs: Vec<Vec<u32>> = [1usize, 65, 7]
+        .iter()
+        .map(|&l| random_ids(&mut rng, l, cfg.vocab_size))
+        .collect();
+    let inputs: Vec<SequenceInput> = seqs.iter().map(|s| SequenceInput::text(s)).collect();
+    for (name, cfg, w, inert) in [
+        ("ending in attention", &cfg, &w, LayerKind::LinearAttention),
+        (
+            "ending in DeltaNet",
+            &cfg_delta,
+            &w_delta,
+            LayerKind::FullAttention,
+        ),
+    ] {
+        let (cfg_more, w_more) = with_inert_layer(cfg, w, inert);
+        let mut last_rows = TextModel::new(CpuBackend::new(), cfg, w, LIMITS).unwrap();
+        let mut every_row = TextModel::new(CpuBackend::new(), &cfg_more, &w_more, LIMITS).unwrap();
+        let a = last_rows.forward_last(&inputs).unwrap();
+        let b = every_row.forward_last(&inputs).unwrap();
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            let err = max_diff(x, y);
+            assert!(err < 1e-6, "{name}, sequence {i}: differs by {err:e}");
+            assert!(
+                x.iter().any(|v| v.abs() > 1e-3),
+                "{name}, sequence {i}: degenerate"
+            );
+        }
+    }
+    // The DeltaNet layer is live: the two models' answers differ.
+    let mut m = TextModel::new(CpuBackend::new(), &cfg, &w, LIMITS).unwrap();
+    let mut m_delta = TextModel::new(CpuBackend::new(), &cfg_delta, &w_delta, LIMITS).unwrap();
+    let (a, b) = (
+        m.forward_last(&inputs).unwrap(),
+        m_delta.forward_last(&inputs).unwrap(),
+    );
+    assert!(max_diff(&a[1], &b[1]) > 1e-2);
 }
 
 #[test]
