@@ -8,8 +8,8 @@ use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfi
 use half::bf16;
 use rayon::prelude::*;
 
-use super::blas::{Blas, GemmInput, GemmOut};
-use super::buffers::{act, act_mut, idx, norm_out, weight, CudaBuf, NormOut};
+use super::blas::{Blas, GemmInput};
+use super::buffers::{act, act_mut, idx, in_buf, out_buf, weight, CudaBuf, InBuf, OutBuf};
 use super::compile::GpuArch;
 use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
@@ -170,33 +170,13 @@ fn check_layout(op: &'static str, layout: HeadLayout, len: usize, rows: usize) -
     Ok(())
 }
 
-/// Checks the host-known part of a batch (`cu_seqlens` has `num_seqs + 1` entries, `batch.rows`
-/// fits in `rows_cap`, the rows every buffer of the op holds) and returns the rows to launch over.
-/// The contents of `cu_seqlens` stay on the device: kernels read them there and never step beyond
-/// the returned row count, whatever they hold.
-/// A device slice of either element type, as a kernel argument (for ops whose kernel has one
-/// entry point per input type).
-enum KernelArg<'a> {
-    F32(&'a CudaSlice<f32>),
-    Bf16(&'a CudaSlice<bf16>),
-}
-
-impl KernelArg<'_> {
-    fn push<'b>(&'b self, launch: &mut cudarc::driver::LaunchArgs<'b>) {
-        match self {
-            Self::F32(s) => launch.arg(*s),
-            Self::Bf16(s) => launch.arg(*s),
-        };
-    }
-}
-
-/// Checks attention dims and returns the rows qg, k and v all hold.
+/// Checks attention dims and returns the rows qg, k and v all hold (the caller then checks the
+/// batch against them with [`check_batch`]).
 fn attention_rows(
     op: &'static str,
     qg: &CudaBuf,
     k: &CudaBuf,
     v: &CudaBuf,
-    batch: &Varlen<'_, CudaSlice<u32>>,
     dims: AttentionDims,
 ) -> KernelResult<usize> {
     let AttentionDims {
@@ -220,7 +200,6 @@ fn attention_rows(
             format!("head_dim {head_dim} exceeds {ATTN_MAX_HEAD_DIM}"),
         ));
     }
-    idx(op, "cu_seqlens", batch.cu_seqlens, batch.num_seqs + 1)?;
     // Rows every buffer can hold: kernels never touch a row beyond it.
     Ok([
         qg.len() / (q_heads * 2 * head_dim),
@@ -232,6 +211,10 @@ fn attention_rows(
     .unwrap_or(0))
 }
 
+/// Checks the host-known part of a batch (`cu_seqlens` has `num_seqs + 1` entries, `batch.rows`
+/// fits in `rows_cap`, the rows every buffer of the op holds) and returns the rows to launch over.
+/// The contents of `cu_seqlens` stay on the device: kernels read them there and never step beyond
+/// the returned row count, whatever they hold.
 pub(super) fn check_batch(
     op: &'static str,
     batch: &Varlen<'_, CudaSlice<u32>>,
@@ -548,21 +531,21 @@ impl Backend for CudaBackend {
         const OP: &str = "rms_norm";
         let x = act(OP, "x", x, rows * dim)?;
         let w = weight(OP, "weight", weight_buf, dim)?;
-        let out = norm_out(OP, out, rows * dim)?;
+        let out = out_buf(OP, "out", out, rows * dim)?;
         if rows == 0 || dim == 0 {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
         let kernel = match out {
-            NormOut::F32(_) => "rms_norm",
-            NormOut::Bf16(_) => "rms_norm_bf16",
+            OutBuf::F32(_) => "rms_norm",
+            OutBuf::Bf16(_) => "rms_norm_bf16",
         };
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
         launch.arg(x).arg(w);
         match out {
-            NormOut::F32(o) => launch.arg(o),
-            NormOut::Bf16(o) => launch.arg(o),
+            OutBuf::F32(o) => launch.arg(o),
+            OutBuf::Bf16(o) => launch.arg(o),
         };
         launch.arg(&dim_a).arg(&eps);
         // SAFETY: argument types match the kernel; lengths checked above.
@@ -584,21 +567,21 @@ impl Backend for CudaBackend {
         let residual = act_mut(OP, "residual", residual, rows * dim)?;
         let delta = act(OP, "delta", delta, rows * dim)?;
         let w = weight(OP, "weight", weight_buf, dim)?;
-        let out = norm_out(OP, out, rows * dim)?;
+        let out = out_buf(OP, "out", out, rows * dim)?;
         if rows == 0 || dim == 0 {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
         let kernel = match out {
-            NormOut::F32(_) => "add_rms_norm",
-            NormOut::Bf16(_) => "add_rms_norm_bf16",
+            OutBuf::F32(_) => "add_rms_norm",
+            OutBuf::Bf16(_) => "add_rms_norm_bf16",
         };
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
         launch.arg(residual).arg(delta).arg(w);
         match out {
-            NormOut::F32(o) => launch.arg(o),
-            NormOut::Bf16(o) => launch.arg(o),
+            OutBuf::F32(o) => launch.arg(o),
+            OutBuf::Bf16(o) => launch.arg(o),
         };
         launch.arg(&dim_a).arg(&eps);
         // SAFETY: argument types match the kernel; lengths checked above.
@@ -618,21 +601,16 @@ impl Backend for CudaBackend {
         const OP: &str = "gemm";
         let x = gemm_input(OP, x, rows * in_dim)?;
         let w = weight(OP, "w", w, out_dim * in_dim)?;
-        if y.len() < rows * out_dim {
-            return Err(KernelError::invalid(
-                OP,
-                format!("y holds {} values, needs {}", y.len(), rows * out_dim),
-            ));
-        }
+        let y = out_buf(OP, "y", y, rows * out_dim)?;
         if rows == 0 || out_dim == 0 {
             return Ok(());
         }
         // A bf16 `y` (from alloc_gemm_input) gets cuBLASLt's bf16 output; only f32 has a fallback.
         let y = match y {
-            CudaBuf::F32(y) => y,
-            CudaBuf::Bf16(y) => {
+            OutBuf::F32(y) => y,
+            OutBuf::Bf16(y) => {
                 if in_dim > 0
-                    && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, GemmOut::Bf16(y))])?
+                    && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, OutBuf::Bf16(y))])?
                 {
                     return Ok(());
                 }
@@ -645,7 +623,7 @@ impl Backend for CudaBackend {
                 ));
             }
         };
-        if in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, GemmOut::F32(y))])? {
+        if in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, OutBuf::F32(y))])? {
             return Ok(());
         }
         self.tiled_gemm(x, w, rows, in_dim, out_dim, y)
@@ -670,7 +648,7 @@ impl Backend for CudaBackend {
         }
         let mut outs: Vec<_> = checked
             .iter_mut()
-            .map(|(w, out_dim, y)| (*w, *out_dim, GemmOut::F32(y)))
+            .map(|(w, out_dim, y)| (*w, *out_dim, OutBuf::F32(y)))
             .collect();
         if outs.is_empty() || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut outs)?) {
             return Ok(());
@@ -777,7 +755,7 @@ impl Backend for CudaBackend {
             scale,
         } = dims;
         let out_rows = out.len() / (q_heads * head_dim).max(1);
-        let rows_cap = attention_rows(OP, qg, k, v, &batch, dims)?.min(out_rows);
+        let rows_cap = attention_rows(OP, qg, k, v, dims)?.min(out_rows);
         let rows_cap = check_batch(OP, &batch, rows_cap)?;
         let qg = act(OP, "qg", qg, 0)?;
         let k = act(OP, "k", k, 0)?;
@@ -829,7 +807,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "attention_last";
-        let rows_cap = attention_rows(OP, qg, k, v, &batch, dims)?;
+        let rows_cap = attention_rows(OP, qg, k, v, dims)?;
         check_batch(OP, &batch, rows_cap)?;
         if super::flash::flash_variant(dims.head_dim).is_none() {
             return Err(KernelError::invalid(
@@ -1086,22 +1064,16 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "swiglu";
-        let need = rows * 2 * inter;
-        if gate_up.len() < need {
-            return Err(KernelError::invalid(
-                OP,
-                format!("gate_up holds {} values, needs {need}", gate_up.len()),
-            ));
-        }
+        let gate_up = in_buf(OP, "gate_up", gate_up, rows * 2 * inter)?;
         let out = act_mut(OP, "out", out, rows * inter)?;
         if rows * inter == 0 {
             return Ok(());
         }
         let rows_a = to_i32(OP, "rows", rows)?;
         let inter_a = to_i32(OP, "inter", inter)?;
-        let (kernel, gate_up) = match gate_up {
-            CudaBuf::F32(g) => ("swiglu", KernelArg::F32(g)),
-            CudaBuf::Bf16(g) => ("swiglu_from_bf16", KernelArg::Bf16(g)),
+        let kernel = match gate_up {
+            InBuf::F32(_) => "swiglu",
+            InBuf::Bf16(_) => "swiglu_from_bf16",
         };
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
@@ -1164,7 +1136,7 @@ impl Backend for CudaBackend {
         if in_dim > 0
             && self
                 .blas
-                .gemm_many(rows, in_dim, &mut [(w, out_dim, GemmOut::F32(y))], input)?
+                .gemm_many(rows, in_dim, &mut [(w, out_dim, OutBuf::F32(y))], input)?
         {
             return Ok(());
         }
@@ -1184,19 +1156,10 @@ impl Backend for CudaBackend {
         y_buf: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "swiglu_gemm";
-        if gate_up.len() < rows * 2 * inter {
-            return Err(KernelError::invalid(
-                OP,
-                format!(
-                    "gate_up holds {} values, needs {}",
-                    gate_up.len(),
-                    rows * 2 * inter
-                ),
-            ));
-        }
-        let (kernel, gu) = match gate_up {
-            CudaBuf::F32(g) => ("swiglu_bf16", KernelArg::F32(g)),
-            CudaBuf::Bf16(g) => ("swiglu_bf16_from_bf16", KernelArg::Bf16(g)),
+        let gu = in_buf(OP, "gate_up", gate_up, rows * 2 * inter)?;
+        let kernel = match gu {
+            InBuf::F32(_) => "swiglu_bf16",
+            InBuf::Bf16(_) => "swiglu_bf16_from_bf16",
         };
         let w = weight(OP, "w", w_buf, out_dim * inter)?;
         let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
@@ -1222,7 +1185,7 @@ impl Backend for CudaBackend {
             && self.blas.gemm_many(
                 rows,
                 inter,
-                &mut [(w, out_dim, GemmOut::F32(y))],
+                &mut [(w, out_dim, OutBuf::F32(y))],
                 GemmInput::Convert(convert),
             )?
         {
@@ -1282,7 +1245,7 @@ impl CudaBackend {
         x: &CudaBuf,
         rows: usize,
         in_dim: usize,
-        outputs: &mut [(&CudaSlice<bf16>, usize, GemmOut<'_>)],
+        outputs: &mut [(&CudaSlice<bf16>, usize, OutBuf<'_>)],
     ) -> KernelResult<bool> {
         match x {
             CudaBuf::F32(x) => {

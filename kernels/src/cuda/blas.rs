@@ -16,6 +16,7 @@ use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
+use super::buffers::OutBuf;
 use super::device::driver_err;
 use crate::backend::KernelResult;
 use crate::error::KernelError;
@@ -41,18 +42,6 @@ pub(crate) enum GemmInput<'a, F> {
     Convert(F),
     /// Already in a bf16 buffer of at least `rows · in_dim` values.
     Ready(&'a CudaSlice<bf16>),
-}
-
-/// Where a GEMM writes `y`: f32, or rounded to bf16.
-pub(crate) enum GemmOut<'a> {
-    F32(&'a mut CudaSlice<f32>),
-    Bf16(&'a mut CudaSlice<bf16>),
-}
-
-impl GemmOut<'_> {
-    fn is_bf16(&self) -> bool {
-        matches!(self, Self::Bf16(_))
-    }
 }
 
 /// Descriptors and algorithm of one GEMM shape.
@@ -182,7 +171,7 @@ impl Blas {
         &self,
         rows: usize,
         in_dim: usize,
-        outputs: &mut [(&CudaSlice<bf16>, usize, GemmOut<'_>)],
+        outputs: &mut [(&CudaSlice<bf16>, usize, OutBuf<'_>)],
         input: GemmInput<'_, impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>>,
     ) -> KernelResult<bool> {
         const OP: &str = "gemm";
@@ -237,8 +226,8 @@ impl Blas {
                 .expect("checked above");
             let (w_ptr, _w_rec) = w.device_ptr(stream);
             let (y_ptr, _y_rec) = match y {
-                GemmOut::F32(y) => y.device_ptr_mut(stream),
-                GemmOut::Bf16(y) => y.device_ptr_mut(stream),
+                OutBuf::F32(y) => y.device_ptr_mut(stream),
+                OutBuf::Bf16(y) => y.device_ptr_mut(stream),
             };
             let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
             if !plan.tuned {

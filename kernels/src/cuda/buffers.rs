@@ -1,6 +1,6 @@
 //! Device buffers of the CUDA backend: f32 activations and bf16 weights behind one `Buf` type.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use half::bf16;
 
 use crate::backend::KernelResult;
@@ -87,25 +87,65 @@ pub(crate) fn act_mut<'a>(
     }
 }
 
-/// The output of a norm: f32, or bf16 when it only feeds GEMMs (from `alloc_gemm_input`).
-pub(crate) enum NormOut<'a> {
+/// A writable activation of either type: f32, or bf16 (from `alloc_gemm_input`) where only GEMMs
+/// read it (a norm's output) or only SwiGLU does (a GEMM's gate|up output).
+pub(crate) enum OutBuf<'a> {
     F32(&'a mut CudaSlice<f32>),
     Bf16(&'a mut CudaSlice<bf16>),
 }
 
-/// `buf` as a norm output of at least `need` values.
-pub(crate) fn norm_out<'a>(
+impl OutBuf<'_> {
+    pub fn is_bf16(&self) -> bool {
+        matches!(self, Self::Bf16(_))
+    }
+}
+
+/// `buf` as a writable activation of either type of at least `need` values.
+pub(crate) fn out_buf<'a>(
     op: &'static str,
+    what: &str,
     buf: &'a mut CudaBuf,
     need: usize,
-) -> KernelResult<NormOut<'a>> {
+) -> KernelResult<OutBuf<'a>> {
     let len = buf.len();
     if len < need {
-        return Err(too_short(op, "out", len, need));
+        return Err(too_short(op, what, len, need));
     }
     Ok(match buf {
-        CudaBuf::F32(s) => NormOut::F32(s),
-        CudaBuf::Bf16(s) => NormOut::Bf16(s),
+        CudaBuf::F32(s) => OutBuf::F32(s),
+        CudaBuf::Bf16(s) => OutBuf::Bf16(s),
+    })
+}
+
+/// A read-only activation of either type (for ops with one kernel entry point per input type).
+pub(crate) enum InBuf<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<bf16>),
+}
+
+impl<'a> InBuf<'a> {
+    /// Pushes the slice as the launch's next argument.
+    pub fn push(&self, launch: &mut LaunchArgs<'a>) {
+        match self {
+            Self::F32(s) => launch.arg(*s),
+            Self::Bf16(s) => launch.arg(*s),
+        };
+    }
+}
+
+/// `buf` as a read-only activation of either type of at least `need` values.
+pub(crate) fn in_buf<'a>(
+    op: &'static str,
+    what: &str,
+    buf: &'a CudaBuf,
+    need: usize,
+) -> KernelResult<InBuf<'a>> {
+    if buf.len() < need {
+        return Err(too_short(op, what, buf.len(), need));
+    }
+    Ok(match buf {
+        CudaBuf::F32(s) => InBuf::F32(s),
+        CudaBuf::Bf16(s) => InBuf::Bf16(s),
     })
 }
 
