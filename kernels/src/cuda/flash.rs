@@ -62,35 +62,48 @@ impl FlashScratch {
 /// The backend's flash scratch slot.
 pub(super) type FlashScratchSlot = Mutex<Option<FlashScratch>>;
 
-/// One shape of the flash kernel: query rows per block (16 per warp), and whether query tiles
-/// run on grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side
-/// and share K/V in L2).
+/// One shape of the flash kernel: query rows per block (16 per warp), whether query tiles run on
+/// grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side and
+/// share K/V in L2), and whether it computes each sequence's last row only (one block per
+/// sequence, on its last tile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct FlashShape {
     pub rows: usize,
     pub tiles_on_y: bool,
+    pub last_row: bool,
 }
 
 pub(super) const WIDE: FlashShape = FlashShape {
     rows: BM,
     tiles_on_y: false,
+    last_row: false,
 };
 
 pub(super) const NARROW: FlashShape = FlashShape {
     rows: BM_NARROW,
     tiles_on_y: true,
+    last_row: false,
+};
+
+/// The narrow layout, for `attention_last`.
+pub(super) const LAST_ROW: FlashShape = FlashShape {
+    last_row: true,
+    ..NARROW
 };
 
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
-        match (self.tiles_on_y, d) {
-            (false, 64) => "flash_attention_d64",
-            (false, 128) => "flash_attention_d128",
-            (false, _) => "flash_attention_d256",
-            (true, 64) => "flash_attention_narrow_d64",
-            (true, 128) => "flash_attention_narrow_d128",
-            (true, _) => "flash_attention_narrow_d256",
+        match (self.last_row, self.tiles_on_y, d) {
+            (true, _, 64) => "flash_attention_last_d64",
+            (true, _, 128) => "flash_attention_last_d128",
+            (true, _, _) => "flash_attention_last_d256",
+            (false, false, 64) => "flash_attention_d64",
+            (false, false, 128) => "flash_attention_d128",
+            (false, false, _) => "flash_attention_d256",
+            (false, true, 64) => "flash_attention_narrow_d64",
+            (false, true, 128) => "flash_attention_narrow_d128",
+            (false, true, _) => "flash_attention_narrow_d256",
         }
     }
 
@@ -106,9 +119,14 @@ impl FlashShape {
     }
 
     /// Query tiles to launch for a batch: `Σ ceil(len_s / rows) ≤ ceil(rows / rows) + num_seqs`,
-    /// an upper bound that needs no look at `cu_seqlens` (blocks beyond the real count exit).
+    /// an upper bound that needs no look at `cu_seqlens` (blocks beyond the real count exit); one
+    /// per sequence for the last-row kernel.
     pub fn tiles(self, rows: usize, num_seqs: usize) -> usize {
-        rows.div_ceil(self.rows) + num_seqs
+        if self.last_row {
+            num_seqs
+        } else {
+            rows.div_ceil(self.rows) + num_seqs
+        }
     }
 }
 
@@ -225,16 +243,12 @@ impl CudaBackend {
                 .map_err(|e| driver_err(OP, e))?;
         }
         let shape = if last {
-            NARROW
+            LAST_ROW
         } else {
             flash_shape(batch.rows, batch.num_seqs)
         };
         let smem = shape.smem_bytes(d);
-        let f = self.device.function(&if last {
-            format!("flash_attention_last_d{d}")
-        } else {
-            shape.kernel(d).to_string()
-        })?;
+        let f = self.device.function(shape.kernel(d))?;
         // Above 48 KiB a kernel must opt in. Setting it on every launch costs a host-side driver
         // call, is no stream operation (so it is fine during graph capture), and keeps the
         // attribute with the function, whichever backend instance launches it.
@@ -252,11 +266,7 @@ impl CudaBackend {
             )
             .map_err(|e| driver_err("attention: shared memory carveout", e))?;
         }
-        let tiles = if last {
-            to_u32(OP, "sequences", batch.num_seqs)?
-        } else {
-            to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?
-        };
+        let tiles = to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?;
         let heads = to_u32(OP, "q_heads", dims.q_heads)?;
         let cfg = LaunchConfig {
             grid_dim: if shape.tiles_on_y {
@@ -307,6 +317,7 @@ mod tests {
             let (wide, _) = flash_variant(d).unwrap();
             assert_eq!(WIDE.kernel(d), wide);
             assert_eq!(NARROW.kernel(d), format!("flash_attention_narrow_d{d}"));
+            assert_eq!(LAST_ROW.kernel(d), format!("flash_attention_last_d{d}"));
         }
     }
 
@@ -351,6 +362,7 @@ mod tests {
                 let tiles: usize = lens.iter().map(|l| l.div_ceil(shape.rows)).sum();
                 assert!(tiles <= shape.tiles(rows, lens.len()), "{lens:?}");
             }
+            assert_eq!(LAST_ROW.tiles(rows, lens.len()), lens.len());
         }
     }
 }
