@@ -563,13 +563,14 @@ impl<B: Backend> TextModel<B> {
                         .map_err(e)?;
                 }
             }
-            let (residual, mixer_out) = match (last, compact_mixer) {
-                (false, _) => (&mut ws.residual, &ws.block_out),
-                (true, true) => (&mut ws.last, &ws.block_out),
-                (true, false) => (&mut ws.last, &ws.core),
+            let residual = if last { &mut ws.last } else { &mut ws.residual };
+            let mixer_out = if last && !compact_mixer {
+                &ws.core
+            } else {
+                &ws.block_out
             };
             be.add_rms_norm(
-                residual,
+                &mut *residual,
                 mixer_out,
                 &layer.post_norm,
                 m,
@@ -604,7 +605,6 @@ impl<B: Backend> TextModel<B> {
                 Some(next) => (&next.input_norm, &mut ws.normed),
                 None => (&*final_norm, &mut ws.proj),
             };
-            let residual = if last { &mut ws.last } else { &mut ws.residual };
             be.add_rms_norm(residual, &ws.block_out, next_norm, m, h, d.eps, out)
                 .map_err(e)?;
         }
