@@ -20,7 +20,9 @@ __device__ __forceinline__ float conv_input(const float* x, int x_stride, int x_
 #define CONV_THREADS 256     // threads per block: CONV_TILE_CH channels x 2 row halves
 #define CONV_MAX_KERNEL 8    // largest kernel width (CONV_MAX_KERNEL in the launcher)
 
-// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]). One block per tile of CONV_TILE_ROWS rows x
+// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]); then, for channels below l2_channels (a
+// multiple of CONV_TILE_CH: whole heads of that width, DeltaNet's q and k), each head's L2 norm
+// x / sqrt(Σx² + l2_eps). One block per tile of CONV_TILE_ROWS rows x
 // CONV_TILE_CH channels: the tile and the kernel-1 rows before it are first copied into shared
 // memory with every load issued at once (float4s where the layout allows), so the block waits on
 // memory once; then each thread computes one channel over half the tile's rows from shared memory.
@@ -30,16 +32,20 @@ __device__ __forceinline__ float conv_input(const float* x, int x_stride, int x_
 extern "C" __global__ void __launch_bounds__(CONV_THREADS)
 conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_bfloat16* __restrict__ w,
             const u32* __restrict__ cu_seqlens, int num_seqs, const float* __restrict__ window_in,
-            int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap) {
+            int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap, int l2_channels,
+            float l2_eps) {
     constexpr int HALO = CONV_MAX_KERNEL - 1;
     constexpr int TILE = CONV_TILE_ROWS + HALO;  // shared rows: HALO before the tile, then the tile
     __shared__ float s_x[TILE][CONV_TILE_CH];
+    __shared__ float s_out[CONV_TILE_ROWS][CONV_TILE_CH];  // the tile's outputs, when L2-normalised here
     __shared__ int s_seq[CONV_TILE_ROWS];
     __shared__ u32 s_start[CONV_TILE_ROWS];
     const int hist = kernel - 1;
     const i64 r0 = (i64)blockIdx.x * CONV_TILE_ROWS;
     const int c0 = blockIdx.y * CONV_TILE_CH;
     const int tid = threadIdx.x;
+    // The tile is one whole head of the L2-normalised channels: its outputs go through s_out.
+    const bool l2 = c0 + CONV_TILE_CH <= l2_channels;
 
     // Shared row j holds x row r0 - HALO + j (zeros outside [0, rows_cap) or past the channels).
     // Every load of the thread goes out before the first store, so the block waits on memory once.
@@ -106,7 +112,8 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
         const i64 r = r0 + j;
         const u32 start = s_start[j];
         if (r < (i64)start) {
-            out[r * channels + c] = F32_NAN;
+            if (l2) s_out[j][cl] = F32_NAN;
+            else out[r * channels + c] = F32_NAN;
             continue;
         }
         const int local = (int)(r - start);
@@ -124,7 +131,25 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
             }
             acc += taps[i] * in;
         }
-        out[r * channels + c] = silu_f(acc);
+        if (l2) s_out[j][cl] = silu_f(acc);
+        else out[r * channels + c] = silu_f(acc);
+    }
+    if (!l2) return;
+    // L2 norm of each row of the head: a warp per row, lane holding channels lane + 32e as l2_norm
+    // does, so the bits are those of conv1d_silu followed by l2_norm.
+    __syncthreads();
+    constexpr int WARPS = CONV_THREADS / 32;
+    constexpr int HELD = CONV_TILE_CH / 32;
+    const int lane = tid & 31;
+    for (int j = tid >> 5; j < CONV_TILE_ROWS; j += WARPS) {
+        if (s_seq[j] < 0) continue;
+        float v[HELD];
+#pragma unroll
+        for (int e = 0; e < HELD; ++e) v[e] = s_out[j][lane + 32 * e];
+        const float inv = l2_inv_held<HELD>(v, lane, CONV_TILE_CH, l2_eps);
+        float* o = out + (r0 + j) * channels + c0;
+#pragma unroll
+        for (int e = 0; e < HELD; ++e) o[lane + 32 * e] = v[e] * inv;
     }
 }
 

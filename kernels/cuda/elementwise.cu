@@ -14,6 +14,11 @@ extern "C" __global__ void embedding(const __nv_bfloat16* __restrict__ table, co
 
 // out[t][i] = silu(gate_up[t][i]) · gate_up[t][inter + i]. One block per row (no per-element
 // division), four values per thread-step when the rows are 16-byte aligned.
+// The SwiGLU kernels: one row per blockIdx.x, its columns spread over blockIdx.y and the threads,
+// `per` values per thread-step (so a wide row is many blocks and each thread has one or two steps).
+__device__ __forceinline__ int col_start(int per) { return (blockIdx.y * blockDim.x + threadIdx.x) * per; }
+__device__ __forceinline__ int col_step(int per) { return gridDim.y * blockDim.x * per; }
+
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __restrict__ out, int rows, int inter) {
     const i64 t = blockIdx.x;
     if (t >= rows) return;
@@ -23,13 +28,13 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __re
         const float4* g4 = reinterpret_cast<const float4*>(row);
         const float4* u4 = reinterpret_cast<const float4*>(row + inter);
         float4* o4 = reinterpret_cast<float4*>(o);
-        for (int c = threadIdx.x; c < inter / 4; c += blockDim.x) {
+        for (int c = col_start(1); c < inter / 4; c += col_step(1)) {
             const float4 g = g4[c];
             const float4 u = u4[c];
             o4[c] = make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
         }
     } else {
-        for (int c = threadIdx.x; c < inter; c += blockDim.x) o[c] = silu_f(row[c]) * row[inter + c];
+        for (int c = col_start(1); c < inter; c += col_step(1)) o[c] = silu_f(row[c]) * row[inter + c];
     }
 }
 
@@ -45,13 +50,13 @@ extern "C" __global__ void swiglu_bf16(const float* __restrict__ gate_up, __nv_b
         const float2* g2 = reinterpret_cast<const float2*>(row);
         const float2* u2 = reinterpret_cast<const float2*>(row + inter);
         __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(o);
-        for (int c = threadIdx.x; c < inter / 2; c += blockDim.x) {
+        for (int c = col_start(1); c < inter / 2; c += col_step(1)) {
             const float2 g = g2[c];
             const float2 u = u2[c];
             o2[c] = __float22bfloat162_rn(make_float2(silu_f(g.x) * u.x, silu_f(g.y) * u.y));
         }
     } else {
-        for (int c = threadIdx.x; c < inter; c += blockDim.x) o[c] = __float2bfloat16_rn(silu_f(row[c]) * row[inter + c]);
+        for (int c = col_start(1); c < inter; c += col_step(1)) o[c] = __float2bfloat16_rn(silu_f(row[c]) * row[inter + c]);
     }
 }
 
@@ -74,10 +79,10 @@ extern "C" __global__ void swiglu_from_bf16(const __nv_bfloat16* __restrict__ ga
     const __nv_bfloat16* row = gate_up + t * 2 * inter;
     float* o = out + t * inter;
     if ((inter & 1) == 0) {
-        for (int c = threadIdx.x * 2; c < inter; c += blockDim.x * 2)
+        for (int c = col_start(2); c < inter; c += col_step(2))
             *reinterpret_cast<float2*>(o + c) = swiglu_pair(row, inter, c);
     } else {
-        for (int c = threadIdx.x; c < inter; c += blockDim.x) o[c] = swiglu_one(row, inter, c);
+        for (int c = col_start(1); c < inter; c += col_step(1)) o[c] = swiglu_one(row, inter, c);
     }
 }
 
@@ -88,7 +93,7 @@ extern "C" __global__ void swiglu_bf16_from_bf16(const __nv_bfloat16* __restrict
     const __nv_bfloat16* row = gate_up + t * 2 * inter;
     __nv_bfloat16* o = out + t * inter;
     if ((inter & 7) == 0) {  // 16-byte loads and stores: 8 values per thread-step
-        for (int c = threadIdx.x * 8; c < inter; c += blockDim.x * 8) {
+        for (int c = col_start(8); c < inter; c += col_step(8)) {
             const uint4 g = *reinterpret_cast<const uint4*>(row + c);
             const uint4 u = *reinterpret_cast<const uint4*>(row + inter + c);
             const u32 gs[4] = {g.x, g.y, g.z, g.w};
@@ -103,10 +108,10 @@ extern "C" __global__ void swiglu_bf16_from_bf16(const __nv_bfloat16* __restrict
             *reinterpret_cast<uint4*>(o + c) = make_uint4(r[0], r[1], r[2], r[3]);
         }
     } else if ((inter & 1) == 0) {
-        for (int c = threadIdx.x * 2; c < inter; c += blockDim.x * 2)
+        for (int c = col_start(2); c < inter; c += col_step(2))
             *reinterpret_cast<__nv_bfloat162*>(o + c) = __float22bfloat162_rn(swiglu_pair(row, inter, c));
     } else {
-        for (int c = threadIdx.x; c < inter; c += blockDim.x) o[c] = __float2bfloat16_rn(swiglu_one(row, inter, c));
+        for (int c = col_start(1); c < inter; c += col_step(1)) o[c] = __float2bfloat16_rn(swiglu_one(row, inter, c));
     }
 }
 

@@ -24,6 +24,19 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// 1/sqrt(Σv² + eps) over a head held HELD values per lane (element lane + 32e, zero past head_dim),
+// summed in the plain loop's order. One helper for l2_norm and the conv's fused L2 norm, so both give
+// the same bits.
+template <int HELD>
+__device__ __forceinline__ float l2_inv_held(const float (&v)[HELD], int lane, int head_dim, float eps) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < HELD; ++e) {
+        if (lane + e * 32 < head_dim) ss += v[e] * v[e];
+    }
+    return rsqrtf(warp_sum(ss) + eps);
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 __device__ float block_sum(float v) {
     __shared__ float partial[32];

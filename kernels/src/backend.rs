@@ -403,6 +403,25 @@ pub trait Backend: Buffers {
         eps: f32,
     ) -> KernelResult<()>;
 
+    /// [`Self::conv1d_silu`] then [`Self::l2_norm`] of the output's heads in `l2` (DeltaNet's q and
+    /// k heads) over the batch's rows, in one pass where the backend can: the same values, bit for
+    /// bit (rows of `out` that belong to no sequence are left as `conv1d_silu` leaves them).
+    fn conv1d_silu_l2(
+        &self,
+        x: &Self::Buf,
+        x_at: Strided,
+        weight: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        channels: usize,
+        kernel: usize,
+        l2: HeadLayout,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.conv1d_silu(x, x_at, weight, batch, channels, kernel, None, None, out)?;
+        self.l2_norm(out, l2, batch.rows, eps)
+    }
+
     /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and
     /// `g = −exp(a_log) · softplus(a + dt_bias)` (log decay; softplus returns its input above 20).
     /// `b` and `a` rows sit at `b_at` / `a_at` (they may be two column blocks of one stacked

@@ -160,8 +160,9 @@ fn embedding_matches_cpu() {
 fn rms_norm_and_fused_add_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = StdRng::seed_from_u64(2);
-    // Up to 4,096 values the kernels hold the row in registers; 5,000 takes the plain loops.
-    for (rows, dim) in [(1, 2560), (65, 2560), (7, 100), (5, 101), (2, 5000)] {
+    // Up to 4,096 values the kernels hold the row in registers (4, 8, 12 or 16 per thread: 101,
+    // 1,500, 2,560, 3,500); 5,000 takes the plain loops.
+    for (rows, dim) in [(1, 2560), (65, 2560), (7, 100), (5, 101), (3, 1500), (2, 3500), (2, 5000)] {
         let x = rand_vec(&mut rng, rows * dim, 2.0);
         let delta = rand_vec(&mut rng, rows * dim, 1.0);
         let (w_h, w_d) = weight(&gpu, &mut rng, dim, 0.5);
@@ -510,6 +511,77 @@ fn conv1d_case(
                 want_window,
                 "{what}: window"
             );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(16);
+    // DeltaNet's layout (q and k heads of 128 first, then v) is fused into the conv kernel; heads
+    // of 64 take the two-kernel path. Both must give exactly conv1d_silu then l2_norm.
+    for (k_heads, k_dim, v_width) in [(2, 128, 256), (3, 64, 100)] {
+        let channels = 2 * k_heads * k_dim + v_width;
+        let l2 = HeadLayout {
+            heads: 2 * k_heads,
+            head_dim: k_dim,
+            head_stride: k_dim,
+            row_stride: channels,
+            offset: 0,
+        };
+        let (w_h, w_d) = weight(&gpu, &mut rng, channels * 4, 0.7);
+        for lens in BATCHES {
+            let cu = cu_of(lens);
+            let rows = *cu.last().unwrap() as usize;
+            let x = rand_vec(&mut rng, rows * channels, 2.0);
+            let cu_d = indices(&gpu, &cu);
+            for x_at in layouts(channels) {
+                let what = format!("heads {k_heads}x{k_dim} lens {lens:?} x at {x_at:?}");
+                let x_d = activation(&gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
+                let batch = Varlen {
+                    cu_seqlens: &cu_d,
+                    num_seqs: lens.len(),
+                    rows,
+                };
+                let mut fused = gpu.alloc(rows * channels).unwrap();
+                gpu.conv1d_silu_l2(&x_d, x_at, &w_d, batch, channels, 4, l2, 1e-6, &mut fused)
+                    .unwrap();
+                let mut apart = gpu.alloc(rows * channels).unwrap();
+                gpu.conv1d_silu(
+                    &x_d, x_at, &w_d, batch, channels, 4, None, None, &mut apart,
+                )
+                .unwrap();
+                gpu.l2_norm(&mut apart, l2, rows, 1e-6).unwrap();
+                let got = gpu.read(&fused, rows * channels).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&gpu.read(&apart, rows * channels).unwrap()),
+                    "{what}: fused vs two kernels"
+                );
+
+                let cpu_batch = Varlen {
+                    cu_seqlens: &cu,
+                    num_seqs: lens.len(),
+                    rows,
+                };
+                let mut want = vec![0.0; rows * channels];
+                cpu.conv1d_silu_l2(
+                    &x,
+                    Strided::dense(channels),
+                    &w_h,
+                    cpu_batch,
+                    channels,
+                    4,
+                    l2,
+                    1e-6,
+                    &mut want,
+                )
+                .unwrap();
+                assert_close(&got, &want, 1e-5, &what);
+            }
         }
     }
 }

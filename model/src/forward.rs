@@ -746,20 +746,18 @@ impl<B: Backend> TextModel<B> {
             &mut ws.proj,
         )
         .map_err(e)?;
-        be.conv1d_silu(
+        be.conv1d_silu_l2(
             &ws.proj,
             qkv_at,
             &w.conv1d,
             batch,
             qkv,
             d.conv_kernel,
-            None,
-            None,
+            d.delta_qk_layout(),
+            L2_NORM_EPS,
             &mut ws.conv,
         )
         .map_err(e)?;
-        be.l2_norm(&mut ws.conv, d.delta_qk_layout(), rows, L2_NORM_EPS)
-            .map_err(e)?;
         be.delta_gates(
             &ws.proj,
             b_at,

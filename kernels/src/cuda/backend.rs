@@ -156,6 +156,21 @@ fn per_row(op: &'static str, rows: usize) -> KernelResult<LaunchConfig> {
     })
 }
 
+/// The SwiGLU kernels' grid: blocks of BLOCK threads over (rows, column slices), a slice being
+/// BLOCK steps of 8 values (elementwise.cu), so that a thread has few steps and their loads
+/// overlap across the whole grid.
+fn swiglu_grid(op: &'static str, rows: usize, inter: usize) -> KernelResult<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            to_u32(op, "rows", rows)?,
+            to_u32(op, "column slices", inter.div_ceil(8 * BLOCK as usize))?,
+            1,
+        ),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 fn check_layout(op: &'static str, layout: HeadLayout, len: usize, rows: usize) -> KernelResult<()> {
     if layout.head_dim == 0 {
         return Err(KernelError::invalid(op, "head_dim is 0"));
@@ -215,6 +230,54 @@ fn attention_rows(
 /// fits in `rows_cap`, the rows every buffer of the op holds) and returns the rows to launch over.
 /// The contents of `cu_seqlens` stay on the device: kernels read them there and never step beyond
 /// the returned row count, whatever they hold.
+/// Values per thread of the register-held norm kernels (norms.cu): row kernels (BLOCK threads per
+/// row) and one-warp kernels (32 lanes per head). The largest variant also runs longer rows.
+const ROW_HELD: [usize; 4] = [4, 8, 12, 16];
+const WARP_HELD: [usize; 3] = [4, 8, 16];
+const RMS_NORM: [&str; 4] = ["rms_norm_h4", "rms_norm_h8", "rms_norm_h12", "rms_norm_h16"];
+const RMS_NORM_BF16: [&str; 4] = [
+    "rms_norm_bf16_h4",
+    "rms_norm_bf16_h8",
+    "rms_norm_bf16_h12",
+    "rms_norm_bf16_h16",
+];
+const ADD_RMS_NORM: [&str; 4] = [
+    "add_rms_norm_h4",
+    "add_rms_norm_h8",
+    "add_rms_norm_h12",
+    "add_rms_norm_h16",
+];
+const ADD_RMS_NORM_BF16: [&str; 4] = [
+    "add_rms_norm_bf16_h4",
+    "add_rms_norm_bf16_h8",
+    "add_rms_norm_bf16_h12",
+    "add_rms_norm_bf16_h16",
+];
+const GATED_RMS_NORM_BF16: [&str; 3] = [
+    "gated_rms_norm_bf16_h4",
+    "gated_rms_norm_bf16_h8",
+    "gated_rms_norm_bf16_h16",
+];
+const L2_NORM: [&str; 3] = ["l2_norm_h4", "l2_norm_h8", "l2_norm_h16"];
+
+/// Index of the smallest variant in `held` whose `threads · held` values hold a row of `len`
+/// (the last, which loops over longer rows, when none does).
+fn held_variant(len: usize, threads: usize, held: &[usize]) -> usize {
+    held.iter()
+        .position(|&h| h * threads >= len)
+        .unwrap_or(held.len() - 1)
+}
+
+/// The operands of one conv1d_silu launch.
+struct ConvArgs<'a> {
+    x: &'a CudaBuf,
+    x_at: Strided,
+    weight_buf: &'a CudaBuf,
+    batch: Varlen<'a, CudaSlice<u32>>,
+    channels: usize,
+    kernel: usize,
+}
+
 pub(super) fn check_batch(
     op: &'static str,
     batch: &Varlen<'_, CudaSlice<u32>>,
@@ -536,9 +599,10 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
+        let held = held_variant(dim, BLOCK as usize, &ROW_HELD);
         let kernel = match out {
-            OutBuf::F32(_) => "rms_norm",
-            OutBuf::Bf16(_) => "rms_norm_bf16",
+            OutBuf::F32(_) => RMS_NORM[held],
+            OutBuf::Bf16(_) => RMS_NORM_BF16[held],
         };
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
@@ -572,9 +636,10 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
+        let held = held_variant(dim, BLOCK as usize, &ROW_HELD);
         let kernel = match out {
-            OutBuf::F32(_) => "add_rms_norm",
-            OutBuf::Bf16(_) => "add_rms_norm_bf16",
+            OutBuf::F32(_) => ADD_RMS_NORM[held],
+            OutBuf::Bf16(_) => ADD_RMS_NORM_BF16[held],
         };
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
@@ -845,87 +910,51 @@ impl Backend for CudaBackend {
         window_out: Option<&mut CudaBuf>,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        const OP: &str = "conv1d_silu";
-        if kernel == 0 || channels == 0 || kernel > CONV_MAX_KERNEL {
-            return Err(KernelError::invalid(
-                OP,
-                format!("kernel must be 1..={CONV_MAX_KERNEL} and channels > 0"),
-            ));
+        let conv = ConvArgs {
+            x,
+            x_at,
+            weight_buf,
+            batch,
+            channels,
+            kernel,
+        };
+        self.conv(conv, window_in, window_out, (0, 0.0), out)
+    }
+
+    fn conv1d_silu_l2(
+        &self,
+        x: &CudaBuf,
+        x_at: Strided,
+        weight_buf: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        channels: usize,
+        kernel: usize,
+        l2: HeadLayout,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        let conv = ConvArgs {
+            x,
+            x_at,
+            weight_buf,
+            batch,
+            channels,
+            kernel,
+        };
+        // The conv kernel normalises heads that are whole channel tiles from channel 0 of a dense
+        // output; any other layout takes the two kernels.
+        let l2_channels = l2.heads * l2.head_dim;
+        let fused = l2.head_dim == CONV_TILE_CH
+            && l2.head_stride == l2.head_dim
+            && l2.offset == 0
+            && l2.row_stride == channels
+            && l2_channels <= channels;
+        if fused {
+            self.conv(conv, None, None, (l2_channels, eps), out)
+        } else {
+            self.conv(conv, None, None, (0, 0.0), out)?;
+            self.l2_norm(out, l2, batch.rows, eps)
         }
-        // Rows both x (at its stride) and out hold: the kernels never touch a row beyond it.
-        let rows_cap = x_at.rows_in(x.len(), channels).min(out.len() / channels);
-        let rows_cap = check_batch(OP, &batch, rows_cap)?;
-        let win_len = batch.num_seqs * (kernel - 1) * channels;
-        let x_stride = to_i32(OP, "x row stride", x_at.row_stride)?;
-        let x_offset = to_i32(OP, "x offset", x_at.offset)?;
-        let x = act(OP, "x", x, 0)?;
-        let w = weight(OP, "weight", weight_buf, channels * kernel)?;
-        let out = act_mut(OP, "out", out, 0)?;
-        let window_in = window_in
-            .map(|w| act(OP, "window_in", w, win_len))
-            .transpose()?;
-        let has_window = i32::from(window_in.is_some());
-        // Without a window the kernel never reads it; x stands in as a valid pointer.
-        let window_in = window_in.unwrap_or(x);
-        let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
-        let channels_a = to_i32(OP, "channels", channels)?;
-        let kernel_a = to_i32(OP, "kernel", kernel)?;
-        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
-        if batch.num_seqs == 0 {
-            return Ok(());
-        }
-        if rows_cap > 0 {
-            let f = self.device.function("conv1d_silu")?;
-            let mut launch = self.device.stream.launch_builder(f);
-            launch
-                .arg(x)
-                .arg(&x_stride)
-                .arg(&x_offset)
-                .arg(w)
-                .arg(batch.cu_seqlens)
-                .arg(&num_seqs)
-                .arg(window_in)
-                .arg(&has_window)
-                .arg(&mut *out)
-                .arg(&channels_a)
-                .arg(&kernel_a)
-                .arg(&rows_cap_a);
-            // One block per tile of rows x channels (see conv.cu).
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    to_u32(OP, "rows", rows_cap.div_ceil(CONV_TILE_ROWS))?,
-                    to_u32(OP, "channels", channels.div_ceil(CONV_TILE_CH))?,
-                    1,
-                ),
-                block_dim: (CONV_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: argument types match the kernel; it stays below rows_cap rows.
-            unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
-        }
-        if let Some(window_out) = window_out {
-            let window_out = act_mut(OP, "window_out", window_out, win_len)?;
-            if win_len > 0 {
-                let f = self.device.function("conv1d_window_out")?;
-                let mut launch = self.device.stream.launch_builder(f);
-                launch
-                    .arg(x)
-                    .arg(&x_stride)
-                    .arg(&x_offset)
-                    .arg(batch.cu_seqlens)
-                    .arg(&num_seqs)
-                    .arg(window_in)
-                    .arg(&has_window)
-                    .arg(window_out)
-                    .arg(&channels_a)
-                    .arg(&kernel_a)
-                    .arg(&rows_cap_a);
-                // SAFETY: argument types match the kernel; window_out holds win_len values.
-                unsafe { launch.launch(linear(OP, win_len, BLOCK)?) }
-                    .map_err(|e| driver_err(OP, e))?;
-            }
-        }
-        Ok(())
     }
 
     fn l2_norm(
@@ -938,7 +967,8 @@ impl Backend for CudaBackend {
         const OP: &str = "l2_norm";
         check_layout(OP, layout, x.len(), rows)?;
         let x = act_mut(OP, "x", x, 0)?;
-        self.per_head(OP, "l2_norm", x, None, layout, rows, eps)
+        let kernel = L2_NORM[held_variant(layout.head_dim, 32, &WARP_HELD)];
+        self.per_head(OP, kernel, x, None, layout, rows, eps)
     }
 
     fn delta_gates(
@@ -1080,8 +1110,7 @@ impl Backend for CudaBackend {
         gate_up.push(&mut launch);
         launch.arg(out).arg(&rows_a).arg(&inter_a);
         // SAFETY: argument types match the kernel; lengths checked above.
-        // One block per row.
-        unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+        unsafe { launch.launch(swiglu_grid(OP, rows, inter)?) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
     }
 
@@ -1115,7 +1144,9 @@ impl Backend for CudaBackend {
             if in_dim == 0 {
                 return Ok(());
             }
-            let f = self.device.function("gated_rms_norm_bf16")?;
+            let f = self
+                .device
+                .function(GATED_RMS_NORM_BF16[held_variant(dim, 32, &WARP_HELD)])?;
             let mut launch = self.device.stream.launch_builder(f);
             launch.arg(x);
             gate.push(&mut launch);
@@ -1177,8 +1208,9 @@ impl Backend for CudaBackend {
             gu.push(&mut launch);
             launch.arg(x_bf16).arg(&rows_a).arg(&inter_a);
             // SAFETY: argument types match the kernel; gate_up holds rows·2·inter values and the
-            // scratch rows·inter (sized by gemm_many). One block per row.
-            unsafe { launch.launch(per_row(OP, rows)?) }.map_err(|e| driver_err(OP, e))?;
+            // scratch rows·inter (sized by gemm_many).
+            unsafe { launch.launch(swiglu_grid(OP, rows, inter)?) }
+                .map_err(|e| driver_err(OP, e))?;
             Ok(())
         };
         if inter > 0
@@ -1405,6 +1437,110 @@ impl CudaBackend {
 
     /// Launches a one-warp-per-head kernel (`head_rms_norm` with a weight, `l2_norm` without).
     #[allow(clippy::too_many_arguments)]
+    /// conv1d_silu, with the L2 norm of each head of the first `l2_channels` output channels
+    /// (whole CONV_TILE_CH-wide heads; 0 for none) fused in.
+    fn conv(
+        &self,
+        args: ConvArgs<'_>,
+        window_in: Option<&CudaBuf>,
+        window_out: Option<&mut CudaBuf>,
+        (l2_channels, l2_eps): (usize, f32),
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "conv1d_silu";
+        let ConvArgs {
+            x,
+            x_at,
+            weight_buf,
+            batch,
+            channels,
+            kernel,
+        } = args;
+        let l2_channels = to_i32(OP, "l2 channels", l2_channels)?;
+        if kernel == 0 || channels == 0 || kernel > CONV_MAX_KERNEL {
+            return Err(KernelError::invalid(
+                OP,
+                format!("kernel must be 1..={CONV_MAX_KERNEL} and channels > 0"),
+            ));
+        }
+        // Rows both x (at its stride) and out hold: the kernels never touch a row beyond it.
+        let rows_cap = x_at.rows_in(x.len(), channels).min(out.len() / channels);
+        let rows_cap = check_batch(OP, &batch, rows_cap)?;
+        let win_len = batch.num_seqs * (kernel - 1) * channels;
+        let x_stride = to_i32(OP, "x row stride", x_at.row_stride)?;
+        let x_offset = to_i32(OP, "x offset", x_at.offset)?;
+        let x = act(OP, "x", x, 0)?;
+        let w = weight(OP, "weight", weight_buf, channels * kernel)?;
+        let out = act_mut(OP, "out", out, 0)?;
+        let window_in = window_in
+            .map(|w| act(OP, "window_in", w, win_len))
+            .transpose()?;
+        let has_window = i32::from(window_in.is_some());
+        // Without a window the kernel never reads it; x stands in as a valid pointer.
+        let window_in = window_in.unwrap_or(x);
+        let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+        let channels_a = to_i32(OP, "channels", channels)?;
+        let kernel_a = to_i32(OP, "kernel", kernel)?;
+        let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+        if batch.num_seqs == 0 {
+            return Ok(());
+        }
+        if rows_cap > 0 {
+            let f = self.device.function("conv1d_silu")?;
+            let mut launch = self.device.stream.launch_builder(f);
+            launch
+                .arg(x)
+                .arg(&x_stride)
+                .arg(&x_offset)
+                .arg(w)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs)
+                .arg(window_in)
+                .arg(&has_window)
+                .arg(&mut *out)
+                .arg(&channels_a)
+                .arg(&kernel_a)
+                .arg(&rows_cap_a)
+                .arg(&l2_channels)
+                .arg(&l2_eps);
+            // One block per tile of rows x channels (see conv.cu).
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    to_u32(OP, "rows", rows_cap.div_ceil(CONV_TILE_ROWS))?,
+                    to_u32(OP, "channels", channels.div_ceil(CONV_TILE_CH))?,
+                    1,
+                ),
+                block_dim: (CONV_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: argument types match the kernel; it stays below rows_cap rows.
+            unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        }
+        if let Some(window_out) = window_out {
+            let window_out = act_mut(OP, "window_out", window_out, win_len)?;
+            if win_len > 0 {
+                let f = self.device.function("conv1d_window_out")?;
+                let mut launch = self.device.stream.launch_builder(f);
+                launch
+                    .arg(x)
+                    .arg(&x_stride)
+                    .arg(&x_offset)
+                    .arg(batch.cu_seqlens)
+                    .arg(&num_seqs)
+                    .arg(window_in)
+                    .arg(&has_window)
+                    .arg(window_out)
+                    .arg(&channels_a)
+                    .arg(&kernel_a)
+                    .arg(&rows_cap_a);
+                // SAFETY: argument types match the kernel; window_out holds win_len values.
+                unsafe { launch.launch(linear(OP, win_len, BLOCK)?) }
+                    .map_err(|e| driver_err(OP, e))?;
+            }
+        }
+        Ok(())
+    }
+
     fn per_head(
         &self,
         op: &'static str,
