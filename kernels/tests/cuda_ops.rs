@@ -162,7 +162,15 @@ fn rms_norm_and_fused_add_match_cpu() {
     let mut rng = StdRng::seed_from_u64(2);
     // Up to 4,096 values the kernels hold the row in registers (4, 8, 12 or 16 per thread: 101,
     // 1,500, 2,560, 3,500); 5,000 takes the plain loops.
-    for (rows, dim) in [(1, 2560), (65, 2560), (7, 100), (5, 101), (3, 1500), (2, 3500), (2, 5000)] {
+    for (rows, dim) in [
+        (1, 2560),
+        (65, 2560),
+        (7, 100),
+        (5, 101),
+        (3, 1500),
+        (2, 3500),
+        (2, 5000),
+    ] {
         let x = rand_vec(&mut rng, rows * dim, 2.0);
         let delta = rand_vec(&mut rng, rows * dim, 1.0);
         let (w_h, w_d) = weight(&gpu, &mut rng, dim, 0.5);
@@ -549,10 +557,8 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                 gpu.conv1d_silu_l2(&x_d, x_at, &w_d, batch, channels, 4, l2, 1e-6, &mut fused)
                     .unwrap();
                 let mut apart = gpu.alloc(rows * channels).unwrap();
-                gpu.conv1d_silu(
-                    &x_d, x_at, &w_d, batch, channels, 4, None, None, &mut apart,
-                )
-                .unwrap();
+                gpu.conv1d_silu(&x_d, x_at, &w_d, batch, channels, 4, None, None, &mut apart)
+                    .unwrap();
                 gpu.l2_norm(&mut apart, l2, rows, 1e-6).unwrap();
                 let got = gpu.read(&fused, rows * channels).unwrap();
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -1436,7 +1436,6 @@ impl CudaBackend {
     }
 
     /// Launches a one-warp-per-head kernel (`head_rms_norm` with a weight, `l2_norm` without).
-    #[allow(clippy::too_many_arguments)]
     /// conv1d_silu, with the L2 norm of each head of the first `l2_channels` output channels
     /// (whole CONV_TILE_CH-wide heads; 0 for none) fused in.
     fn conv(
@@ -1541,6 +1540,7 @@ impl CudaBackend {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn per_head(
         &self,
         op: &'static str,
