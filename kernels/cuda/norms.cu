@@ -194,11 +194,8 @@ extern "C" __global__ void head_rms_norm(float* __restrict__ x, const __nv_bfloa
     const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (item >= (i64)rows * heads) return;
-    float* h = x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride);
-    float ss = 0.0f;
-    for (int i = lane; i < head_dim; i += 32) ss += h[i] * h[i];
-    const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
-    for (int i = lane; i < head_dim; i += 32) h[i] = (h[i] * inv) * (1.0f + load_bf16(w, i));
+    head_rms_norm_warp(x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride), w,
+                       head_dim, lane, eps);
 }
 
 // x · 1/sqrt(Σx² + eps) on every head in place. One warp per (row, head).

@@ -37,6 +37,16 @@ __device__ __forceinline__ float l2_inv_held(const float (&v)[HELD], int lane, i
     return rsqrtf(warp_sum(ss) + eps);
 }
 
+// Zero-centred RMSNorm of one head in place, by one warp: h ← h / sqrt(mean(h²) + eps) · (1 + w).
+// One helper for head_rms_norm and the fused qk_norm_rope, so both give the same bits.
+__device__ __forceinline__ void head_rms_norm_warp(float* h, const __nv_bfloat16* w, int head_dim, int lane,
+                                                   float eps) {
+    float ss = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) ss += h[i] * h[i];
+    const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+    for (int i = lane; i < head_dim; i += 32) h[i] = (h[i] * inv) * (1.0f + load_bf16(w, i));
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 __device__ float block_sum(float v) {
     __shared__ float partial[32];

@@ -350,6 +350,24 @@ pub trait Backend: Buffers {
         rope: &Rope,
     ) -> KernelResult<()>;
 
+    /// An attention layer's q and k preparation, in one pass where the backend can:
+    /// [`Self::head_rms_norm`] of `q`'s heads (weight `q_norm`) and of `k`'s (`k_norm`), then
+    /// [`Self::rope`] on both. The same values, bit for bit, as those four calls.
+    fn qk_norm_rope(
+        &self,
+        (q, q_norm, q_layout): (&mut Self::Buf, &Self::Buf, HeadLayout),
+        (k, k_norm, k_layout): (&mut Self::Buf, &Self::Buf, HeadLayout),
+        positions: &Self::Idx,
+        rows: usize,
+        rope: &Rope,
+        eps: f32,
+    ) -> KernelResult<()> {
+        self.head_rms_norm(q, q_norm, q_layout, rows, eps)?;
+        self.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
+        self.rope(q, q_layout, positions, rows, rope)?;
+        self.rope(k, k_layout, positions, rows, rope)
+    }
+
     /// Causal GQA attention within each sequence, with the sigmoid output gate (see
     /// [`AttentionDims`] for the row layouts).
     fn attention(

@@ -435,6 +435,92 @@ fn rope_matches_cpu_for_text_and_multi_axis_positions() {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn qk_norm_rope_is_the_four_kernels_bit_for_bit() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(17);
+    // The model's shapes (q heads interleaved with their gates, dense k), and heads of 100 with 32
+    // or 48 rotary pairs (a lane rotating two pairs).
+    let cases = [(16, 4, 256, 64), (3, 2, 100, 64), (3, 2, 100, 96)];
+    for (q_heads, k_heads, head_dim, rotary_dim) in cases {
+        let rope = Rope {
+            rotary_dim,
+            theta: 10_000_000.0,
+            section: [11, 11, 10],
+            interleaved: true,
+        };
+        let q_layout = HeadLayout {
+            heads: q_heads,
+            head_dim,
+            head_stride: 2 * head_dim,
+            row_stride: 2 * q_heads * head_dim,
+            offset: 0,
+        };
+        let k_layout = HeadLayout::dense(k_heads, head_dim);
+        let (qw_h, qw_d) = weight(&gpu, &mut rng, head_dim, 0.5);
+        let (kw_h, kw_d) = weight(&gpu, &mut rng, head_dim, 0.5);
+        for rows in [1, 130] {
+            let what = format!(
+                "{q_heads}+{k_heads} heads of {head_dim}, rotary {rotary_dim}, {rows} rows"
+            );
+            let q_len = q_layout.required_len(rows);
+            let k_len = k_layout.required_len(rows);
+            let q = rand_vec(&mut rng, q_len, 2.0);
+            let k = rand_vec(&mut rng, k_len, 2.0);
+            let positions: Vec<u32> = (0..rows as u32)
+                .flat_map(|t| [3000 + t, rng.gen_range(0..40), rng.gen_range(0..40)])
+                .collect();
+            let pos_d = indices(&gpu, &positions);
+            let (mut q_f, mut k_f) = (activation(&gpu, &q, 0), activation(&gpu, &k, 0));
+            gpu.qk_norm_rope(
+                (&mut q_f, &qw_d, q_layout),
+                (&mut k_f, &kw_d, k_layout),
+                &pos_d,
+                rows,
+                &rope,
+                1e-6,
+            )
+            .unwrap();
+            let (mut q_s, mut k_s) = (activation(&gpu, &q, 0), activation(&gpu, &k, 0));
+            gpu.head_rms_norm(&mut q_s, &qw_d, q_layout, rows, 1e-6)
+                .unwrap();
+            gpu.head_rms_norm(&mut k_s, &kw_d, k_layout, rows, 1e-6)
+                .unwrap();
+            gpu.rope(&mut q_s, q_layout, &pos_d, rows, &rope).unwrap();
+            gpu.rope(&mut k_s, k_layout, &pos_d, rows, &rope).unwrap();
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            let (q_got, k_got) = (
+                gpu.read(&q_f, q_len).unwrap(),
+                gpu.read(&k_f, k_len).unwrap(),
+            );
+            assert_eq!(
+                bits(q_got.clone()),
+                bits(gpu.read(&q_s, q_len).unwrap()),
+                "{what}: q"
+            );
+            assert_eq!(
+                bits(k_got.clone()),
+                bits(gpu.read(&k_s, k_len).unwrap()),
+                "{what}: k"
+            );
+
+            let (mut q_want, mut k_want) = (q.clone(), k.clone());
+            cpu.qk_norm_rope(
+                (&mut q_want, &qw_h, q_layout),
+                (&mut k_want, &kw_h, k_layout),
+                &positions,
+                rows,
+                &rope,
+                1e-6,
+            )
+            .unwrap();
+            assert_close(&q_got, &q_want, 1e-4, &what);
+            assert_close(&k_got, &k_want, 1e-4, &what);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn conv1d_silu_matches_cpu_with_and_without_carried_window() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = StdRng::seed_from_u64(6);

@@ -827,14 +827,15 @@ impl<B: Backend> TextModel<B> {
             ],
         )
         .map_err(e)?;
-        be.head_rms_norm(&mut ws.proj, &w.q_norm, d.q_layout(), rows, d.eps)
-            .map_err(e)?;
-        be.head_rms_norm(&mut ws.k, &w.k_norm, kv_layout, rows, d.eps)
-            .map_err(e)?;
-        be.rope(&mut ws.proj, d.q_layout(), &ws.positions, rows, &d.rope)
-            .map_err(e)?;
-        be.rope(&mut ws.k, kv_layout, &ws.positions, rows, &d.rope)
-            .map_err(e)?;
+        be.qk_norm_rope(
+            (&mut ws.proj, &w.q_norm, d.q_layout()),
+            (&mut ws.k, &w.k_norm, kv_layout),
+            &ws.positions,
+            rows,
+            &d.rope,
+            d.eps,
+        )
+        .map_err(e)?;
         let batch = Varlen {
             cu_seqlens: &ws.cu_seqlens,
             num_seqs: n,

@@ -435,6 +435,32 @@ struct RopeTable {
 // SAFETY: plain `repr(C)` data with the same layout as the CUDA struct.
 unsafe impl DeviceRepr for RopeTable {}
 
+impl RopeTable {
+    /// The table of `rope` and its number of frequency pairs, for heads of `head_dim`.
+    fn new(op: &'static str, rope: &Rope, head_dim: usize) -> KernelResult<(Self, usize)> {
+        let rot = rope.rotary_dim;
+        if !rot.is_multiple_of(2) || rot > head_dim || rot / 2 > ROPE_MAX_PAIRS {
+            return Err(KernelError::invalid(
+                op,
+                format!(
+                    "rotary_dim {rot} must be even, at most head_dim {head_dim} and at most {}",
+                    2 * ROPE_MAX_PAIRS
+                ),
+            ));
+        }
+        let half = rot / 2;
+        let mut table = RopeTable {
+            inv_freq: [0.0; ROPE_MAX_PAIRS],
+            axis: [0; ROPE_MAX_PAIRS],
+        };
+        for j in 0..half {
+            table.inv_freq[j] = rope.inv_freq(j);
+            table.axis[j] = rope.axis(j) as u32;
+        }
+        Ok((table, half))
+    }
+}
+
 impl Buffers for CudaBackend {
     type Buf = CudaBuf;
     type Idx = CudaSlice<u32>;
@@ -756,28 +782,9 @@ impl Backend for CudaBackend {
         check_layout(OP, layout, x.len(), rows)?;
         let x = act_mut(OP, "x", x, 0)?;
         let positions = idx(OP, "positions", positions, rows * 3)?;
-        let rot = rope.rotary_dim;
-        if !rot.is_multiple_of(2) || rot > layout.head_dim || rot / 2 > ROPE_MAX_PAIRS {
-            return Err(KernelError::invalid(
-                OP,
-                format!(
-                    "rotary_dim {rot} must be even, at most head_dim {} and at most {}",
-                    layout.head_dim,
-                    2 * ROPE_MAX_PAIRS
-                ),
-            ));
-        }
-        let half = rot / 2;
+        let (table, half) = RopeTable::new(OP, rope, layout.head_dim)?;
         if rows == 0 || layout.heads == 0 || half == 0 {
             return Ok(());
-        }
-        let mut table = RopeTable {
-            inv_freq: [0.0; ROPE_MAX_PAIRS],
-            axis: [0; ROPE_MAX_PAIRS],
-        };
-        for j in 0..half {
-            table.inv_freq[j] = rope.inv_freq(j);
-            table.axis[j] = rope.axis(j) as u32;
         }
         let rows_a = to_i32(OP, "rows", rows)?;
         let heads_a = to_i32(OP, "heads", layout.heads)?;
@@ -799,6 +806,77 @@ impl Backend for CudaBackend {
             .arg(&offset);
         let cfg = linear(OP, rows * layout.heads * half, BLOCK)?;
         // SAFETY: argument types match the kernel; the layout was checked against x above.
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        Ok(())
+    }
+
+    fn qk_norm_rope(
+        &self,
+        (q_buf, q_norm, q_layout): (&mut CudaBuf, &CudaBuf, HeadLayout),
+        (k_buf, k_norm, k_layout): (&mut CudaBuf, &CudaBuf, HeadLayout),
+        positions: &CudaSlice<u32>,
+        rows: usize,
+        rope: &Rope,
+        eps: f32,
+    ) -> KernelResult<()> {
+        const OP: &str = "qk_norm_rope";
+        let head_dim = q_layout.head_dim;
+        if k_layout.head_dim != head_dim {
+            // One kernel serves one head size; other shapes take the four kernels.
+            self.head_rms_norm(q_buf, q_norm, q_layout, rows, eps)?;
+            self.head_rms_norm(k_buf, k_norm, k_layout, rows, eps)?;
+            self.rope(q_buf, q_layout, positions, rows, rope)?;
+            return self.rope(k_buf, k_layout, positions, rows, rope);
+        }
+        check_layout(OP, q_layout, q_buf.len(), rows)?;
+        check_layout(OP, k_layout, k_buf.len(), rows)?;
+        let q = act_mut(OP, "q", q_buf, 0)?;
+        let k = act_mut(OP, "k", k_buf, 0)?;
+        let qw = weight(OP, "q_norm", q_norm, head_dim)?;
+        let kw = weight(OP, "k_norm", k_norm, head_dim)?;
+        let positions = idx(OP, "positions", positions, rows * 3)?;
+        let (table, half) = RopeTable::new(OP, rope, head_dim)?;
+        let heads = q_layout.heads + k_layout.heads;
+        if rows == 0 || heads == 0 {
+            return Ok(());
+        }
+        let i = |what, v| to_i32(OP, what, v);
+        let q_at = [
+            i("q heads", q_layout.heads)?,
+            i("q head stride", q_layout.head_stride)?,
+            i("q row stride", q_layout.row_stride)?,
+            i("q offset", q_layout.offset)?,
+        ];
+        let k_at = [
+            i("k heads", k_layout.heads)?,
+            i("k head stride", k_layout.head_stride)?,
+            i("k row stride", k_layout.row_stride)?,
+            i("k offset", k_layout.offset)?,
+        ];
+        let head_dim_a = i("head_dim", head_dim)?;
+        let half_a = i("rotary pairs", half)?;
+        let rows_a = i("rows", rows)?;
+        let f = self.device.function("qk_norm_rope")?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch.arg(q).arg(qw);
+        for v in &q_at {
+            launch.arg(v);
+        }
+        launch.arg(k).arg(kw);
+        for v in &k_at {
+            launch.arg(v);
+        }
+        launch
+            .arg(&head_dim_a)
+            .arg(positions)
+            .arg(&table)
+            .arg(&half_a)
+            .arg(&rows_a)
+            .arg(&eps);
+        // One warp (32 threads) per (row, head).
+        let cfg = linear(OP, rows * heads * 32, BLOCK)?;
+        // SAFETY: argument types match the kernel; both layouts were checked against their buffers
+        // and positions holds rows·3 values.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
     }

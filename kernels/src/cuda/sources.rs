@@ -83,7 +83,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "rope.cu",
         code: include_str!("../../cuda/rope.cu"),
-        functions: &["rope"],
+        functions: &["rope", "qk_norm_rope"],
     },
     KernelSource {
         file: "conv.cu",
