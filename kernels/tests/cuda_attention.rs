@@ -22,7 +22,7 @@ use common::{cu_of, gpu, indices, padded, rand_vec};
 
 use std::time::Instant;
 
-use instinct_kernels::cuda::CudaBackend;
+use instinct_kernels::cuda::{CudaBackend, CudaBuf};
 use instinct_kernels::{AttentionDims, Backend, CpuBackend, Varlen};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -416,28 +416,43 @@ fn causal_flops(lens: &[usize], dims: AttentionDims) -> f64 {
     4.0 * pairs * dims.head_dim as f64 * dims.q_heads as f64
 }
 
-/// Mean seconds per call of the CUDA attention over `lens` (after warm-up).
-fn time_attention(gpu: &CudaBackend, rng: &mut StdRng, lens: &[usize], dims: AttentionDims) -> f64 {
+/// Mean seconds of one `attention` call (or `attention_last` with `last`) over 20 back-to-back
+/// calls, after 3 untimed ones.
+fn time_attention(
+    gpu: &CudaBackend,
+    rng: &mut StdRng,
+    lens: &[usize],
+    dims: AttentionDims,
+    last: bool,
+) -> f64 {
     let rows: usize = lens.iter().sum();
     let inputs = Inputs::new(rng, rows, dims, 2.0);
     let qg = padded(gpu, &inputs.qg, 0, 0.0);
     let k = padded(gpu, &inputs.k, 0, 0.0);
     let v = padded(gpu, &inputs.v, 0, 0.0);
     let cu_d = indices(gpu, &cu_of(lens));
-    let mut out = gpu.alloc(rows * dims.q_heads * dims.head_dim).unwrap();
+    let out_rows = if last { lens.len() } else { rows };
+    let mut out = gpu.alloc(out_rows * dims.q_heads * dims.head_dim).unwrap();
     let batch = Varlen {
         cu_seqlens: &cu_d,
         num_seqs: lens.len(),
         rows,
     };
+    let call = |out: &mut CudaBuf| {
+        if last {
+            gpu.attention_last(&qg, &k, &v, batch, dims, out).unwrap();
+        } else {
+            gpu.attention(&qg, &k, &v, batch, dims, out).unwrap();
+        }
+    };
     for _ in 0..3 {
-        gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+        call(&mut out);
     }
     gpu.synchronize().unwrap();
     let iters = 20;
     let t = Instant::now();
     for _ in 0..iters {
-        gpu.attention(&qg, &k, &v, batch, dims, &mut out).unwrap();
+        call(&mut out);
     }
     gpu.synchronize().unwrap();
     let sample = gpu.read(&out, 16).unwrap();
@@ -460,59 +475,21 @@ fn flash_attention_throughput() {
         let dims = REAL;
         let flops = causal_flops(lens, dims);
         // The automatic choice, then each shape forced.
-        let secs = time_attention(&gpu, &mut rng, lens, dims);
+        let secs = time_attention(&gpu, &mut rng, lens, dims, false);
         eprintln!(
             "flash attention {name}: {:.3} ms, {:.1} TFLOP/s",
             secs * 1e3,
             flops / secs / 1e12
         );
         for_each_shape(|shape| {
-            let secs = time_attention(&gpu, &mut rng, lens, dims);
+            let secs = time_attention(&gpu, &mut rng, lens, dims, false);
             eprintln!(
                 "    {shape:>6} {name}: {:.3} ms, {:.1} TFLOP/s",
                 secs * 1e3,
                 flops / secs / 1e12
             );
         });
-        let secs = time_attention_last(&gpu, &mut rng, lens, dims);
+        let secs = time_attention(&gpu, &mut rng, lens, dims, true);
         eprintln!("    last rows only {name}: {:.3} ms", secs * 1e3);
     }
-}
-
-/// Mean seconds per `attention_last` call over `lens` (after warm-up).
-fn time_attention_last(
-    gpu: &CudaBackend,
-    rng: &mut StdRng,
-    lens: &[usize],
-    dims: AttentionDims,
-) -> f64 {
-    let rows: usize = lens.iter().sum();
-    let inputs = Inputs::new(rng, rows, dims, 2.0);
-    let qg = padded(gpu, &inputs.qg, 0, 0.0);
-    let k = padded(gpu, &inputs.k, 0, 0.0);
-    let v = padded(gpu, &inputs.v, 0, 0.0);
-    let cu_d = indices(gpu, &cu_of(lens));
-    let mut out = gpu
-        .alloc(lens.len() * dims.q_heads * dims.head_dim)
-        .unwrap();
-    let batch = Varlen {
-        cu_seqlens: &cu_d,
-        num_seqs: lens.len(),
-        rows,
-    };
-    for _ in 0..3 {
-        gpu.attention_last(&qg, &k, &v, batch, dims, &mut out)
-            .unwrap();
-    }
-    gpu.synchronize().unwrap();
-    let iters = 20;
-    let t = Instant::now();
-    for _ in 0..iters {
-        gpu.attention_last(&qg, &k, &v, batch, dims, &mut out)
-            .unwrap();
-    }
-    gpu.synchronize().unwrap();
-    let sample = gpu.read(&out, 16).unwrap();
-    assert!(sample.iter().all(|x| x.is_finite()));
-    t.elapsed().as_secs_f64() / f64::from(iters)
 }
