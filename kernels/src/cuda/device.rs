@@ -10,7 +10,7 @@ use cudarc::nvrtc::Ptx;
 use super::cache::{CacheKey, KernelCache};
 use super::compile::{Compiler, GpuArch};
 use super::libs::CudaLibrary;
-use super::sources::KERNEL_SOURCES;
+use super::sources::{KernelSource, KERNEL_SOURCES};
 use super::toolkit::CudaToolkit;
 use crate::backend::KernelResult;
 use crate::error::KernelError;
@@ -73,21 +73,40 @@ impl Device {
                 .or_else(KernelCache::default_dir)
                 .map(KernelCache::new)
         };
-        let mut functions = HashMap::new();
-        for source in KERNEL_SOURCES {
+        // Each file is one NVRTC program: on a cold cache they compile side by side (one thread
+        // per file), which divides the start-up compile time by about the number of files.
+        let cubin_of = |source: &KernelSource| -> KernelResult<Vec<u8>> {
             let full = source.full_source();
             let key = CacheKey::new(&full, &compiler.options(arch), compiler.version());
-            let cubin = match cache.as_ref().and_then(|c| c.load(&key)) {
-                Some(cubin) => cubin,
-                None => {
-                    let cubin = compiler.compile(source, arch)?.cubin;
-                    if let Some(cache) = &cache {
-                        // A cache that cannot be written costs start-up time, nothing else.
-                        let _ = cache.store(&key, &cubin);
-                    }
-                    cubin
-                }
-            };
+            if let Some(cubin) = cache.as_ref().and_then(|c| c.load(&key)) {
+                return Ok(cubin);
+            }
+            let cubin = compiler.compile(source, arch)?.cubin;
+            if let Some(cache) = &cache {
+                // A cache that cannot be written costs start-up time, nothing else.
+                let _ = cache.store(&key, &cubin);
+            }
+            Ok(cubin)
+        };
+        let cubins: Vec<KernelResult<Vec<u8>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = KERNEL_SOURCES
+                .iter()
+                .map(|source| scope.spawn(|| cubin_of(source)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(KernelError::Backend(
+                            "a kernel compile thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let mut functions = HashMap::new();
+        for (source, cubin) in KERNEL_SOURCES.iter().zip(cubins) {
+            let cubin = cubin?;
             let module = ctx
                 .load_module(Ptx::from_binary(cubin))
                 .map_err(|e| driver_err(&format!("loading {}", source.file), e))?;
