@@ -28,9 +28,6 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 const CANDIDATES: usize = 8;
 /// Timed runs per candidate (after one untimed run).
 const TUNING_RUNS: usize = 3;
-/// Bytes cleared before each timed tuning run: more than the L2 cache (50 MB on H100 and H200), so
-/// the weight comes from DRAM as in the forward.
-const L2_FLUSH_BYTES: usize = 128 << 20;
 /// Shapes whose plans are kept; serving sees one shape per distinct batch row count, so the map is
 /// bounded and simply rebuilt when full.
 const MAX_PLANS: usize = 4096;
@@ -300,40 +297,29 @@ impl Blas {
 
     /// Times every candidate algorithm on the real operands and keeps the fastest. `y` is
     /// overwritten (the caller runs the real matmul afterwards). A candidate that fails is skipped.
-    ///
-    /// Before each timed run a scratch of L2_FLUSH_BYTES is cleared, which evicts the weight from
-    /// L2: the forward reads each weight once, from DRAM, and candidates timed on an L2-warm weight
-    /// rank differently for the short, memory-bound GEMMs. (If the scratch cannot be allocated the
-    /// runs are timed back to back.)
     fn tune(&self, plan: &mut Plan, ptrs: [u64; 4]) -> KernelResult<()> {
         const OP: &str = "gemm tuning";
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let mut flush = self.stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).ok();
         let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
         for algo in &plan.candidates {
             // SAFETY: as in `gemm_many`: the pointers hold the plan's shapes.
             if unsafe { self.run(plan, algo, ptrs) }.is_err() {
                 continue;
             }
-            let (mut ms, mut ok) = (0.0f32, true);
+            let start = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err(OP, e))?;
+            let mut ok = true;
             for _ in 0..TUNING_RUNS {
-                if let Some(flush) = flush.as_mut() {
-                    self.stream
-                        .memset_zeros(flush)
-                        .map_err(|e| driver_err(OP, e))?;
-                }
-                let start = self
-                    .stream
-                    .record_event(timing)
-                    .map_err(|e| driver_err(OP, e))?;
                 // SAFETY: as above.
                 ok &= unsafe { self.run(plan, algo, ptrs) }.is_ok();
-                let end = self
-                    .stream
-                    .record_event(timing)
-                    .map_err(|e| driver_err(OP, e))?;
-                ms += start.elapsed_ms(&end).map_err(|e| driver_err(OP, e))?;
             }
+            let end = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err(OP, e))?;
+            let ms = start.elapsed_ms(&end).map_err(|e| driver_err(OP, e))?;
             if ok && best.is_none_or(|(best_ms, _)| ms < best_ms) {
                 best = Some((ms, *algo));
             }
