@@ -7,15 +7,16 @@
 //! recomputing everything per slice of value columns (8.2 ms per layer at 15,446 tokens, 12.2 at
 //! 128 × 300), and a 3xTF32 variant of it (9.7 and 14.3 ms).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use super::backend::{to_i32, to_u32, CudaBackend, DeltaArgs};
 use super::buffers::CudaBuf;
 use super::device::driver_err;
+use super::scratch::{GrownScratch, Scratch};
 use crate::backend::{DeltaDims, DeltaState, KernelResult, Varlen};
 use crate::error::KernelError;
 
@@ -69,17 +70,42 @@ pub(super) struct DeltaScratch {
     gam: CudaSlice<f32>,
 }
 
-impl DeltaScratch {
-    /// Device bytes per (row, value head) pair.
-    const BYTES_PER_PAIR: usize = 3 * 2 * MAX_HEAD + 4 * MAX_HEAD + 2 * CHUNK + 4;
+impl Scratch for DeltaScratch {
+    /// (row, value head) pairs.
+    type Need = usize;
 
-    pub(super) fn bytes(&self) -> u64 {
+    fn holds(&self, pairs: usize) -> bool {
+        self.pairs >= pairs
+    }
+
+    fn bytes(&self) -> u64 {
         (self.pairs * Self::BYTES_PER_PAIR) as u64
     }
 }
 
+impl DeltaScratch {
+    /// Device bytes per (row, value head) pair.
+    const BYTES_PER_PAIR: usize = 3 * 2 * MAX_HEAD + 4 * MAX_HEAD + 2 * CHUNK + 4;
+
+    /// Zeroed buffers for `pairs` pairs.
+    fn new(stream: &Arc<CudaStream>, pairs: usize) -> KernelResult<Self> {
+        const OP: &str = "gated_delta_rule_chunked scratch";
+        let bf = |n: usize| stream.alloc_zeros::<bf16>(n).map_err(|e| driver_err(OP, e));
+        let f = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| driver_err(OP, e));
+        Ok(Self {
+            pairs,
+            w: bf(pairs * MAX_HEAD)?,
+            u: f(pairs * MAX_HEAD)?,
+            q: bf(pairs * MAX_HEAD)?,
+            k: bf(pairs * MAX_HEAD)?,
+            p: bf(pairs * CHUNK)?,
+            gam: f(pairs)?,
+        })
+    }
+}
+
 /// The backend's scratch slot.
-pub(super) type DeltaScratchSlot = Mutex<Option<DeltaScratch>>;
+pub(super) type DeltaScratchSlot = GrownScratch<DeltaScratch>;
 
 impl CudaBackend {
     /// Whether [`Self::delta_rule_chunked`] takes `dims` on this GPU (else the recurrent kernel
@@ -97,36 +123,6 @@ impl CudaBackend {
             && (1..=MAX_HEAD).contains(&v_dim);
         // Opt-in shared memory per block: 227 KB on Hopper, 163 KB on A100.
         shapes && self.device.max_smem_optin >= pass_kernel(32).1.max(PREPARE_SMEM)
-    }
-
-    /// The scratch, holding at least `pairs` (row, value head) pairs.
-    fn delta_scratch(&self, pairs: usize) -> KernelResult<MutexGuard<'_, Option<DeltaScratch>>> {
-        const OP: &str = "gated_delta_rule_chunked scratch";
-        let mut slot = self
-            .delta_scratch
-            .lock()
-            .map_err(|_| KernelError::invalid(OP, "poisoned by an earlier panic"))?;
-        if slot.as_ref().is_some_and(|s| s.pairs >= pairs) {
-            return Ok(slot);
-        }
-        if let Some(old) = slot.take() {
-            self.release_buffer_bytes(old.bytes());
-        }
-        let stream = &self.device.stream;
-        let bf = |n: usize| stream.alloc_zeros::<bf16>(n).map_err(|e| driver_err(OP, e));
-        let f = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| driver_err(OP, e));
-        let scratch = DeltaScratch {
-            pairs,
-            w: bf(pairs * MAX_HEAD)?,
-            u: f(pairs * MAX_HEAD)?,
-            q: bf(pairs * MAX_HEAD)?,
-            k: bf(pairs * MAX_HEAD)?,
-            p: bf(pairs * CHUNK)?,
-            gam: f(pairs)?,
-        };
-        self.add_buffer_bytes(scratch.bytes());
-        *slot = Some(scratch);
-        Ok(slot)
     }
 
     /// Sets a kernel's dynamic shared memory limit (above the default 48 KB a kernel must opt
@@ -177,8 +173,13 @@ impl CudaBackend {
         };
         let rows = args.rows_cap;
         // With no rows the state pass only copies the initial states (or zeros) out.
-        let mut slot = self.delta_scratch(rows.max(1) * v_heads)?;
-        let scratch = slot.as_mut().expect("sized just above");
+        let stream = &self.device.stream;
+        let mut guard = self
+            .delta_scratch
+            .get(self, OP, rows.max(1) * v_heads, |pairs| {
+                DeltaScratch::new(stream, pairs)
+            })?;
+        let scratch = &mut *guard;
 
         let num_seqs_a = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let k_heads_a = to_i32(OP, "k_heads", k_heads)?;

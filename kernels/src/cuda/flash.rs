@@ -11,7 +11,6 @@
 //! `flash_bf16_inputs`, writes them from the f32 activations into a scratch owned by the backend.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -20,6 +19,7 @@ use half::bf16;
 
 use super::backend::{linear, to_i32, to_u32, CudaBackend};
 use super::device::driver_err;
+use super::scratch::{GrownScratch, Scratch};
 use crate::backend::{AttentionDims, KernelResult, Varlen};
 use crate::error::KernelError;
 
@@ -53,14 +53,21 @@ pub(super) struct FlashScratch {
     v: CudaSlice<bf16>,
 }
 
-impl FlashScratch {
+impl Scratch for FlashScratch {
+    /// Values of Q and of K (or V).
+    type Need = (usize, usize);
+
+    fn holds(&self, (q_len, kv_len): (usize, usize)) -> bool {
+        self.q.len() >= q_len && self.k.len() >= kv_len
+    }
+
     fn bytes(&self) -> u64 {
         2 * (self.q.len() + self.k.len() + self.v.len()) as u64
     }
 }
 
 /// The backend's flash scratch slot.
-pub(super) type FlashScratchSlot = Mutex<Option<FlashScratch>>;
+pub(super) type FlashScratchSlot = GrownScratch<FlashScratch>;
 
 /// One shape of the flash kernel: query rows per block (16 per warp), whether query tiles run on
 /// grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side and
@@ -189,32 +196,22 @@ impl CudaBackend {
         };
         let q_len = batch.rows * dims.q_heads * d;
         let kv_len = batch.rows * dims.kv_heads * d;
-        let mut slot = self
+        let stream = &self.device.stream;
+        let mut guard = self
             .flash_scratch
-            .lock()
-            .map_err(|_| KernelError::invalid(OP, "flash scratch poisoned by an earlier panic"))?;
-        if !slot
-            .as_ref()
-            .is_some_and(|s| s.q.len() >= q_len && s.k.len() >= kv_len)
-        {
-            if let Some(old) = slot.take() {
-                self.release_buffer_bytes(old.bytes());
-            }
-            let stream = &self.device.stream;
-            let alloc = |n: usize| {
-                stream
-                    .alloc_zeros::<bf16>(n)
-                    .map_err(|e| driver_err("attention bf16 scratch", e))
-            };
-            let fresh = FlashScratch {
-                q: alloc(q_len)?,
-                k: alloc(kv_len)?,
-                v: alloc(kv_len)?,
-            };
-            self.add_buffer_bytes(fresh.bytes());
-            *slot = Some(fresh);
-        }
-        let scratch = slot.as_mut().expect("sized just above");
+            .get(self, OP, (q_len, kv_len), |(q_len, kv_len)| {
+                let alloc = |n: usize| {
+                    stream
+                        .alloc_zeros::<bf16>(n)
+                        .map_err(|e| driver_err("attention bf16 scratch", e))
+                };
+                Ok(FlashScratch {
+                    q: alloc(q_len)?,
+                    k: alloc(kv_len)?,
+                    v: alloc(kv_len)?,
+                })
+            })?;
+        let scratch = &mut *guard;
         let rows = to_u32(OP, "rows", batch.rows)?;
         let q_heads = to_i32(OP, "q_heads", dims.q_heads)?;
         let kv_heads = to_i32(OP, "kv_heads", dims.kv_heads)?;

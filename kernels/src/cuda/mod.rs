@@ -14,6 +14,7 @@ mod delta_chunked;
 mod device;
 mod flash;
 mod libs;
+mod scratch;
 mod sources;
 mod toolkit;
 
