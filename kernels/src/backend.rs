@@ -362,10 +362,15 @@ pub trait Backend: Buffers {
         rope: &Rope,
         eps: f32,
     ) -> KernelResult<()> {
-        self.head_rms_norm(q, q_norm, q_layout, rows, eps)?;
-        self.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
-        self.rope(q, q_layout, positions, rows, rope)?;
-        self.rope(k, k_layout, positions, rows, rope)
+        qk_norm_then_rope(
+            self,
+            (q, q_norm, q_layout),
+            (k, k_norm, k_layout),
+            positions,
+            rows,
+            rope,
+            eps,
+        )
     }
 
     /// Causal GQA attention within each sequence, with the sigmoid output gate (see
@@ -436,8 +441,7 @@ pub trait Backend: Buffers {
         eps: f32,
         out: &mut Self::Buf,
     ) -> KernelResult<()> {
-        self.conv1d_silu(x, x_at, weight, batch, channels, kernel, None, None, out)?;
-        self.l2_norm(out, l2, batch.rows, eps)
+        conv1d_silu_then_l2(self, x, x_at, weight, batch, channels, kernel, l2, eps, out)
     }
 
     /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and
@@ -622,4 +626,40 @@ pub trait VisionBackend: Backend {
         scale: f32,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+}
+
+/// [`Backend::conv1d_silu_l2`] as its two ops: the trait's default, and a fusing backend's path for
+/// layouts its kernel does not take.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv1d_silu_then_l2<B: Backend + ?Sized>(
+    be: &B,
+    x: &B::Buf,
+    x_at: Strided,
+    weight: &B::Buf,
+    batch: Varlen<'_, B::Idx>,
+    channels: usize,
+    kernel: usize,
+    l2: HeadLayout,
+    eps: f32,
+    out: &mut B::Buf,
+) -> KernelResult<()> {
+    be.conv1d_silu(x, x_at, weight, batch, channels, kernel, None, None, out)?;
+    be.l2_norm(out, l2, batch.rows, eps)
+}
+
+/// [`Backend::qk_norm_rope`] as its four ops: the trait's default, and a fusing backend's path for
+/// shapes its kernel does not take.
+pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
+    be: &B,
+    (q, q_norm, q_layout): (&mut B::Buf, &B::Buf, HeadLayout),
+    (k, k_norm, k_layout): (&mut B::Buf, &B::Buf, HeadLayout),
+    positions: &B::Idx,
+    rows: usize,
+    rope: &Rope,
+    eps: f32,
+) -> KernelResult<()> {
+    be.head_rms_norm(q, q_norm, q_layout, rows, eps)?;
+    be.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
+    be.rope(q, q_layout, positions, rows, rope)?;
+    be.rope(k, k_layout, positions, rows, rope)
 }

@@ -53,6 +53,11 @@ fn layouts(width: usize) -> [Strided; 2] {
     [Strided::dense(width), Strided::cols(width + 13, 5)]
 }
 
+/// The bit patterns of `v`, for results that must match exactly (NaNs included).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 #[track_caller]
 fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
@@ -487,19 +492,18 @@ fn qk_norm_rope_is_the_four_kernels_bit_for_bit() {
                 .unwrap();
             gpu.rope(&mut q_s, q_layout, &pos_d, rows, &rope).unwrap();
             gpu.rope(&mut k_s, k_layout, &pos_d, rows, &rope).unwrap();
-            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
             let (q_got, k_got) = (
                 gpu.read(&q_f, q_len).unwrap(),
                 gpu.read(&k_f, k_len).unwrap(),
             );
             assert_eq!(
-                bits(q_got.clone()),
-                bits(gpu.read(&q_s, q_len).unwrap()),
+                bits(&q_got),
+                bits(&gpu.read(&q_s, q_len).unwrap()),
                 "{what}: q"
             );
             assert_eq!(
-                bits(k_got.clone()),
-                bits(gpu.read(&k_s, k_len).unwrap()),
+                bits(&k_got),
+                bits(&gpu.read(&k_s, k_len).unwrap()),
                 "{what}: k"
             );
 
@@ -647,7 +651,6 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                     .unwrap();
                 gpu.l2_norm(&mut apart, l2, rows, 1e-6).unwrap();
                 let got = gpu.read(&fused, rows * channels).unwrap();
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&got),
                     bits(&gpu.read(&apart, rows * channels).unwrap()),

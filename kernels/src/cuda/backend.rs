@@ -15,8 +15,8 @@ use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
 use super::flash::FlashScratchSlot;
 use crate::backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope,
-    Strided, Varlen,
+    conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaState,
+    HeadLayout, KernelResult, Rope, Strided, Varlen,
 };
 use crate::error::KernelError;
 
@@ -266,16 +266,6 @@ fn held_variant(len: usize, threads: usize, held: &[usize]) -> usize {
     held.iter()
         .position(|&h| h * threads >= len)
         .unwrap_or(held.len() - 1)
-}
-
-/// The operands of one conv1d_silu launch.
-struct ConvArgs<'a> {
-    x: &'a CudaBuf,
-    x_at: Strided,
-    weight_buf: &'a CudaBuf,
-    batch: Varlen<'a, CudaSlice<u32>>,
-    channels: usize,
-    kernel: usize,
 }
 
 pub(super) fn check_batch(
@@ -823,10 +813,15 @@ impl Backend for CudaBackend {
         let head_dim = q_layout.head_dim;
         if k_layout.head_dim != head_dim {
             // One kernel serves one head size; other shapes take the four kernels.
-            self.head_rms_norm(q_buf, q_norm, q_layout, rows, eps)?;
-            self.head_rms_norm(k_buf, k_norm, k_layout, rows, eps)?;
-            self.rope(q_buf, q_layout, positions, rows, rope)?;
-            return self.rope(k_buf, k_layout, positions, rows, rope);
+            return qk_norm_then_rope(
+                self,
+                (q_buf, q_norm, q_layout),
+                (k_buf, k_norm, k_layout),
+                positions,
+                rows,
+                rope,
+                eps,
+            );
         }
         check_layout(OP, q_layout, q_buf.len(), rows)?;
         check_layout(OP, k_layout, k_buf.len(), rows)?;
@@ -988,15 +983,18 @@ impl Backend for CudaBackend {
         window_out: Option<&mut CudaBuf>,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        let conv = ConvArgs {
+        self.conv(
             x,
             x_at,
             weight_buf,
             batch,
             channels,
             kernel,
-        };
-        self.conv(conv, window_in, window_out, (0, 0.0), out)
+            window_in,
+            window_out,
+            (0, 0.0),
+            out,
+        )
     }
 
     fn conv1d_silu_l2(
@@ -1011,14 +1009,6 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        let conv = ConvArgs {
-            x,
-            x_at,
-            weight_buf,
-            batch,
-            channels,
-            kernel,
-        };
         // The conv kernel normalises heads that are whole channel tiles from channel 0 of a dense
         // output; any other layout takes the two kernels.
         let l2_channels = l2.heads * l2.head_dim;
@@ -1028,10 +1018,22 @@ impl Backend for CudaBackend {
             && l2.row_stride == channels
             && l2_channels <= channels;
         if fused {
-            self.conv(conv, None, None, (l2_channels, eps), out)
+            self.conv(
+                x,
+                x_at,
+                weight_buf,
+                batch,
+                channels,
+                kernel,
+                None,
+                None,
+                (l2_channels, eps),
+                out,
+            )
         } else {
-            self.conv(conv, None, None, (0, 0.0), out)?;
-            self.l2_norm(out, l2, batch.rows, eps)
+            conv1d_silu_then_l2(
+                self, x, x_at, weight_buf, batch, channels, kernel, l2, eps, out,
+            )
         }
     }
 
@@ -1516,23 +1518,21 @@ impl CudaBackend {
     /// Launches a one-warp-per-head kernel (`head_rms_norm` with a weight, `l2_norm` without).
     /// conv1d_silu, with the L2 norm of each head of the first `l2_channels` output channels
     /// (whole CONV_TILE_CH-wide heads; 0 for none) fused in.
+    #[allow(clippy::too_many_arguments)]
     fn conv(
         &self,
-        args: ConvArgs<'_>,
+        x: &CudaBuf,
+        x_at: Strided,
+        weight_buf: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        channels: usize,
+        kernel: usize,
         window_in: Option<&CudaBuf>,
         window_out: Option<&mut CudaBuf>,
         (l2_channels, l2_eps): (usize, f32),
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "conv1d_silu";
-        let ConvArgs {
-            x,
-            x_at,
-            weight_buf,
-            batch,
-            channels,
-            kernel,
-        } = args;
         let l2_channels = to_i32(OP, "l2 channels", l2_channels)?;
         if kernel == 0 || channels == 0 || kernel > CONV_MAX_KERNEL {
             return Err(KernelError::invalid(
