@@ -20,6 +20,90 @@ __device__ __forceinline__ float conv_input(const float* x, int x_stride, int x_
 #define CONV_THREADS 256     // threads per block: CONV_TILE_CH channels x 2 row halves
 #define CONV_MAX_KERNEL 8    // largest kernel width (CONV_MAX_KERNEL in the launcher)
 
+// What the per-row loop of conv1d_silu reads: the block's shared tile and row table, and where
+// its thread writes.
+struct ConvRows {
+    const float (*s_x)[CONV_TILE_CH];
+    const int* s_seq;
+    const u32* s_start;
+    const float* window_in;
+    int has_window;
+    float* out;
+    int channels;
+    i64 r0;
+    int c;     // the thread's channel
+    int cl;    // ... within the tile
+    int half;  // which half of the tile's rows the thread computes
+    bool l2;   // outputs go to the shared tile (L2-normalised after), not to `out`
+};
+
+// The thread's rows of the tile for a kernel of width KW. Every tap reads the shared tile (it holds
+// CONV_MAX_KERNEL - 1 rows before the tile); only a row whose window reaches before its sequence's
+// start (the first KW - 1 rows of a sequence) replaces those inputs with the carried window or zeros.
+// The sum runs over the taps in order from zero, as the CPU reference does.
+template <int KW>
+__device__ __forceinline__ void conv_rows(const ConvRows& a, const float (&taps)[CONV_MAX_KERNEL],
+                                          float (*s_out)[CONV_TILE_CH]) {
+    constexpr int HALO = CONV_MAX_KERNEL - 1;
+    constexpr int HIST = KW - 1;
+    constexpr int PER = CONV_TILE_ROWS / (CONV_THREADS / CONV_TILE_CH);
+    const int j0 = a.half * PER;
+    float* dst = a.out + (a.r0 + j0) * a.channels + a.c;
+    // Rows all inside one sequence, past its first HIST rows (most tiles): no per-row checks, and
+    // the window slides through registers (one shared load per row).
+    const int s0 = a.s_seq[j0];
+    if (s0 >= 0 && a.s_seq[j0 + PER - 1] == s0 && a.r0 + j0 >= (i64)a.s_start[j0] + HIST) {
+        float in[KW];
+#pragma unroll
+        for (int i = 0; i < KW - 1; ++i) in[i + 1] = a.s_x[HALO + j0 - HIST + i][a.cl];
+#pragma unroll 4
+        for (int jj = 0; jj < PER; ++jj, dst += a.channels) {
+            const int j = j0 + jj;
+#pragma unroll
+            for (int i = 0; i < KW - 1; ++i) in[i] = in[i + 1];
+            in[KW - 1] = a.s_x[HALO + j][a.cl];
+            float acc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < KW; ++i) acc += taps[i] * in[i];
+            if (a.l2) s_out[j][a.cl] = silu_f(acc);
+            else *dst = silu_f(acc);
+        }
+        return;
+    }
+#pragma unroll 4
+    for (int jj = 0; jj < PER; ++jj, dst += a.channels) {
+        const int j = j0 + jj;
+        const int s = a.s_seq[j];
+        if (s < 0) continue;  // past the last sequence (or past rows_cap)
+        const i64 r = a.r0 + j;
+        const u32 start = a.s_start[j];
+        if (r < (i64)start) {
+            if (a.l2) s_out[j][a.cl] = F32_NAN;
+            else *dst = F32_NAN;
+            continue;
+        }
+        const int local = (int)(r - start);
+        float in[KW];
+#pragma unroll
+        for (int i = 0; i < KW; ++i) in[i] = a.s_x[HALO + j - (HIST - i)][a.cl];
+        if (local < HIST) {
+#pragma unroll
+            for (int i = 0; i < KW; ++i) {
+                const int back = HIST - i;  // steps before row r
+                if (back > local) {
+                    const int t = local - back;  // < 0: before the sequence
+                    in[i] = a.has_window ? a.window_in[((i64)s * HIST + HIST + t) * a.channels + a.c] : 0.0f;
+                }
+            }
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KW; ++i) acc += taps[i] * in[i];
+        if (a.l2) s_out[j][a.cl] = silu_f(acc);
+        else *dst = silu_f(acc);
+    }
+}
+
 // out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]); then, for channels below l2_channels (a
 // multiple of CONV_TILE_CH: whole heads of that width, DeltaNet's q and k), each head's L2 norm
 // x / sqrt(Σx² + l2_eps). One block per tile of CONV_TILE_ROWS rows x
@@ -40,7 +124,6 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
     __shared__ float s_out[CONV_TILE_ROWS][CONV_TILE_CH];  // the tile's outputs, when L2-normalised here
     __shared__ int s_seq[CONV_TILE_ROWS];
     __shared__ u32 s_start[CONV_TILE_ROWS];
-    const int hist = kernel - 1;
     const i64 r0 = (i64)blockIdx.x * CONV_TILE_ROWS;
     const int c0 = blockIdx.y * CONV_TILE_CH;
     const int tid = threadIdx.x;
@@ -102,37 +185,19 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
     float taps[CONV_MAX_KERNEL];
 #pragma unroll
     for (int k = 0; k < CONV_MAX_KERNEL; ++k) taps[k] = k < kernel ? load_bf16(w, (i64)c * kernel + k) : 0.0f;
-    const int half = tid / CONV_TILE_CH;
-    constexpr int PER = CONV_TILE_ROWS / (CONV_THREADS / CONV_TILE_CH);
-#pragma unroll 4
-    for (int jj = 0; jj < PER; ++jj) {
-        const int j = half * PER + jj;
-        const int s = s_seq[j];
-        if (s < 0) continue;  // past the last sequence (or past rows_cap)
-        const i64 r = r0 + j;
-        const u32 start = s_start[j];
-        if (r < (i64)start) {
-            if (l2) s_out[j][cl] = F32_NAN;
-            else out[r * channels + c] = F32_NAN;
-            continue;
-        }
-        const int local = (int)(r - start);
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < CONV_MAX_KERNEL; ++i) {
-            if (i > hist) break;
-            const int back = hist - i;  // steps before row r
-            float in;
-            if (back <= local) {
-                in = s_x[HALO + j - back][cl];
-            } else {
-                const int t = local - back;  // < 0: before the sequence
-                in = has_window && -t <= hist ? window_in[((i64)s * hist + hist + t) * channels + c] : 0.0f;
-            }
-            acc += taps[i] * in;
-        }
-        if (l2) s_out[j][cl] = silu_f(acc);
-        else out[r * channels + c] = silu_f(acc);
+    // The kernel width as a compile-time constant: the taps unroll without bounds checks.
+    const ConvRows rows{s_x, s_seq, s_start, window_in, has_window, out, channels, r0, c, cl,
+                        tid / CONV_TILE_CH, l2};
+    float (*const tile_out)[CONV_TILE_CH] = s_out;
+    switch (kernel) {
+        case 1: conv_rows<1>(rows, taps, tile_out); break;
+        case 2: conv_rows<2>(rows, taps, tile_out); break;
+        case 3: conv_rows<3>(rows, taps, tile_out); break;
+        case 4: conv_rows<4>(rows, taps, tile_out); break;
+        case 5: conv_rows<5>(rows, taps, tile_out); break;
+        case 6: conv_rows<6>(rows, taps, tile_out); break;
+        case 7: conv_rows<7>(rows, taps, tile_out); break;
+        default: conv_rows<8>(rows, taps, tile_out); break;
     }
     if (!l2) return;
     // L2 norm of each row of the head: a warp per row, lane holding channels lane + 32e as l2_norm
