@@ -39,20 +39,35 @@ __device__ __forceinline__ float fa_exp2(float x) {
 
 // Q, K, V in bf16 for the kernels below: qb [rows][q_heads][D] = q · scale · log2(e) (so the
 // softmax can use exp2), kb and vb [rows][kv_heads][D]; columns at or beyond head_dim are zeros.
-// One thread per 8 values (two float4 loads, one 16-byte store).
+// With `gates`, also the output gate's sigmoid, [rows][q_heads][head_dim] f32 into gate_out (the
+// attention's output buffer, which the kernel then overwrites in place): computed here by every
+// thread of the GPU at once instead of in each block's epilogue, where it would wait at the end of
+// the longest blocks. One thread per 8 values (two float4 loads, one 16-byte store).
 extern "C" __global__ void flash_bf16_inputs(const float* __restrict__ qg, const float* __restrict__ k,
                                              const float* __restrict__ v, u32 rows, int q_heads,
                                              int kv_heads, int head_dim, int d, float scale,
                                              __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb,
-                                             __nv_bfloat16* __restrict__ vb) {
+                                             __nv_bfloat16* __restrict__ vb, float* __restrict__ gate_out,
+                                             int gates) {
     const int parts = d / 8;
-    const int heads = q_heads + 2 * kv_heads;
+    const int heads = q_heads + 2 * kv_heads + (gates ? q_heads : 0);
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * heads * parts) return;
     const int col = (int)(i % parts) * 8;
     const i64 rh = i / parts;
     const int hh = (int)(rh % heads);
     const i64 row = rh / heads;
+    if (hh >= q_heads + 2 * kv_heads) {
+        const int gh = hh - q_heads - 2 * kv_heads;
+        if (col >= head_dim) return;
+        const float* src = qg + (row * q_heads + gh) * 2 * head_dim + head_dim + col;
+        float* dst = gate_out + (row * q_heads + gh) * head_dim + col;
+        const float4 a = *reinterpret_cast<const float4*>(src);
+        const float4 b = *reinterpret_cast<const float4*>(src + 4);
+        *reinterpret_cast<float4*>(dst) = make_float4(sigmoid_f(a.x), sigmoid_f(a.y), sigmoid_f(a.z), sigmoid_f(a.w));
+        *reinterpret_cast<float4*>(dst + 4) = make_float4(sigmoid_f(b.x), sigmoid_f(b.y), sigmoid_f(b.z), sigmoid_f(b.w));
+        return;
+    }
     const float* src;
     __nv_bfloat16* dst;
     float mul = 1.0f;
@@ -329,23 +344,49 @@ __device__ __forceinline__ void flash_attention_impl(
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // The gate's sigmoid: precomputed in `out` by flash_bf16_inputs, except for LAST (one row per
+    // sequence, where out holds only the last rows), which takes it from qg. Its values come in
+    // batches of GB column groups for both rows, every load of a batch issued before the first use:
+    // one memory wait per batch, not one per value.
+    constexpr int GB = 8;
+    bool keep[2];
+    float inv[2];
+    const float* gate[2];
+    float* dst[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = wrow + g + half * 8;
-        if (r >= len || (LAST && r != len - 1)) continue;
-        const float inv = 1.0f / (half == 0 ? l0 : l1);
-        const i64 row = (i64)seq_start + r;
-        const float* gate = qg + (row * q_heads + h) * 2 * head_dim + head_dim;
+        keep[half] = r < len && (!LAST || r == len - 1);
+        inv[half] = 1.0f / (half == 0 ? l0 : l1);
+        const i64 row = (i64)seq_start + min(r, len - 1);
         const i64 out_row = LAST ? (i64)blockIdx.y : row;
-        float* dst = out + (out_row * q_heads + h) * head_dim;
+        dst[half] = out + (out_row * q_heads + h) * head_dim;
+        gate[half] = LAST ? qg + (row * q_heads + h) * 2 * head_dim + head_dim : dst[half];
+    }
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const int col = n * 8 + tq * 2;
-            if (col < head_dim) {
-                const float2 gt = *reinterpret_cast<const float2*>(gate + col);
-                const float2 y = make_float2(o[n][half * 2] * inv * sigmoid_f(gt.x),
-                                             o[n][half * 2 + 1] * inv * sigmoid_f(gt.y));
-                *reinterpret_cast<float2*>(dst + col) = y;
+    for (int n0 = 0; n0 < D / 8; n0 += GB) {
+        float2 gt[2][GB];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int u = 0; u < GB; ++u) {
+                const int col = (n0 + u) * 8 + tq * 2;
+                gt[half][u] = keep[half] && col < head_dim ? *reinterpret_cast<const float2*>(gate[half] + col)
+                                                           : make_float2(0.0f, 0.0f);
+                if (LAST) gt[half][u] = make_float2(sigmoid_f(gt[half][u].x), sigmoid_f(gt[half][u].y));
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int u = 0; u < GB; ++u) {
+                const int n = n0 + u;
+                const int col = n * 8 + tq * 2;
+                if (keep[half] && col < head_dim) {
+                    const float2 y = make_float2(o[n][half * 2] * inv[half] * gt[half][u].x,
+                                                 o[n][half * 2 + 1] * inv[half] * gt[half][u].y);
+                    *reinterpret_cast<float2*>(dst[half] + col) = y;
+                }
             }
         }
     }

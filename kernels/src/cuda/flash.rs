@@ -217,6 +217,8 @@ impl CudaBackend {
         let kv_heads = to_i32(OP, "kv_heads", dims.kv_heads)?;
         let head_dim = to_i32(OP, "head_dim", dims.head_dim)?;
         let d_a = to_i32(OP, "head size", d)?;
+        // All rows but the last-row form: the gate's sigmoid goes into `out` beforehand.
+        let gates = i32::from(!last);
         {
             let f = self.device.function("flash_bf16_inputs")?;
             let mut launch = self.device.stream.launch_builder(f);
@@ -232,10 +234,14 @@ impl CudaBackend {
                 .arg(&dims.scale)
                 .arg(&mut scratch.q)
                 .arg(&mut scratch.k)
-                .arg(&mut scratch.v);
-            let items = batch.rows * (dims.q_heads + 2 * dims.kv_heads) * (d / 8);
+                .arg(&mut scratch.v)
+                .arg(&mut *out)
+                .arg(&gates);
+            let gate_heads = if last { 0 } else { dims.q_heads };
+            let items = batch.rows * (dims.q_heads + 2 * dims.kv_heads + gate_heads) * (d / 8);
             // SAFETY: argument types match the kernel; it reads `rows` rows of qg, k and v (held,
-            // checked by the caller) and writes that many rows of the scratch (sized above).
+            // checked by the caller) and writes that many rows of the scratch (sized above) and,
+            // with `gates`, of `out` (which holds `rows` rows then).
             unsafe { launch.launch(linear(OP, items, CONVERT_BLOCK)?) }
                 .map_err(|e| driver_err(OP, e))?;
         }
