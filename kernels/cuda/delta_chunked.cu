@@ -125,9 +125,11 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     const int ec = 2 * (tid % (DK / 2));
     const int er = tid / (DK / 2);
 
-    // ---- 1. Stage q (scaled) and k; hold v in registers until q is written out; g, β. All loads
-    // are issued before any store, so their latencies overlap. Zeros past n and past the heads.
-    float2 vr[PER_THREAD];
+    // ---- 1. Stage q (scaled) and k; g, β. All loads are issued before any store, so their
+    // latencies overlap. Zeros past n and past the heads. v is read in step 4, where its latency
+    // hides behind the other writes (held from here it would spill registers).
+    // Pairs load as float2 when the row layout keeps them 8-byte aligned (even widths).
+    const bool pairs = ((width | k_dim | v_dim) & 1) == 0;
     {
         float2 qv[PER_THREAD], kv[PER_THREAD];
 #pragma unroll
@@ -135,13 +137,18 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
             const int i = er + m * ROWS_PER_PASS;
             const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
             const bool ok = i < n;
-            // Scalar loads: with odd head sizes the pairs are not 8-byte aligned.
-            qv[m].x = ok && ec < k_dim ? row[q_at + ec] * scale : 0.0f;
-            qv[m].y = ok && ec + 1 < k_dim ? row[q_at + ec + 1] * scale : 0.0f;
-            kv[m].x = ok && ec < k_dim ? row[k_at + ec] : 0.0f;
-            kv[m].y = ok && ec + 1 < k_dim ? row[k_at + ec + 1] : 0.0f;
-            vr[m].x = ok && ec < v_dim ? row[v_at + ec] : 0.0f;
-            vr[m].y = ok && ec + 1 < v_dim ? row[v_at + ec + 1] : 0.0f;
+            if (pairs) {
+                const bool in = ok && ec < k_dim;
+                qv[m] = in ? *reinterpret_cast<const float2*>(row + q_at + ec) : make_float2(0.0f, 0.0f);
+                kv[m] = in ? *reinterpret_cast<const float2*>(row + k_at + ec) : make_float2(0.0f, 0.0f);
+                qv[m].x *= scale;
+                qv[m].y *= scale;
+            } else {
+                qv[m].x = ok && ec < k_dim ? row[q_at + ec] * scale : 0.0f;
+                qv[m].y = ok && ec + 1 < k_dim ? row[q_at + ec + 1] * scale : 0.0f;
+                kv[m].x = ok && ec < k_dim ? row[k_at + ec] : 0.0f;
+                kv[m].y = ok && ec + 1 < k_dim ? row[k_at + ec + 1] : 0.0f;
+            }
         }
 #pragma unroll
         for (int m = 0; m < PER_THREAD; ++m) {
@@ -179,6 +186,24 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     }
     __syncthreads();
 
+    // v for step 4, loaded once the products of step 3 are done (held from step 1 it would spill
+    // registers), so its latency overlaps the epilogue of step 3 and the diagonal inversions.
+    float2 vr[PER_THREAD];
+    auto load_v = [&]() {
+#pragma unroll
+        for (int m = 0; m < PER_THREAD; ++m) {
+            const int i = er + m * ROWS_PER_PASS;
+            const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
+            const bool ok = i < n;
+            if (pairs) {
+                vr[m] = ok && ec < v_dim ? *reinterpret_cast<const float2*>(row + v_at + ec) : make_float2(0.0f, 0.0f);
+            } else {
+                vr[m].x = ok && ec < v_dim ? row[v_at + ec] : 0.0f;
+                vr[m].y = ok && ec + 1 < v_dim ? row[v_at + ec + 1] : 0.0f;
+            }
+        }
+    };
+
     // ---- 3. A = strictly-lower(β_i (k_i·k_j) e^{γ_i−γ_j}) (warps 0-7) and P = lower((q_i·k_j)
     // e^{γ_i−γ_j}) (warps 8-15): per warp 16 rows and half of the 8 column tiles, of those only
     // the ones up to the diagonal. A goes to shared memory, P straight to the scratch (zeros above
@@ -209,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
                 }
             }
         }
+        load_v();
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int i = 16 * rb + fg + 8 * half;
@@ -222,8 +248,12 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
                 if (nt < tiles) {
                     const bool keep0 = is_p ? i >= j : i > j;
                     const bool keep1 = is_p ? i >= j + 1 : i > j + 1;
-                    v0 = keep0 ? bi * expf(gi - gam[j]) * acc[nt][2 * half] : 0.0f;
-                    v1 = keep1 ? bi * expf(gi - gam[j + 1]) * acc[nt][2 * half + 1] : 0.0f;
+                    // Both factors are computed and the masked ones dropped by a select: cheaper
+                    // than branching around expf (the dropped ones may overflow; they are unused).
+                    const float e0 = bi * expf(gi - gam[j]) * acc[nt][2 * half];
+                    const float e1 = bi * expf(gi - gam[j + 1]) * acc[nt][2 * half + 1];
+                    v0 = keep0 ? e0 : 0.0f;
+                    v1 = keep1 ? e1 : 0.0f;
                 }
                 if (is_p) {
                     if (i < n) *reinterpret_cast<u32*>(prow + j) = pack_bf16x2(v0, v1);
@@ -233,45 +263,51 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
                 }
             }
         }
+        // The warp holding a diagonal block of A (rows and columns 16·rb..: warps 0 and 1 among the
+        // first column tiles, 6 and 7 among the last) inverts it at once, while the others finish:
+        // lane cc < 16 solves column cc of T_rr by forward substitution.
+        if (!is_p && (nt0 == 0 ? rb < 2 : rb >= 2)) {
+            __syncwarp();
+            if (lane < 16) {
+                const int cc = lane;
+                const float* arows = As + 16 * rb * DC_AP + 16 * rb;
+                float x[16];
+#pragma unroll
+                for (int r = 0; r < 16; ++r) {
+                    float s = r == cc ? 1.0f : 0.0f;
+#pragma unroll
+                    for (int q = 0; q < r; ++q) s = fmaf(-arows[r * DC_AP + q], x[q], s);
+                    x[r] = s;
+                }
+#pragma unroll
+                for (int r = 0; r < 16; ++r) Ts[(16 * rb + r) * DC_AP + 16 * rb + cc] = x[r];
+            }
+        }
     }
     __syncthreads();
 
     // ---- 4. Write e^γ·scale·q, e^{γ_last−γ}·k and γ; turn the tiles into the right operands of
-    // W and U (β e^γ k in place of k, β v in place of q). Threads 0-63 meanwhile invert A's
-    // diagonal blocks: column tid % 16 of block tid / 16, by forward substitution.
+    // W and U (β e^γ k in place of k, β v in place of q).
+    {
 #pragma unroll
-    for (int m = 0; m < PER_THREAD; ++m) {
-        const int i = er + m * ROWS_PER_PASS;
-        float2* qp = reinterpret_cast<float2*>(Qs + i * DC_LD + ec);
-        float2* kp = reinterpret_cast<float2*>(Ks + i * DC_LD + ec);
-        const float2 qv = *qp;
-        const float2 kv = *kp;
-        const float eg = egam[i];
-        const float bg = bet[i] * eg;
-        if (i < n) {
-            const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + ec;
-            *reinterpret_cast<u32*>(q_out + at) = pack_bf16x2(eg * qv.x, eg * qv.y);
-            *reinterpret_cast<u32*>(k_out + at) = pack_bf16x2(edec[i] * kv.x, edec[i] * kv.y);
+        for (int m = 0; m < PER_THREAD; ++m) {
+            const int i = er + m * ROWS_PER_PASS;
+            float2* qp = reinterpret_cast<float2*>(Qs + i * DC_LD + ec);
+            float2* kp = reinterpret_cast<float2*>(Ks + i * DC_LD + ec);
+            const float2 qv = *qp;
+            const float2 kv = *kp;
+            const float eg = egam[i];
+            const float bg = bet[i] * eg;
+            if (i < n) {
+                const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + ec;
+                *reinterpret_cast<u32*>(q_out + at) = pack_bf16x2(eg * qv.x, eg * qv.y);
+                *reinterpret_cast<u32*>(k_out + at) = pack_bf16x2(edec[i] * kv.x, edec[i] * kv.y);
+            }
+            *kp = make_float2(bg * kv.x, bg * kv.y);
+            *qp = make_float2(bet[i] * vr[m].x, bet[i] * vr[m].y);
         }
-        *kp = make_float2(bg * kv.x, bg * kv.y);
-        *qp = make_float2(bet[i] * vr[m].x, bet[i] * vr[m].y);
     }
     if (tid < n) gam_out[(i64)(c0 + tid) * v_heads + h] = gam[tid];
-    if (tid < CH) {
-        const int d = tid >> 4;
-        const int cc = tid & 15;
-        const float* arows = As + 16 * d * DC_AP + 16 * d;
-        float x[16];
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-            float s = r == cc ? 1.0f : 0.0f;
-#pragma unroll
-            for (int q = 0; q < r; ++q) s = fmaf(-arows[r * DC_AP + q], x[q], s);
-            x[r] = s;
-        }
-#pragma unroll
-        for (int r = 0; r < 16; ++r) Ts[(16 * d + r) * DC_AP + 16 * d + cc] = x[r];
-    }
     __syncthreads();
 
     // ---- 5. The blocks below the diagonal, one block diagonal (level L = r − s) at a time:
@@ -376,7 +412,10 @@ struct GsStage {
     static constexpr int BYTES = GL + 16;
 };
 
-// Issues the cp.async copies of the chunk at rows c0..c0+n into stage `base` (zeros past n).
+// Issues the cp.async copies of the chunk at rows c0..c0+n into stage `base` (zeros past n; a row
+// past n copies nothing but still names row c0, a mapped address). Every loop has a fixed trip count
+// and each thread a fixed 16-byte column part, so a copy costs a few instructions: this runs once
+// per chunk in the sequential pass, where every instruction is on the critical path.
 template <int SV, int THREADS>
 __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restrict__ w,
                                          const float* __restrict__ u, const __nv_bfloat16* __restrict__ q,
@@ -385,32 +424,61 @@ __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restri
                                          u32 c0, int n, int v_heads, int h, int col0) {
     using L = GsStage<SV>;
     const int tid = threadIdx.x;
+    const i64 head0 = (i64)c0 * v_heads + h;  // (row c0, head h) in the [rows][v_heads] scratch
     // W, q, k: 64 rows of 16 × 16 bytes each.
-    for (int e = tid; e < DC_CHUNK * 16; e += THREADS) {
-        const int i = e / 16;
-        const int part = e % 16;
-        const bool ok = i < n;
-        const i64 at = ((i64)(c0 + (ok ? i : 0)) * v_heads + h) * DC_DK + part * 8;
-        const u32 off = (u32)(i * GS_LD + part * 8) * 2;
-        cp_async16(base + L::W + off, w + at, ok);
-        cp_async16(base + L::Q + off, q + at, ok);
-        cp_async16(base + L::K + off, k + at, ok);
+    {
+        static_assert(THREADS % 16 == 0 && (DC_CHUNK * 16) % THREADS == 0, "whole passes");
+        constexpr int STEP = THREADS / 16;  // rows per pass
+        const int part = tid % 16;
+        const int i0 = tid / 16;
+        const i64 at0 = head0 * DC_DK + part * 8;
+        const i64 step = (i64)STEP * v_heads * DC_DK;
+        i64 at_i = at0 + (i64)i0 * v_heads * DC_DK;  // row i's offset, advanced by one pass per step
+#pragma unroll
+        for (int e = 0; e < DC_CHUNK / STEP; ++e, at_i += step) {
+            const int i = i0 + e * STEP;
+            const bool ok = i < n;
+            const i64 at = ok ? at_i : at0;
+            const u32 off = (u32)(i * GS_LD + part * 8) * 2;
+            cp_async16(base + L::W + off, w + at, ok);
+            cp_async16(base + L::Q + off, q + at, ok);
+            cp_async16(base + L::K + off, k + at, ok);
+        }
     }
     // P: 64 rows of 8 × 16 bytes.
-    for (int e = tid; e < DC_CHUNK * 8; e += THREADS) {
-        const int i = e / 8;
-        const int part = e % 8;
-        const bool ok = i < n;
-        const i64 at = ((i64)(c0 + (ok ? i : 0)) * v_heads + h) * DC_CHUNK + part * 8;
-        cp_async16(base + L::P + (u32)(i * GS_PLD + part * 8) * 2, p + at, ok);
+    {
+        static_assert(THREADS % 8 == 0 && (DC_CHUNK * 8) % THREADS == 0, "whole passes");
+        constexpr int STEP = THREADS / 8;
+        const int part = tid % 8;
+        const int i0 = tid / 8;
+        const i64 at0 = head0 * DC_CHUNK + part * 8;
+        const i64 step = (i64)STEP * v_heads * DC_CHUNK;
+        i64 at_i = at0 + (i64)i0 * v_heads * DC_CHUNK;
+#pragma unroll
+        for (int e = 0; e < DC_CHUNK / STEP; ++e, at_i += step) {
+            const int i = i0 + e * STEP;
+            const bool ok = i < n;
+            const i64 at = ok ? at_i : at0;
+            cp_async16(base + L::P + (u32)(i * GS_PLD + part * 8) * 2, p + at, ok);
+        }
     }
     // U: this slice's SV columns, SV / 4 × 16 bytes per row.
-    for (int e = tid; e < DC_CHUNK * (SV / 4); e += THREADS) {
-        const int i = e / (SV / 4);
-        const int part = e % (SV / 4);
-        const bool ok = i < n;
-        const i64 at = ((i64)(c0 + (ok ? i : 0)) * v_heads + h) * DC_DK + col0 + part * 4;
-        cp_async16(base + L::U + (u32)(i * L::ULD + part * 4) * 4, u + at, ok);
+    {
+        constexpr int PARTS = SV / 4;
+        static_assert(THREADS % PARTS == 0 && (DC_CHUNK * PARTS) % THREADS == 0, "whole passes");
+        constexpr int STEP = THREADS / PARTS;
+        const int part = tid % PARTS;
+        const int i0 = tid / PARTS;
+        const i64 at0 = head0 * DC_DK + col0 + part * 4;
+        const i64 step = (i64)STEP * v_heads * DC_DK;
+        i64 at_i = at0 + (i64)i0 * v_heads * DC_DK;
+#pragma unroll
+        for (int e = 0; e < DC_CHUNK / STEP; ++e, at_i += step) {
+            const int i = i0 + e * STEP;
+            const bool ok = i < n;
+            const i64 at = ok ? at_i : at0;
+            cp_async16(base + L::U + (u32)(i * L::ULD + part * 4) * 4, u + at, ok);
+        }
     }
     if (tid == 0) cp_async4(base + L::GL, gam + (i64)(c0 + n - 1) * v_heads + h);
 }
