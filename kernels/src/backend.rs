@@ -236,6 +236,14 @@ pub trait Backend: Buffers {
     /// A short name for logs (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
 
+    /// The row counts at which one forward pass each, before serving, does all the work this
+    /// backend keys by batch shape (the CUDA backend times its GEMM algorithms once per row
+    /// bucket): one per bucket up to `max_rows`, ending with `max_rows` itself. The default is the
+    /// powers of two.
+    fn warm_rows(&self, max_rows: usize) -> Vec<usize> {
+        bucket_tops(max_rows, |rows| rows.next_power_of_two())
+    }
+
     // ---- memory -------------------------------------------------------------------------------
 
     /// A zeroed f32 buffer of `len` values.
@@ -662,4 +670,31 @@ pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
     be.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
     be.rope(q, q_layout, positions, rows, rope)?;
     be.rope(k, k_layout, positions, rows, rope)
+}
+
+/// The largest row count of every bucket that `bucket` (a non-decreasing map from a row count to the
+/// top of its bucket) makes of `1..=max_rows`, the last one cut to `max_rows`. Empty for 0.
+pub fn bucket_tops(max_rows: usize, bucket: impl Fn(usize) -> usize) -> Vec<usize> {
+    let mut tops = Vec::new();
+    let mut rows = 1;
+    while rows <= max_rows {
+        let top = bucket(rows).max(rows).min(max_rows);
+        tops.push(top);
+        rows = top + 1;
+    }
+    tops
+}
+
+#[cfg(test)]
+mod bucket_tests {
+    use super::bucket_tops;
+
+    #[test]
+    fn bucket_tops_cover_every_row_count_once() {
+        let pow2 = |r: usize| r.next_power_of_two();
+        assert_eq!(bucket_tops(0, pow2), Vec::<usize>::new());
+        assert_eq!(bucket_tops(1, pow2), [1]);
+        assert_eq!(bucket_tops(100, pow2), [1, 2, 4, 8, 16, 32, 64, 100]);
+        assert_eq!(bucket_tops(128, pow2), [1, 2, 4, 8, 16, 32, 64, 128]);
+    }
 }

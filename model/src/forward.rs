@@ -463,24 +463,19 @@ impl<B: Backend> TextModel<B> {
         self.dims.hidden
     }
 
-    /// Runs one forward pass at every power-of-two row count up to the batch limit (and at the
-    /// limit itself), one sequence of token 0, so that work a backend keys by shape (the CUDA
-    /// backend's GEMM algorithm tuning, per power-of-two row bucket) happens at start-up rather
-    /// than on the first request of each size. Returns the row counts run.
+    /// Runs one forward pass at each row count the backend asks to be warmed
+    /// ([`Backend::warm_rows`]: one per bucket up to the batch limit, then the limit itself), one
+    /// sequence of token 0, so that work a backend keys by shape (the CUDA backend's GEMM algorithm
+    /// tuning per row bucket) happens at start-up rather than on the first request of each size.
+    /// Returns the row counts run.
     pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
-        let mut done = Vec::new();
-        let mut rows = 1;
-        loop {
-            let n = rows.min(self.limits.max_tokens);
+        let rows = self.backend.warm_rows(self.limits.max_tokens);
+        for &n in &rows {
             let ids = vec![0u32; n];
             self.forward_last(&[SequenceInput::text(&ids)])
                 .with_context(|| format!("warming {n} rows"))?;
-            done.push(n);
-            if n == self.limits.max_tokens {
-                return Ok(done);
-            }
-            rows *= 2;
         }
+        Ok(rows)
     }
 
     /// Runs `seqs` as one packed batch and returns, per sequence (in order), the final-normed

@@ -288,7 +288,8 @@ pub fn load_cuda(
     let name = backend.name();
     let probe = backend.memory_probe();
     let mut loaded = instinct_model::decider::load_text(backend, model_dir, text_adapter, limits)?;
-    // GEMM algorithms are timed once per power-of-two row bucket: do it now, not on requests.
+    // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now, not on
+    // requests.
     let t0 = std::time::Instant::now();
     let warmed = loaded.decider.warm_shapes()?;
     tracing::info!(

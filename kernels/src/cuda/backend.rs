@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfi
 use half::bf16;
 use rayon::prelude::*;
 
-use super::blas::{Blas, GemmInput};
+use super::blas::{row_bucket, Blas, GemmInput};
 use super::buffers::{act, act_mut, idx, in_buf, out_buf, weight, CudaBuf, InBuf, OutBuf};
 use super::compile::GpuArch;
 use super::delta_chunked::DeltaScratchSlot;
@@ -459,6 +459,11 @@ impl Buffers for CudaBackend {
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
+    }
+
+    /// One forward per GEMM tuning bucket ([`row_bucket`]).
+    fn warm_rows(&self, max_rows: usize) -> Vec<usize> {
+        crate::backend::bucket_tops(max_rows, row_bucket)
     }
 
     fn alloc(&self, len: usize) -> KernelResult<CudaBuf> {
