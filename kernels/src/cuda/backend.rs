@@ -14,6 +14,7 @@ use super::compile::GpuArch;
 use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
 use super::flash::FlashScratchSlot;
+use super::tuning::TuningFile;
 use crate::backend::{
     conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaState,
     HeadLayout, KernelResult, Rope, Strided, Varlen,
@@ -75,7 +76,18 @@ impl CudaBackend {
     /// kernel for its architecture. Every failure is an error naming what is missing.
     pub fn new(options: CudaOptions) -> KernelResult<Self> {
         let device = Device::start(&options)?;
-        let blas = Blas::new(device.stream.clone())?;
+        let tuning_file = match &device.cache_dir {
+            Some(dir) => {
+                let name = device
+                    .ctx
+                    .name()
+                    .map_err(|e| driver_err("reading the GPU name", e))?;
+                let identity = Blas::tuning_identity(&name, &device.arch.nvrtc_target());
+                Some(TuningFile::new(dir, &identity))
+            }
+            None => None,
+        };
+        let blas = Blas::new(device.stream.clone(), tuning_file)?;
         Ok(Self {
             device,
             blas,
@@ -90,6 +102,18 @@ impl CudaBackend {
     /// The architecture the kernels were compiled for.
     pub fn arch(&self) -> GpuArch {
         self.device.arch
+    }
+
+    /// GEMM shapes timed since start; shapes whose winner was in the tuning file (or timed
+    /// earlier in the same row bucket) are not counted.
+    pub fn gemm_tunings(&self) -> usize {
+        self.blas.tunings()
+    }
+
+    /// The file the GEMM algorithms picked by timing are kept in across starts (`None` without a
+    /// cache directory or with `no_cache`).
+    pub fn gemm_tuning_file(&self) -> Option<&std::path::Path> {
+        self.blas.tuning_path()
     }
 
     /// (free, total) device memory in bytes.

@@ -9,6 +9,8 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::size_of;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::result as lt;
@@ -18,6 +20,7 @@ use half::bf16;
 
 use super::buffers::OutBuf;
 use super::device::driver_err;
+use super::tuning::TuningFile;
 use crate::backend::KernelResult;
 use crate::error::KernelError;
 
@@ -108,6 +111,10 @@ pub(crate) struct Blas {
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
     state: Mutex<State>,
+    /// Where the timed winners are kept across starts (`None`: not kept).
+    tuning_file: Option<TuningFile>,
+    /// Shapes timed since start (the rest took a stored or earlier winner).
+    tunings: AtomicUsize,
 }
 
 // SAFETY: the handle and plan descriptors are used only under `state`'s lock or by `&self` calls that
@@ -128,21 +135,54 @@ impl Drop for Blas {
 }
 
 impl Blas {
-    pub fn new(stream: Arc<CudaStream>) -> KernelResult<Self> {
+    /// A handle and workspace on `stream`; the winners stored in `tuning_file` (if any) are used
+    /// instead of timing those shapes again, and new winners are added to it.
+    pub fn new(stream: Arc<CudaStream>, tuning_file: Option<TuningFile>) -> KernelResult<Self> {
         let handle = lt::create_handle().map_err(|e| blas_err("cublasLtCreate", e))?;
         // SAFETY: a plain byte buffer only cuBLASLt writes.
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
             .map_err(|e| driver_err("cuBLASLt workspace", e))?;
+        let tuned = tuning_file.as_ref().map_or_else(HashMap::new, |file| {
+            file.load()
+                .into_iter()
+                .map(|(shape, data)| (shape, sys::cublasLtMatmulAlgo_t { data }))
+                .collect()
+        });
         Ok(Self {
             handle,
             workspace,
             stream,
             state: Mutex::new(State {
                 plans: HashMap::new(),
-                tuned: HashMap::new(),
+                tuned,
                 scratch: None,
             }),
+            tuning_file,
+            tunings: AtomicUsize::new(0),
         })
+    }
+
+    /// The identity a tuning file is kept under: the same GPU model, driver and cuBLASLt, timed
+    /// the same way, make the same picks valid.
+    pub fn tuning_identity(gpu_name: &str, arch: &str) -> String {
+        let mut driver = 0;
+        // SAFETY: writes one int; the driver library is loaded (the context is open).
+        let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+        // SAFETY: a plain query of the loaded cuBLASLt.
+        let cublaslt = unsafe { sys::cublasLtGetVersion() };
+        format!(
+            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets=128-{FINE_BUCKETS_UP_TO}"
+        )
+    }
+
+    /// Shapes timed since start.
+    pub fn tunings(&self) -> usize {
+        self.tunings.load(Ordering::Relaxed)
+    }
+
+    /// The file the timed winners are kept in, if any.
+    pub fn tuning_path(&self) -> Option<&Path> {
+        self.tuning_file.as_ref().map(TuningFile::path)
     }
 
     /// Device bytes held: the workspace and the input scratch.
@@ -246,10 +286,19 @@ impl Blas {
             let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
             if !plan.tuned {
                 self.tune(plan, ptrs)?;
+                self.tunings.fetch_add(1, Ordering::Relaxed);
                 if tuned.len() >= MAX_PLANS {
                     tuned.clear();
                 }
                 tuned.insert((row_bucket(rows), in_dim, *out_dim, bf16_out), plan.algo);
+                if let Some(file) = &self.tuning_file {
+                    let words = tuned
+                        .iter()
+                        .map(|(&shape, algo)| (shape, algo.data))
+                        .collect();
+                    // A file that cannot be written costs the next start its timing, nothing else.
+                    let _ = file.store(&words);
+                }
             }
             // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
             // checked by the caller) and the workspace; all on `stream`.

@@ -22,9 +22,11 @@ pub struct CudaOptions {
     pub ordinal: usize,
     /// Toolkit root (headers, and `libnvrtc` if present); `None` = [`CudaToolkit::locate`].
     pub toolkit_root: Option<PathBuf>,
-    /// Where compiled kernels are cached; `None` = [`KernelCache::default_dir`].
+    /// Where compiled kernels and the GEMM algorithms picked by timing are cached; `None` =
+    /// [`KernelCache::default_dir`].
     pub cache_dir: Option<PathBuf>,
-    /// Compile every kernel at start-up even if cached (and do not write the cache).
+    /// Compile every kernel and time every GEMM shape at start-up even if cached (and write
+    /// nothing to the cache).
     pub no_cache: bool,
 }
 
@@ -37,6 +39,8 @@ pub(crate) struct Device {
     /// decisions need them on every call).
     pub sm_count: usize,
     pub max_smem_optin: usize,
+    /// The cache directory in use (`None` with `no_cache` or no default).
+    pub cache_dir: Option<PathBuf>,
     functions: HashMap<&'static str, CudaFunction>,
 }
 
@@ -134,6 +138,7 @@ impl Device {
             arch,
             sm_count,
             max_smem_optin,
+            cache_dir: cache.map(|c| c.dir().to_path_buf()),
             functions,
         })
     }

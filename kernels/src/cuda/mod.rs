@@ -17,6 +17,7 @@ mod libs;
 mod scratch;
 mod sources;
 mod toolkit;
+mod tuning;
 
 pub use backend::{CudaBackend, MemoryProbe};
 pub use buffers::{CudaBuf, DType};

@@ -1,0 +1,184 @@
+//! The GEMM algorithms picked by timing, kept on disk beside the compiled kernels.
+//!
+//! cuBLASLt's candidates for a shape do not all sum in the same order, and the one a start of the
+//! server keeps is whichever timed fastest then, so two starts could answer the same question a
+//! few thousandths apart. With the winners stored here, every later start on the same GPU model,
+//! driver and cuBLASLt runs exactly the algorithms of the first, without timing them again.
+//!
+//! One small text file per identity (GPU name, compute capability, driver and cuBLASLt versions,
+//! and how candidates are timed): a header line holding the identity, then one line per row
+//! bucket and shape, `rows in out bf16_out` and the algorithm's eight words in hex. A file that
+//! does not parse or belongs to another identity is ignored (and rewritten at the next tuning); an
+//! algorithm cuBLASLt no longer accepts for a shape is timed again, as if it were missing.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+/// A tuning key: (row bucket, in_dim, out_dim, bf16 output).
+pub(crate) type BucketShape = (usize, usize, usize, bool);
+/// An algorithm as cuBLASLt stores it (`cublasLtMatmulAlgo_t`'s opaque words).
+pub(crate) type AlgoWords = [u64; 8];
+
+const HEADER: &str = "instinct gemm tuning v1";
+
+/// Where one identity's tuning results live.
+#[derive(Clone, Debug)]
+pub(crate) struct TuningFile {
+    path: PathBuf,
+    identity: String,
+}
+
+impl TuningFile {
+    /// The file for `identity` in `dir` (named by a hash of the identity, which the file repeats
+    /// in full, so a hash collision reads as a mismatch, not as another GPU's results).
+    pub fn new(dir: &Path, identity: &str) -> Self {
+        let mut hasher = DefaultHasher::new();
+        identity.hash(&mut hasher);
+        Self {
+            path: dir.join(format!("gemm-tuning-{:016x}.txt", hasher.finish())),
+            identity: identity.replace('\n', " "),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The stored results; empty when there is no file, or it is damaged or another identity's.
+    pub fn load(&self) -> HashMap<BucketShape, AlgoWords> {
+        fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|text| self.parse(&text))
+            .unwrap_or_default()
+    }
+
+    fn parse(&self, text: &str) -> Option<HashMap<BucketShape, AlgoWords>> {
+        let mut lines = text.lines();
+        if lines.next()? != format!("{HEADER} {}", self.identity) {
+            return None;
+        }
+        let mut map = HashMap::new();
+        for line in lines {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [rows, in_dim, out_dim, bf16_out, words @ ..] = fields.as_slice() else {
+                return None;
+            };
+            if words.len() != 8 {
+                return None;
+            }
+            let mut algo = [0u64; 8];
+            for (word, text) in algo.iter_mut().zip(words) {
+                *word = u64::from_str_radix(text, 16).ok()?;
+            }
+            let bf16_out = match *bf16_out {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            };
+            let shape = (
+                rows.parse().ok()?,
+                in_dim.parse().ok()?,
+                out_dim.parse().ok()?,
+                bf16_out,
+            );
+            map.insert(shape, algo);
+        }
+        Some(map)
+    }
+
+    /// Writes `map` (atomically: a temporary file, then a rename). Lines are sorted, so the same
+    /// results always make the same file.
+    pub fn store(&self, map: &HashMap<BucketShape, AlgoWords>) -> std::io::Result<()> {
+        let mut entries: Vec<_> = map.iter().collect();
+        entries.sort();
+        let mut text = format!("{HEADER} {}\n", self.identity);
+        for (&(rows, in_dim, out_dim, bf16_out), algo) in entries {
+            let _ = write!(text, "{rows} {in_dim} {out_dim} {}", u8::from(bf16_out));
+            for word in algo {
+                let _ = write!(text, " {word:x}");
+            }
+            text.push('\n');
+        }
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        // Unique per process and write, so concurrent servers never share a temporary file.
+        let tmp = self.path.with_extension(format!(
+            "{}.{}.tmp",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let written = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &self.path));
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "instinct-gemm-tuning-{name}-{}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn sample() -> HashMap<BucketShape, AlgoWords> {
+        let mut map = HashMap::new();
+        map.insert((768, 2560, 12352, false), [1, 2, 3, u64::MAX, 0, 5, 6, 7]);
+        map.insert((256, 2560, 18432, true), [9; 8]);
+        map
+    }
+
+    #[test]
+    fn results_round_trip_and_the_file_is_the_same_for_the_same_results() {
+        let dir = scratch_dir("roundtrip");
+        let file = TuningFile::new(&dir, "NVIDIA H200 sm_90 driver 13000 cublasLt 130000");
+        assert!(file.load().is_empty(), "no file yet");
+        file.store(&sample()).unwrap();
+        assert_eq!(file.load(), sample());
+        let first = fs::read(file.path()).unwrap();
+        file.store(&sample()).unwrap();
+        assert_eq!(fs::read(file.path()).unwrap(), first);
+        // No temporary file left behind.
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn another_identity_or_a_damaged_file_reads_as_empty() {
+        let dir = scratch_dir("mismatch");
+        let file = TuningFile::new(&dir, "gpu A");
+        file.store(&sample()).unwrap();
+        // The same file under another identity (as after a hash collision) is not used.
+        let other = TuningFile {
+            path: file.path().to_path_buf(),
+            identity: "gpu B".into(),
+        };
+        assert!(other.load().is_empty());
+        assert_ne!(TuningFile::new(&dir, "gpu B").path(), file.path());
+        // Damaged: a word that is not hex, a missing word, a truncated line.
+        let good = fs::read_to_string(file.path()).unwrap();
+        for bad in [
+            good.replacen(" 9 9", " 9 z", 1),
+            good.replacen(" 9 9", " 9", 1),
+            good.replacen(" 1 2 3", " 1", 1),
+        ] {
+            assert_ne!(bad, good);
+            fs::write(file.path(), bad).unwrap();
+            assert!(file.load().is_empty());
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
