@@ -126,9 +126,8 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     const int er = tid / (DK / 2);
 
     // ---- 1. Stage q (scaled) and k; g, β. All loads are issued before any store, so their
-    // latencies overlap. Zeros past n and past the heads. v is read in step 4, where its latency
-    // hides behind the other writes (held from here it would spill registers).
-    // Pairs load as float2 when the row layout keeps them 8-byte aligned (even widths).
+    // latencies overlap. Zeros past n and past the heads. v is loaded later (`load_v`). Pairs load
+    // as float2 when the row layout keeps them 8-byte aligned (even widths).
     const bool pairs = ((width | k_dim | v_dim) & 1) == 0;
     {
         float2 qv[PER_THREAD], kv[PER_THREAD];
