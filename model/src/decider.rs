@@ -2,6 +2,7 @@
 //! tokenizer and chat template that make those ids from a prompt.
 
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use instinct_kernels::backend::VisionBackend;
@@ -137,6 +138,11 @@ pub fn load_text_cpu(
     load_text(CpuBackend::new(), model_dir, text_adapter, limits)
 }
 
+/// Milliseconds since `t0`, for the load-phase log lines.
+fn ms_since(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
 /// Loads a snapshot (and optionally a text adapter merged at load, in f32) onto `backend`.
 pub fn load_text<B: Backend>(
     backend: B,
@@ -144,14 +150,27 @@ pub fn load_text<B: Backend>(
     text_adapter: Option<&Path>,
     limits: BatchLimits,
 ) -> Result<LoadedText<B>> {
+    // Each phase is logged with its time: loading is slow enough (seconds) that an operator
+    // should see where it goes.
+    let t0 = Instant::now();
     let snapshot = Snapshot::open(model_dir)
         .with_context(|| format!("opening snapshot {}", model_dir.display()))?;
     let mut weights = snapshot.load_text_weights()?;
+    tracing::info!(
+        values = weights.element_count(),
+        ms = ms_since(t0),
+        "text weights read (f32 on the host)"
+    );
     if let Some(dir) = text_adapter {
+        let t0 = Instant::now();
         let adapter =
             LoraAdapter::open(dir).with_context(|| format!("opening adapter {}", dir.display()))?;
         let report = adapter.merge_into_text_only(&mut weights)?;
-        tracing::info!(modules = report.merged.len(), "text adapter merged");
+        tracing::info!(
+            modules = report.merged.len(),
+            ms = ms_since(t0),
+            "text adapter merged"
+        );
     }
     let tokenizer = Tokenizer::from_snapshot(model_dir)?;
     let chat = ChatTemplate::from_snapshot(model_dir)?;
@@ -159,7 +178,14 @@ pub fn load_text<B: Backend>(
     let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids)?;
     let weights_bytes = 4 * weights.element_count() as u64;
     ensure!(limits.max_tokens > 0, "max batch tokens must be positive");
+    let t0 = Instant::now();
+    let backend_name = backend.name();
     let model = TextModel::new(backend, &snapshot.config().text, &weights, limits)?;
+    tracing::info!(
+        backend = backend_name,
+        ms = ms_since(t0),
+        "weights uploaded and activations allocated"
+    );
     Ok(LoadedText {
         tokenizer,
         chat,
