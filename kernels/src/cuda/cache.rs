@@ -88,31 +88,43 @@ impl KernelCache {
 
     /// Stores `cubin` for `key` (atomically: temporary file, then rename).
     pub fn store(&self, key: &CacheKey, cubin: &[u8]) -> std::io::Result<()> {
-        fs::create_dir_all(&self.dir)?;
-        let path = self.dir.join(key.file_name());
-        // Unique per process and call, so concurrent writers never share a temporary file.
-        let tmp = self.dir.join(format!(
-            ".{}.{}.{}.tmp",
-            key.file_name(),
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        ));
-        let written = (|| {
-            let mut file = fs::File::create(&tmp)?;
+        replace_file(&self.dir.join(key.file_name()), |file| {
             file.write_all(MAGIC)?;
             file.write_all(&(key.material.len() as u64).to_le_bytes())?;
             file.write_all(&key.material)?;
             file.write_all(cubin)?;
-            file.sync_all()?;
-            fs::rename(&tmp, &path)
-        })();
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        written
+            file.sync_all()
+        })
     }
+}
+
+/// Replaces `path` (creating its directory) with what `write` puts into a fresh file, atomically:
+/// the file is written under a temporary name beside it, unique per process and call so that
+/// concurrent writers never share one, then renamed into place, so a reader sees the old file or
+/// the whole new one. On an error the temporary file is removed.
+pub(super) fn replace_file(
+    path: &Path,
+    write: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy());
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let written = fs::File::create(&tmp)
+        .and_then(|mut file| write(&mut file))
+        .and_then(|()| fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]

@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
+
+use super::cache::replace_file;
 
 /// A tuning key: (row bucket, in_dim, out_dim, bf16 output).
 pub(crate) type BucketShape = (usize, usize, usize, bool);
@@ -89,8 +92,8 @@ impl TuningFile {
         Some(map)
     }
 
-    /// Writes `map` (atomically: a temporary file, then a rename). Lines are sorted, so the same
-    /// results always make the same file.
+    /// Writes `map` (atomically: a temporary file, then a rename; not synced, it is only a
+    /// cache). Lines are sorted, so the same results always make the same file.
     pub fn store(&self, map: &HashMap<BucketShape, AlgoWords>) -> std::io::Result<()> {
         let mut entries: Vec<_> = map.iter().collect();
         entries.sort();
@@ -102,22 +105,7 @@ impl TuningFile {
             }
             text.push('\n');
         }
-        if let Some(dir) = self.path.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        // Unique per process and write, so concurrent servers never share a temporary file.
-        let tmp = self.path.with_extension(format!(
-            "{}.{}.tmp",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        ));
-        let written = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &self.path));
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        written
+        replace_file(&self.path, |file| file.write_all(text.as_bytes()))
     }
 }
 
