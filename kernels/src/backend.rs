@@ -127,6 +127,16 @@ impl Strided {
     }
 }
 
+/// Whether a projection's result replaces its output or is added to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// `y = x Wᵀ`.
+    Replace,
+    /// `y += x Wᵀ`: a block's output projection adds itself to the residual stream. On a GPU the
+    /// GEMM does the add as it writes, so no separate pass reads and rewrites the stream.
+    Add,
+}
+
 /// Partial multi-axis rotary embedding (M-RoPE) of the full-attention layers.
 ///
 /// The first `rotary_dim` values of every head rotate; the rest pass through. Rotation pairs are
@@ -312,6 +322,20 @@ pub trait Backend: Buffers {
         rows: usize,
         in_dim: usize,
         out_dim: usize,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.gemm_to(x, w, rows, in_dim, out_dim, Store::Replace, y)
+    }
+
+    /// [`Self::gemm`], replacing `y` or adding to it as `store` says.
+    fn gemm_to(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        store: Store,
         y: &mut Self::Buf,
     ) -> KernelResult<()>;
 
@@ -520,8 +544,9 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
-    /// Gated RMSNorm then a projection: `y = g Wᵀ` with `g = gated_rms_norm(x, z)` (as
-    /// [`Self::gated_rms_norm`]) and the GEMM over `rows` rows of `heads·dim`. `x` may be left
+    /// Gated RMSNorm then a projection: `y = g Wᵀ` (or `y += g Wᵀ`, as `store` says) with
+    /// `g = gated_rms_norm(x, z)` (as [`Self::gated_rms_norm`]) and the GEMM over `rows` rows of
+    /// `heads·dim`. `x` may be left
     /// normalised in place, or untouched by a backend that feeds the normalised values straight
     /// into its GEMM.
     fn gated_rms_norm_gemm(
@@ -536,13 +561,15 @@ pub trait Backend: Buffers {
         eps: f32,
         w: &Self::Buf,
         out_dim: usize,
+        store: Store,
         y: &mut Self::Buf,
     ) -> KernelResult<()> {
         self.gated_rms_norm(x, z, z_at, norm_weight, rows, heads, dim, eps)?;
-        self.gemm(x, w, rows, heads * dim, out_dim, y)
+        self.gemm_to(x, w, rows, heads * dim, out_dim, store, y)
     }
 
-    /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ`, `gate_up: [rows, 2·inter]`,
+    /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ` (or `+=`, as `store` says),
+    /// `gate_up: [rows, 2·inter]`,
     /// `w: [out_dim, inter]`. `act` (`[rows, inter]`) may receive the SwiGLU output; a backend that
     /// feeds it straight into its GEMM leaves `act` untouched.
     fn swiglu_gemm(
@@ -553,10 +580,11 @@ pub trait Backend: Buffers {
         w: &Self::Buf,
         out_dim: usize,
         act: &mut Self::Buf,
+        store: Store,
         y: &mut Self::Buf,
     ) -> KernelResult<()> {
         self.swiglu(gate_up, rows, inter, act)?;
-        self.gemm(act, w, rows, inter, out_dim, y)
+        self.gemm_to(act, w, rows, inter, out_dim, store, y)
     }
 
     /// `out[s] = x[cu_seqlens[s + 1] − 1]` (each sequence's last row), `[num_seqs, dim]`.

@@ -7,7 +7,7 @@ pub mod cuda;
 pub mod error;
 
 pub use backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Store,
     Strided, Varlen,
 };
 pub use cpu::CpuBackend;

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
 use instinct_kernels::{
-    AttentionDims, Backend, DeltaDims, DeltaState, HeadLayout, Rope, Strided, Varlen,
+    AttentionDims, Backend, DeltaDims, DeltaState, HeadLayout, Rope, Store, Strided, Varlen,
 };
 
 const HIDDEN: usize = 2560;
@@ -113,7 +113,6 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let mut normed = gpu.alloc_gemm_input(rows * HIDDEN).unwrap();
     gpu.write(&mut normed, &vec![0.5; rows * HIDDEN]).unwrap();
     let mut residual = filled(gpu, rows * HIDDEN, 0.1);
-    let mut out_h = gpu.alloc(rows * HIDDEN).unwrap();
     let mut proj = gpu.alloc(rows * (2 * INTER).max(in_w)).unwrap();
     let mut beta = filled(gpu, rows * hv, 0.3);
     let mut decay = filled(gpu, rows * hv, -0.1);
@@ -194,11 +193,12 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
             1e-6,
             &w_out,
             HIDDEN,
-            &mut out_h,
+            Store::Add,
+            &mut residual,
         )
         .unwrap()
     });
-    row("gated norm + out_proj GEMM", DELTA_LAYERS, t);
+    row("gated norm + out_proj GEMM (+=)", DELTA_LAYERS, t);
 
     let t = time(gpu, runs, || {
         gpu.gemm_shared_input(
@@ -247,43 +247,45 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     });
     row("flash attention", ATTN_LAYERS, t);
     let t = time(gpu, runs, || {
-        gpu.gemm(
+        gpu.gemm_to(
             &core,
             &w_o,
             rows,
             ATTN.q_heads * ATTN.head_dim,
             HIDDEN,
-            &mut out_h,
+            Store::Add,
+            &mut residual,
         )
         .unwrap()
     });
-    row("attention o_proj GEMM", ATTN_LAYERS, t);
+    row("attention o_proj GEMM (+=)", ATTN_LAYERS, t);
 
     let layers = DELTA_LAYERS + ATTN_LAYERS;
     let mut normed_out = gpu.alloc_gemm_input(rows * HIDDEN).unwrap();
     let t = time(gpu, runs, || {
-        gpu.add_rms_norm(
-            &mut residual,
-            &out_h,
-            &norm_w,
-            rows,
-            HIDDEN,
-            1e-6,
-            &mut normed_out,
-        )
-        .unwrap()
+        gpu.rms_norm(&residual, &norm_w, rows, HIDDEN, 1e-6, &mut normed_out)
+            .unwrap()
     });
-    row("add + rms norm", 2 * layers, t);
+    row("rms norm", 2 * layers, t);
     let t = time(gpu, runs, || {
         gpu.gemm(&normed, &w_gate_up, rows, HIDDEN, 2 * INTER, &mut proj)
             .unwrap()
     });
     row("mlp gate|up GEMM", layers, t);
     let t = time(gpu, runs, || {
-        gpu.swiglu_gemm(&proj, rows, INTER, &w_down, HIDDEN, &mut core, &mut out_h)
-            .unwrap()
+        gpu.swiglu_gemm(
+            &proj,
+            rows,
+            INTER,
+            &w_down,
+            HIDDEN,
+            &mut core,
+            Store::Add,
+            &mut residual,
+        )
+        .unwrap()
     });
-    row("swiglu + mlp down GEMM", layers, t);
+    row("swiglu + mlp down GEMM (+=)", layers, t);
     out
 }
 

@@ -15,7 +15,7 @@ use common::{activation, cu_of, gpu, indices, rand_vec};
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
     AttentionDims, Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, KernelError, Rope,
-    Strided, Varlen,
+    Store, Strided, Varlen,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -320,17 +320,30 @@ fn gated_rms_norm_gemm_matches_cpu() {
         let mut want = vec![0.0; rows * out_dim];
         cpu.gemm(&g, &w_h, rows, in_dim, out_dim, &mut want)
             .unwrap();
-        for z_at in layouts(in_dim) {
+        // Added to, the output starts from values of the size of a residual stream.
+        let y0 = rand_vec(&mut rng, rows * out_dim, 1.0);
+        let want_added: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + b).collect();
+        for (z_at, store) in layouts(in_dim)
+            .into_iter()
+            .zip([Store::Replace, Store::Add])
+        {
             let mut x_d = activation(&gpu, &x, 0);
             let z_d = activation(&gpu, &strided(&z, rows, in_dim, z_at), 0);
-            let mut y = gpu.alloc(rows * out_dim).unwrap();
+            let mut y = activation(&gpu, &y0, 0);
             gpu.gated_rms_norm_gemm(
-                &mut x_d, &z_d, z_at, &nw_d, rows, heads, dim, 1e-6, &w_d, out_dim, &mut y,
+                &mut x_d, &z_d, z_at, &nw_d, rows, heads, dim, 1e-6, &w_d, out_dim, store, &mut y,
             )
             .unwrap();
-            let what = format!("gated_rms_norm_gemm {rows}x{heads}x{dim}x{out_dim} z at {z_at:?}");
+            let what = format!(
+                "gated_rms_norm_gemm {rows}x{heads}x{dim}x{out_dim} z at {z_at:?} {store:?}"
+            );
+            let want = if store == Store::Add {
+                &want_added
+            } else {
+                &want
+            };
             // An f32 ulp can flip one bf16 rounding: allow a few such flips.
-            assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 1e-3, &what);
+            assert_close(&gpu.read(&y, rows * out_dim).unwrap(), want, 1e-3, &what);
         }
         // A z one value short of its last row is refused.
         let z_at = layouts(in_dim)[1];
@@ -340,7 +353,18 @@ fn gated_rms_norm_gemm_matches_cpu() {
         let mut y = gpu.alloc(rows * out_dim).unwrap();
         let err = gpu
             .gated_rms_norm_gemm(
-                &mut x_d, &z_d, z_at, &nw_d, rows, heads, dim, 1e-6, &w_d, out_dim, &mut y,
+                &mut x_d,
+                &z_d,
+                z_at,
+                &nw_d,
+                rows,
+                heads,
+                dim,
+                1e-6,
+                &w_d,
+                out_dim,
+                Store::Replace,
+                &mut y,
             )
             .unwrap_err();
         assert!(matches!(err, KernelError::Invalid { .. }), "{err}");
@@ -807,14 +831,23 @@ fn swiglu_gemm_matches_cpu() {
             .unwrap();
         let gate_up_d = activation(&gpu, &gate_up, 0);
         let mut act_d = gpu.alloc(rows * inter).unwrap();
-        let mut y = gpu.alloc(rows * out_dim).unwrap();
-        gpu.swiglu_gemm(&gate_up_d, rows, inter, &w_d, out_dim, &mut act_d, &mut y)
+        let y0 = rand_vec(&mut rng, rows * out_dim, 1.0);
+        for store in [Store::Replace, Store::Add] {
+            let mut y = activation(&gpu, &y0, 0);
+            gpu.swiglu_gemm(
+                &gate_up_d, rows, inter, &w_d, out_dim, &mut act_d, store, &mut y,
+            )
             .unwrap();
-        let what = format!("swiglu_gemm {rows}x{inter}x{out_dim}");
-        // The odd shape may take the f32 fallback: bf16 rounding of the activation then differs.
-        // An f32 ulp in SiLU can flip one bf16 rounding: allow a few such flips.
-        let tol = if inter % 8 == 0 { 1e-3 } else { 1e-2 };
-        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, tol, &what);
+            let what = format!("swiglu_gemm {rows}x{inter}x{out_dim} {store:?}");
+            let want: Vec<f32> = match store {
+                Store::Replace => want.clone(),
+                Store::Add => y0.iter().zip(&want).map(|(a, b)| a + b).collect(),
+            };
+            // The odd shape may take the f32 fallback: bf16 rounding of the activation then
+            // differs. An f32 ulp in SiLU can flip one bf16 rounding: allow a few such flips.
+            let tol = if inter % 8 == 0 { 1e-3 } else { 1e-2 };
+            assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, tol, &what);
+        }
     }
 }
 
@@ -861,8 +894,17 @@ fn gemm_into_bf16_then_swiglu_matches_cpu() {
         assert_close(&gpu.read(&act_d, rows * inter).unwrap(), &act, 3e-2, &what);
 
         let mut y = gpu.alloc(rows * out_dim).unwrap();
-        gpu.swiglu_gemm(&gate_up_d, rows, inter, &w_d, out_dim, &mut act_d, &mut y)
-            .unwrap();
+        gpu.swiglu_gemm(
+            &gate_up_d,
+            rows,
+            inter,
+            &w_d,
+            out_dim,
+            &mut act_d,
+            Store::Replace,
+            &mut y,
+        )
+        .unwrap();
         let what = format!("swiglu_gemm from bf16 {rows}x{inter}x{out_dim}");
         assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 2e-2, &what);
     }
@@ -927,7 +969,27 @@ fn gemm_matches_cpu_on_odd_sizes() {
         gpu.gemm(&x_d, &w_d, rows, in_dim, out_dim, &mut y).unwrap();
         let what = format!("gemm {rows}x{in_dim}x{out_dim}");
         assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 1e-4, &what);
+
+        // Added to a residual-like y, twice (the second time the shape's plan and tuning exist):
+        // y0 + 2·x Wᵀ, the adds done by the GEMM in place.
+        let y0 = rand_vec(&mut rng, rows * out_dim, 1.0);
+        let mut y = activation(&gpu, &y0, 0);
+        for _ in 0..2 {
+            gpu.gemm_to(&x_d, &w_d, rows, in_dim, out_dim, Store::Add, &mut y)
+                .unwrap();
+        }
+        let twice: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + 2.0 * b).collect();
+        let what = format!("gemm += twice {rows}x{in_dim}x{out_dim}");
+        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &twice, 1e-4, &what);
     }
+    // Only an f32 output can be added to.
+    let x_d = activation(&gpu, &bf16_round(&rand_vec(&mut rng, 4 * 64, 1.0)), 0);
+    let (_, w_d) = weight(&gpu, &mut rng, 64 * 64, 0.1);
+    let mut y = gpu.alloc_gemm_input(4 * 64).unwrap();
+    let err = gpu
+        .gemm_to(&x_d, &w_d, 4, 64, 64, Store::Add, &mut y)
+        .unwrap_err();
+    assert!(matches!(err, KernelError::Invalid { .. }), "{err}");
 }
 
 #[test]

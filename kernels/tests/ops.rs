@@ -1,7 +1,9 @@
 //! Each CPU op against a direct formula, plus the structural properties the model relies on
 //! (causality, packing, carried conv window, RoPE relativity).
 
-use instinct_kernels::{AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Strided, Varlen};
+use instinct_kernels::{
+    AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Store, Strided, Varlen,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -92,6 +94,34 @@ fn gemm_matches_naive_on_odd_sizes() {
     assert!(cpu
         .gemm(&vec![0.0; 5], &vec![0.0; 6], 2, 3, 2, &mut y)
         .is_err());
+}
+
+/// `Store::Add` is the GEMM then `y += product`, bit for bit (the residual add the forward pass
+/// used to do separately); with no input columns it leaves `y` as it is.
+#[test]
+fn gemm_adding_to_y_is_the_gemm_then_the_add() {
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(3);
+    for (rows, k, n) in [(1, 1, 1), (3, 17, 5), (37, 64, 129), (8, 300, 33)] {
+        let x = rand_vec(&mut rng, rows * k);
+        let w = rand_vec(&mut rng, n * k);
+        let y0 = rand_vec(&mut rng, rows * n);
+        let mut product = vec![0.0; rows * n];
+        cpu.gemm(&x, &w, rows, k, n, &mut product).unwrap();
+        let want: Vec<u32> = y0
+            .iter()
+            .zip(&product)
+            .map(|(a, b)| (a + b).to_bits())
+            .collect();
+        let mut y = y0.clone();
+        cpu.gemm_to(&x, &w, rows, k, n, Store::Add, &mut y).unwrap();
+        let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{rows}x{k}x{n}");
+    }
+    let mut y = vec![1.5; 4];
+    cpu.gemm_to(&vec![], &vec![], 2, 0, 2, Store::Add, &mut y)
+        .unwrap();
+    assert_eq!(y, [1.5; 4]);
 }
 
 #[test]
@@ -701,7 +731,18 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
         let mut x2 = core.clone();
         let mut y = vec![f32::NAN; rows * hidden];
         cpu.gated_rms_norm_gemm(
-            &mut x2, z, z_at, &norm_w, rows, heads, dim, 1e-6, &out_w, hidden, &mut y,
+            &mut x2,
+            z,
+            z_at,
+            &norm_w,
+            rows,
+            heads,
+            dim,
+            1e-6,
+            &out_w,
+            hidden,
+            Store::Replace,
+            &mut y,
         )
         .unwrap();
         (x, y)

@@ -10,7 +10,8 @@
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use instinct_kernels::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, Rope, Strided, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, Rope, Store, Strided,
+    Varlen,
 };
 
 use crate::config::{LayerKind, TextConfig};
@@ -239,13 +240,12 @@ struct Workspace<B: Buffers> {
     ids: B::Idx,
     positions: B::Idx,
     cu_seqlens: B::Idx,
-    /// Residual stream `[T, hidden]`.
+    /// Residual stream `[T, hidden]`; each sub-block's output projection adds itself to it
+    /// (`Store::Add`).
     residual: B::Buf,
     /// Normed input of the current sub-block `[T, hidden]`, read only by GEMMs (from
     /// `alloc_gemm_input`: bf16 on a GPU).
     normed: B::Buf,
-    /// Output of the current sub-block `[T, hidden]`.
-    block_out: B::Buf,
     /// Widest mixer projection: DeltaNet qkv|z|b|a or attention q|gate; at the end, the
     /// final-normed hidden states.
     proj: B::Buf,
@@ -262,7 +262,8 @@ struct Workspace<B: Buffers> {
     v: B::Buf,
     /// Mixer core output or MLP activation.
     core: B::Buf,
-    /// Final hidden state at each sequence's last position `[S, hidden]`.
+    /// The residual stream at each sequence's last position `[S, hidden]`, for the last layer
+    /// after its mixer.
     last: B::Buf,
 }
 
@@ -431,7 +432,6 @@ impl<B: Backend> TextModel<B> {
             normed: backend
                 .alloc_gemm_input(t * d.hidden)
                 .map_err(|e| anyhow!(e))?,
-            block_out: f(d.hidden)?,
             proj: f(proj_w)?,
             gate_up: backend
                 .alloc_gemm_input(t * 2 * d.inter)
@@ -536,45 +536,35 @@ impl<B: Backend> TextModel<B> {
         for i in 0..layers.len() {
             let layer = &layers[i];
             // The answer reads each sequence's last position only, so after the last layer's
-            // mixer (whose attention already computes just those rows) the rest of the layer runs
-            // on one row per sequence: `ws.last` holds their residual rows.
+            // mixer the rest of the layer runs on one row per sequence, whose residual rows
+            // `ws.last` holds. An attention mixer there computes just those rows, adding them
+            // to `ws.last` (gathered first); a DeltaNet mixer runs on every row.
             let last = i == last_layer;
-            let compact_mixer = match &layer.mixer {
-                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, n, rows).map(|()| false),
-                MixerBufs::Full(w) => Self::attention(be, d, w, ws, n, rows, last).map(|()| last),
-            }
-            .with_context(|| format!("layer {i} mixer"))?;
-            let m = if last { n } else { rows };
-            if last {
+            let compact_mixer = last && matches!(layer.mixer, MixerBufs::Full(_));
+            let gather_last = |ws: &mut Workspace<B>| {
                 let batch = Varlen {
                     cu_seqlens: &ws.cu_seqlens,
                     num_seqs: n,
                     rows,
                 };
                 be.gather_last(&ws.residual, batch, h, &mut ws.last)
-                    .map_err(e)?;
-                if !compact_mixer {
-                    be.gather_last(&ws.block_out, batch, h, &mut ws.core)
-                        .map_err(e)?;
-                }
-            }
-            let residual = if last { &mut ws.last } else { &mut ws.residual };
-            let mixer_out = if last && !compact_mixer {
-                &ws.core
-            } else {
-                &ws.block_out
             };
-            be.add_rms_norm(
-                &mut *residual,
-                mixer_out,
-                &layer.post_norm,
-                m,
-                h,
-                d.eps,
-                &mut ws.normed,
-            )
-            .map_err(e)?;
-            // SwiGLU MLP.
+            if compact_mixer {
+                gather_last(ws).map_err(e)?;
+            }
+            match &layer.mixer {
+                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, n, rows),
+                MixerBufs::Full(w) => Self::attention(be, d, w, ws, n, rows, compact_mixer),
+            }
+            .with_context(|| format!("layer {i} mixer"))?;
+            if last && !compact_mixer {
+                gather_last(ws).map_err(e)?;
+            }
+            let m = if last { n } else { rows };
+            let residual = if last { &mut ws.last } else { &mut ws.residual };
+            be.rms_norm(residual, &layer.post_norm, m, h, d.eps, &mut ws.normed)
+                .map_err(e)?;
+            // SwiGLU MLP, its down projection added to the residual stream.
             be.gemm(
                 &ws.normed,
                 &layer.gate_up,
@@ -591,7 +581,8 @@ impl<B: Backend> TextModel<B> {
                 &layer.down,
                 h,
                 &mut ws.core,
-                &mut ws.block_out,
+                Store::Add,
+                residual,
             )
             .map_err(e)?;
             // The next layer's input norm feeds only GEMMs (`normed` may be bf16); the final
@@ -600,7 +591,7 @@ impl<B: Backend> TextModel<B> {
                 Some(next) => (&next.input_norm, &mut ws.normed),
                 None => (&*final_norm, &mut ws.proj),
             };
-            be.add_rms_norm(residual, &ws.block_out, next_norm, m, h, d.eps, out)
+            be.rms_norm(residual, next_norm, m, h, d.eps, out)
                 .map_err(e)?;
         }
         // `proj` holds the final-normed last rows, one per sequence.
@@ -714,7 +705,7 @@ impl<B: Backend> TextModel<B> {
         Ok((seqs.len(), rows))
     }
 
-    /// Gated DeltaNet: `normed` → `block_out`.
+    /// Gated DeltaNet: `normed` → added to `residual`.
     fn delta_net(
         be: &B,
         d: &Dims,
@@ -791,14 +782,15 @@ impl<B: Backend> TextModel<B> {
             d.eps,
             &w.out_proj,
             h,
-            &mut ws.block_out,
+            Store::Add,
+            &mut ws.residual,
         )
         .map_err(e)?;
         Ok(())
     }
 
-    /// Gated full attention: `normed` → `block_out`; with `last_only`, each sequence's last row
-    /// only (`block_out[s]`).
+    /// Gated full attention: `normed` → added to `residual`; with `last_only`, each sequence's last
+    /// row only, added to `last[s]`.
     fn attention(
         be: &B,
         d: &Dims,
@@ -845,13 +837,19 @@ impl<B: Backend> TextModel<B> {
                 .map_err(e)?;
             rows
         };
-        be.gemm(
+        let residual = if last_only {
+            &mut ws.last
+        } else {
+            &mut ws.residual
+        };
+        be.gemm_to(
             &ws.core,
             &w.o_proj,
             out_rows,
             d.attn_out_width(),
             h,
-            &mut ws.block_out,
+            Store::Add,
+            residual,
         )
         .map_err(e)?;
         Ok(())

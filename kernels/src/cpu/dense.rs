@@ -1,7 +1,7 @@
 //! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
 
 use super::{check_layout, check_len, seq_ranges, sigmoid, silu};
-use crate::backend::{HeadLayout, KernelResult, Strided, Varlen};
+use crate::backend::{HeadLayout, KernelResult, Store, Strided, Varlen};
 use crate::error::KernelError;
 
 pub(super) fn embedding(
@@ -92,6 +92,7 @@ pub(super) fn gemm(
     rows: usize,
     in_dim: usize,
     out_dim: usize,
+    store: Store,
     y: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "gemm";
@@ -99,6 +100,16 @@ pub(super) fn gemm(
     check_len(OP, "w", w, out_dim * in_dim)?;
     check_len(OP, "y", y, rows * out_dim)?;
     if rows == 0 || out_dim == 0 {
+        return Ok(());
+    }
+    if store == Store::Add {
+        // The product first, then the add: the same bits as a separate residual add
+        // (matrixmultiply's own β = 1 adds each block of the depth in turn, another rounding).
+        let mut product = vec![0.0; rows * out_dim];
+        gemm(x, w, rows, in_dim, out_dim, Store::Replace, &mut product)?;
+        for (y, p) in y.iter_mut().zip(product) {
+            *y += p;
+        }
         return Ok(());
     }
     if in_dim == 0 {

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use crate::backend::{
     AttentionDims, Backend, Buffers, DeltaDims, DeltaState, Gelu, HeadLayout, KernelResult, Rope,
-    Strided, Varlen, VisionBackend,
+    Store, Strided, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -190,16 +190,17 @@ impl Backend for CpuBackend {
         dense::add_rms_norm(residual, delta, weight, rows, dim, eps, out)
     }
 
-    fn gemm(
+    fn gemm_to(
         &self,
         x: &Vec<f32>,
         w: &Vec<f32>,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
+        store: Store,
         y: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        dense::gemm(x, w, rows, in_dim, out_dim, y)
+        dense::gemm(x, w, rows, in_dim, out_dim, store, y)
     }
 
     fn head_rms_norm(

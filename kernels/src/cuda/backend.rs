@@ -17,7 +17,7 @@ use super::flash::FlashScratchSlot;
 use super::tuning::TuningFile;
 use crate::backend::{
     conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaState,
-    HeadLayout, KernelResult, Rope, Strided, Varlen,
+    HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
 };
 use crate::error::KernelError;
 
@@ -699,28 +699,42 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn gemm(
+    fn gemm_to(
         &self,
         x: &CudaBuf,
         w: &CudaBuf,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
+        store: Store,
         y: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "gemm";
         let x = gemm_input(OP, x, rows * in_dim)?;
         let w = weight(OP, "w", w, out_dim * in_dim)?;
         let y = out_buf(OP, "y", y, rows * out_dim)?;
-        if rows == 0 || out_dim == 0 {
+        if rows == 0 || out_dim == 0 || (in_dim == 0 && store == Store::Add) {
             return Ok(());
         }
-        // A bf16 `y` (from alloc_gemm_input) gets cuBLASLt's bf16 output; only f32 has a fallback.
+        // A bf16 `y` (from alloc_gemm_input) gets cuBLASLt's bf16 output; only f32 has a fallback,
+        // and only f32 can be added to.
         let y = match y {
             OutBuf::F32(y) => y,
+            OutBuf::Bf16(_) if store == Store::Add => {
+                return Err(KernelError::invalid(
+                    OP,
+                    "y must be f32 to be added to (bf16 GEMM outputs are replaced only)",
+                ));
+            }
             OutBuf::Bf16(y) => {
                 if in_dim > 0
-                    && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, OutBuf::Bf16(y))])?
+                    && self.blas_gemm(
+                        x,
+                        rows,
+                        in_dim,
+                        &mut [(w, out_dim, OutBuf::Bf16(y))],
+                        store,
+                    )?
                 {
                     return Ok(());
                 }
@@ -733,10 +747,12 @@ impl Backend for CudaBackend {
                 ));
             }
         };
-        if in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, OutBuf::F32(y))])? {
+        if in_dim > 0
+            && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, OutBuf::F32(y))], store)?
+        {
             return Ok(());
         }
-        self.tiled_gemm(x, w, rows, in_dim, out_dim, y)
+        self.tiled_gemm(x, w, rows, in_dim, out_dim, store, y)
     }
 
     fn gemm_shared_input(
@@ -760,12 +776,14 @@ impl Backend for CudaBackend {
             .iter_mut()
             .map(|(w, out_dim, y)| (*w, *out_dim, OutBuf::F32(y)))
             .collect();
-        if outs.is_empty() || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut outs)?) {
+        if outs.is_empty()
+            || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut outs, Store::Replace)?)
+        {
             return Ok(());
         }
         drop(outs);
         for (w, out_dim, y) in checked {
-            self.tiled_gemm(x, w, rows, in_dim, out_dim, y)?;
+            self.tiled_gemm(x, w, rows, in_dim, out_dim, Store::Replace, y)?;
         }
         Ok(())
     }
@@ -1235,6 +1253,7 @@ impl Backend for CudaBackend {
         eps: f32,
         w_buf: &CudaBuf,
         out_dim: usize,
+        store: Store,
         y_buf: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "gated_rms_norm_gemm";
@@ -1274,15 +1293,19 @@ impl Backend for CudaBackend {
         };
         let input = GemmInput::Convert(convert);
         if in_dim > 0
-            && self
-                .blas
-                .gemm_many(rows, in_dim, &mut [(w, out_dim, OutBuf::F32(y))], input)?
+            && self.blas.gemm_many(
+                rows,
+                in_dim,
+                &mut [(w, out_dim, OutBuf::F32(y))],
+                store,
+                input,
+            )?
         {
             return Ok(());
         }
         // No cuBLASLt plan for the shape: the two-step form.
         self.gated_rms_norm(x_buf, z_buf, z_at, norm_buf, rows, heads, dim, eps)?;
-        self.gemm(x_buf, w_buf, rows, in_dim, out_dim, y_buf)
+        self.gemm_to(x_buf, w_buf, rows, in_dim, out_dim, store, y_buf)
     }
 
     fn swiglu_gemm(
@@ -1293,6 +1316,7 @@ impl Backend for CudaBackend {
         w_buf: &CudaBuf,
         out_dim: usize,
         act_buf: &mut CudaBuf,
+        store: Store,
         y_buf: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "swiglu_gemm";
@@ -1327,6 +1351,7 @@ impl Backend for CudaBackend {
                 rows,
                 inter,
                 &mut [(w, out_dim, OutBuf::F32(y))],
+                store,
                 GemmInput::Convert(convert),
             )?
         {
@@ -1334,7 +1359,7 @@ impl Backend for CudaBackend {
         }
         // No cuBLASLt plan for the shape: the two-step form.
         self.swiglu(gate_up, rows, inter, act_buf)?;
-        self.gemm(act_buf, w_buf, rows, inter, out_dim, y_buf)
+        self.gemm_to(act_buf, w_buf, rows, inter, out_dim, store, y_buf)
     }
 
     fn gather_last(
@@ -1387,22 +1412,24 @@ impl CudaBackend {
         rows: usize,
         in_dim: usize,
         outputs: &mut [(&CudaSlice<bf16>, usize, OutBuf<'_>)],
+        store: Store,
     ) -> KernelResult<bool> {
         match x {
             CudaBuf::F32(x) => {
                 let convert =
                     |x_bf16: &mut CudaSlice<bf16>| self.round_to_bf16(x, rows * in_dim, x_bf16);
                 self.blas
-                    .gemm_many(rows, in_dim, outputs, GemmInput::Convert(convert))
+                    .gemm_many(rows, in_dim, outputs, store, GemmInput::Convert(convert))
             }
             CudaBuf::Bf16(x) => {
                 let ready = GemmInput::<fn(&mut CudaSlice<bf16>) -> KernelResult<()>>::Ready(x);
-                self.blas.gemm_many(rows, in_dim, outputs, ready)
+                self.blas.gemm_many(rows, in_dim, outputs, store, ready)
             }
         }
     }
 
     /// The shared-memory tiled GEMM (an f32 `x` is used unrounded): for shapes cuBLASLt refuses.
+    #[allow(clippy::too_many_arguments)]
     fn tiled_gemm(
         &self,
         x: &CudaBuf,
@@ -1410,9 +1437,11 @@ impl CudaBackend {
         rows: usize,
         in_dim: usize,
         out_dim: usize,
+        store: Store,
         y: &mut CudaSlice<f32>,
     ) -> KernelResult<()> {
         const OP: &str = "gemm";
+        let add = i32::from(store == Store::Add);
         let rows_a = to_i32(OP, "rows", rows)?;
         let in_a = to_i32(OP, "in_dim", in_dim)?;
         let out_a = to_i32(OP, "out_dim", out_dim)?;
@@ -1437,7 +1466,13 @@ impl CudaBackend {
             CudaBuf::F32(x) => launch.arg(x),
             CudaBuf::Bf16(x) => launch.arg(x),
         };
-        launch.arg(w).arg(y).arg(&rows_a).arg(&in_a).arg(&out_a);
+        launch
+            .arg(w)
+            .arg(y)
+            .arg(&rows_a)
+            .arg(&in_a)
+            .arg(&out_a)
+            .arg(&add);
         // SAFETY: argument types match the kernel; lengths checked above.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         Ok(())

@@ -1,5 +1,6 @@
 //! GEMMs through cuBLASLt: bf16 operands, f32 accumulation, f32 output (or bf16, for an output
-//! whose only reader rounds it to bf16 anyway: the MLP's gate|up, read by SwiGLU).
+//! whose only reader rounds it to bf16 anyway: the MLP's gate|up, read by SwiGLU). An f32 output
+//! may instead be added to (`Store::Add`: the residual stream, in place, by the GEMM's epilogue).
 //!
 //! Activations are f32 in this backend, so `y = x Wᵀ` first rounds `x` to bf16 into a scratch
 //! buffer (as a bf16 model's activations are), then runs one cuBLASLt matmul against the bf16
@@ -21,7 +22,7 @@ use half::bf16;
 use super::buffers::OutBuf;
 use super::device::driver_err;
 use super::tuning::TuningFile;
-use crate::backend::KernelResult;
+use crate::backend::{KernelResult, Store};
 use crate::error::KernelError;
 
 /// cuBLASLt's recommended workspace on Hopper (also enough elsewhere).
@@ -73,8 +74,8 @@ impl Drop for Plan {
     }
 }
 
-/// Shape key: (rows, in_dim, out_dim, bf16 output).
-type Shape = (usize, usize, usize, bool);
+/// Shape key: (rows, in_dim, out_dim, bf16 output, adds to the output).
+type Shape = (usize, usize, usize, bool, bool);
 
 /// Row buckets are multiples of this from 128 to `FINE_BUCKETS_UP_TO` rows.
 const BUCKET_STEP: usize = 128;
@@ -215,9 +216,10 @@ impl Blas {
         Ok(state.scratch.as_mut().expect("just set"))
     }
 
-    /// `yᵢ = x Wᵢᵀ` for every `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same bf16 `x`:
-    /// given ready, or written once into the scratch by a `Convert` producer (which must write
-    /// `rows·in_dim` values into the slice it gets).
+    /// `yᵢ = x Wᵢᵀ` (or `yᵢ += x Wᵢᵀ`, as `store` says: f32 outputs only) for every
+    /// `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same bf16 `x`: given ready, or written
+    /// once into the scratch by a `Convert` producer (which must write `rows·in_dim` values into
+    /// the slice it gets).
     /// Returns `false` (and does nothing) when cuBLASLt has no algorithm for one of the shapes (odd
     /// leading dimensions), so the caller can fall back. Conversion and matmuls run under one lock,
     /// so concurrent callers never share the scratch buffer.
@@ -226,19 +228,27 @@ impl Blas {
         rows: usize,
         in_dim: usize,
         outputs: &mut [(&CudaSlice<bf16>, usize, OutBuf<'_>)],
+        store: Store,
         input: GemmInput<'_, impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>>,
     ) -> KernelResult<bool> {
         const OP: &str = "gemm";
+        let add = store == Store::Add;
         let mut state = self.state.lock().expect("blas state");
         for (_, out_dim, y) in outputs.iter_mut() {
             let (out_dim, bf16_out) = (*out_dim, y.is_bf16());
-            let key = (rows, in_dim, out_dim, bf16_out);
+            if add && bf16_out {
+                return Err(KernelError::invalid(
+                    OP,
+                    "only an f32 output can be added to",
+                ));
+            }
+            let key = (rows, in_dim, out_dim, bf16_out, add);
             if !state.plans.contains_key(&key) {
                 if state.plans.len() >= MAX_PLANS {
                     state.plans.clear();
                 }
                 let mut plan = self.plan(rows, in_dim, out_dim, bf16_out)?;
-                let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out);
+                let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);
                 if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
                     // The bucket's winner, if cuBLASLt accepts it for this exact shape.
                     if self.accepts(plan, algo) {
@@ -275,7 +285,7 @@ impl Blas {
         for (w, out_dim, y) in outputs.iter_mut() {
             let bf16_out = y.is_bf16();
             let plan = plans
-                .get_mut(&(rows, in_dim, *out_dim, bf16_out))
+                .get_mut(&(rows, in_dim, *out_dim, bf16_out, add))
                 .and_then(Option::as_mut)
                 .expect("checked above");
             let (w_ptr, _w_rec) = w.device_ptr(stream);
@@ -285,12 +295,15 @@ impl Blas {
             };
             let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
             if !plan.tuned {
-                self.tune(plan, ptrs)?;
+                self.tune(plan, ptrs, rows * *out_dim, store)?;
                 self.tunings.fetch_add(1, Ordering::Relaxed);
                 if tuned.len() >= MAX_PLANS {
                     tuned.clear();
                 }
-                tuned.insert((row_bucket(rows), in_dim, *out_dim, bf16_out), plan.algo);
+                tuned.insert(
+                    (row_bucket(rows), in_dim, *out_dim, bf16_out, add),
+                    plan.algo,
+                );
                 if let Some(file) = &self.tuning_file {
                     let words = tuned
                         .iter()
@@ -302,12 +315,13 @@ impl Blas {
             }
             // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
             // checked by the caller) and the workspace; all on `stream`.
-            unsafe { self.run(plan, &plan.algo, ptrs) }.map_err(|e| blas_err(OP, e))?;
+            unsafe { self.run(plan, &plan.algo, ptrs, store) }.map_err(|e| blas_err(OP, e))?;
         }
         Ok(true)
     }
 
-    /// One matmul with `algo`: `y = x Wᵀ` over `[w, x, y, workspace]` device pointers.
+    /// One matmul with `algo`: `y = x Wᵀ` (or `y += x Wᵀ`, in place: cuBLASLt reads C and writes
+    /// D at the same address with the same layout) over `[w, x, y, workspace]` device pointers.
     ///
     /// # Safety
     /// The pointers must hold the plan's shapes (and the workspace WORKSPACE_BYTES).
@@ -316,8 +330,13 @@ impl Blas {
         plan: &Plan,
         algo: &sys::cublasLtMatmulAlgo_t,
         [w, x, y, ws]: [u64; 4],
+        store: Store,
     ) -> Result<(), lt::CublasError> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let alpha = 1.0f32;
+        let beta = match store {
+            Store::Replace => 0.0f32,
+            Store::Add => 1.0,
+        };
         lt::matmul(
             self.handle,
             plan.desc,
@@ -358,15 +377,37 @@ impl Blas {
         }
     }
 
-    /// Times every candidate algorithm on the real operands and keeps the fastest. `y` is
-    /// overwritten (the caller runs the real matmul afterwards). A candidate that fails is skipped.
-    fn tune(&self, plan: &mut Plan, ptrs: [u64; 4]) -> KernelResult<()> {
+    /// Times every candidate algorithm on the real operands and keeps the fastest. A replaced `y`
+    /// is overwritten (the caller runs the real matmul afterwards); one that is added to
+    /// (`y_len` values) must keep its values, so those candidates add to a zeroed stand-in instead.
+    /// A candidate that fails is skipped.
+    fn tune(
+        &self,
+        plan: &mut Plan,
+        [w, x, y, ws]: [u64; 4],
+        y_len: usize,
+        store: Store,
+    ) -> KernelResult<()> {
         const OP: &str = "gemm tuning";
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let stand_in = match store {
+            Store::Replace => None,
+            Store::Add => Some(
+                self.stream
+                    .alloc_zeros::<f32>(y_len.max(1))
+                    .map_err(|e| driver_err(OP, e))?,
+            ),
+        };
+        let y = match &stand_in {
+            Some(buf) => buf.device_ptr(&self.stream).0,
+            None => y,
+        };
+        let ptrs = [w, x, y, ws];
         let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
         for algo in &plan.candidates {
-            // SAFETY: as in `gemm_many`: the pointers hold the plan's shapes.
-            if unsafe { self.run(plan, algo, ptrs) }.is_err() {
+            // SAFETY: as in `gemm_many`: the pointers hold the plan's shapes (the stand-in as many
+            // values as y).
+            if unsafe { self.run(plan, algo, ptrs, store) }.is_err() {
                 continue;
             }
             let start = self
@@ -376,7 +417,7 @@ impl Blas {
             let mut ok = true;
             for _ in 0..TUNING_RUNS {
                 // SAFETY: as above.
-                ok &= unsafe { self.run(plan, algo, ptrs) }.is_ok();
+                ok &= unsafe { self.run(plan, algo, ptrs, store) }.is_ok();
             }
             let end = self
                 .stream

@@ -7,7 +7,7 @@
 //!
 //! One small text file per identity (GPU name, compute capability, driver and cuBLASLt versions,
 //! and how candidates are timed): a header line holding the identity, then one line per row
-//! bucket and shape, `rows in out bf16_out` and the algorithm's eight words in hex. A file that
+//! bucket and shape, `rows in out bf16_out add` and the algorithm's eight words in hex. A file that
 //! does not parse or belongs to another identity is ignored (and rewritten at the next tuning); an
 //! algorithm cuBLASLt no longer accepts for a shape is timed again, as if it were missing.
 
@@ -20,12 +20,12 @@ use std::path::{Path, PathBuf};
 
 use super::cache::replace_file;
 
-/// A tuning key: (row bucket, in_dim, out_dim, bf16 output).
-pub(crate) type BucketShape = (usize, usize, usize, bool);
+/// A tuning key: (row bucket, in_dim, out_dim, bf16 output, adds to the output).
+pub(crate) type BucketShape = (usize, usize, usize, bool, bool);
 /// An algorithm as cuBLASLt stores it (`cublasLtMatmulAlgo_t`'s opaque words).
 pub(crate) type AlgoWords = [u64; 8];
 
-const HEADER: &str = "instinct gemm tuning v1";
+const HEADER: &str = "instinct gemm tuning v2";
 
 /// Where one identity's tuning results live.
 #[derive(Clone, Debug)]
@@ -66,7 +66,7 @@ impl TuningFile {
         let mut map = HashMap::new();
         for line in lines {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [rows, in_dim, out_dim, bf16_out, words @ ..] = fields.as_slice() else {
+            let [rows, in_dim, out_dim, bf16_out, add, words @ ..] = fields.as_slice() else {
                 return None;
             };
             if words.len() != 8 {
@@ -76,16 +76,17 @@ impl TuningFile {
             for (word, text) in algo.iter_mut().zip(words) {
                 *word = u64::from_str_radix(text, 16).ok()?;
             }
-            let bf16_out = match *bf16_out {
-                "1" => true,
-                "0" => false,
-                _ => return None,
+            let flag = |text: &str| match text {
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => None,
             };
             let shape = (
                 rows.parse().ok()?,
                 in_dim.parse().ok()?,
                 out_dim.parse().ok()?,
-                bf16_out,
+                flag(bf16_out)?,
+                flag(add)?,
             );
             map.insert(shape, algo);
         }
@@ -98,8 +99,13 @@ impl TuningFile {
         let mut entries: Vec<_> = map.iter().collect();
         entries.sort();
         let mut text = format!("{HEADER} {}\n", self.identity);
-        for (&(rows, in_dim, out_dim, bf16_out), algo) in entries {
-            let _ = write!(text, "{rows} {in_dim} {out_dim} {}", u8::from(bf16_out));
+        for (&(rows, in_dim, out_dim, bf16_out, add), algo) in entries {
+            let _ = write!(
+                text,
+                "{rows} {in_dim} {out_dim} {} {}",
+                u8::from(bf16_out),
+                u8::from(add)
+            );
             for word in algo {
                 let _ = write!(text, " {word:x}");
             }
@@ -124,8 +130,12 @@ mod tests {
 
     fn sample() -> HashMap<BucketShape, AlgoWords> {
         let mut map = HashMap::new();
-        map.insert((768, 2560, 12352, false), [1, 2, 3, u64::MAX, 0, 5, 6, 7]);
-        map.insert((256, 2560, 18432, true), [9; 8]);
+        map.insert(
+            (768, 2560, 12352, false, false),
+            [1, 2, 3, u64::MAX, 0, 5, 6, 7],
+        );
+        map.insert((256, 2560, 18432, true, false), [9; 8]);
+        map.insert((768, 9216, 2560, false, true), [4; 8]);
         map
     }
 
