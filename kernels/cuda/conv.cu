@@ -2,15 +2,16 @@
 // cu_seqlens in device memory, so one launch shape serves any batch up to `rows_cap` rows.
 
 
-// x rows sit at x_stride · row + x_offset (a column block of the stacked in-projection output); out and
-// the windows are dense [.., channels].
+// x rows sit at x_stride · row + x_offset (a column block of the stacked in-projection output, f32 or
+// bf16: each kernel has an entry point per input type); out and the windows are dense f32 [.., channels].
 
 // Pre-conv input of sequence `s` at sequence-local time `t` (t < 0 reads the carried window, whose
 // rows are oldest first; 0 without a window or beyond it).
-__device__ __forceinline__ float conv_input(const float* x, int x_stride, int x_offset, const float* window_in,
+template <typename X>
+__device__ __forceinline__ float conv_input(const X* x, int x_stride, int x_offset, const float* window_in,
                                             int has_window, u32 start, int s, int t, int c, int channels,
                                             int hist) {
-    if (t >= 0) return x[((i64)start + t) * x_stride + x_offset + c];
+    if (t >= 0) return load_f32(x, ((i64)start + t) * x_stride + x_offset + c);
     if (!has_window || -t > hist) return 0.0f;
     return window_in[((i64)s * hist + hist + t) * channels + c];
 }
@@ -113,11 +114,22 @@ __device__ __forceinline__ void conv_rows(const ConvRows& a, const float (&taps)
 // Each row's sequence start is looked up once per block. Inputs before a sequence's start come
 // from the carried window (or are zero); rows past the last sequence are not written; a row before
 // its sequence's start (corrupt boundaries) gets NaN.
-extern "C" __global__ void __launch_bounds__(CONV_THREADS)
-conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_bfloat16* __restrict__ w,
-            const u32* __restrict__ cu_seqlens, int num_seqs, const float* __restrict__ window_in,
-            int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap, int l2_channels,
-            float l2_eps) {
+// Four consecutive inputs as f32 (16-byte f32 or 8-byte bf16 loads).
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+template <typename X>
+__device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_stride, int x_offset,
+                                                 const __nv_bfloat16* __restrict__ w,
+                                                 const u32* __restrict__ cu_seqlens, int num_seqs,
+                                                 const float* __restrict__ window_in, int has_window,
+                                                 float* __restrict__ out, int channels, int kernel, u32 rows_cap,
+                                                 int l2_channels, float l2_eps) {
     constexpr int HALO = CONV_MAX_KERNEL - 1;
     constexpr int TILE = CONV_TILE_ROWS + HALO;  // shared rows: HALO before the tile, then the tile
     __shared__ float s_x[TILE][CONV_TILE_CH];
@@ -145,7 +157,7 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
             const i64 r = r0 - HALO + j;
             v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < TILE * PARTS && r >= 0 && r < (i64)rows_cap && c0 + c < channels)
-                v[e] = *reinterpret_cast<const float4*>(x + r * x_stride + x_offset + c0 + c);
+                v[e] = load4(x + r * x_stride + x_offset + c0 + c);
         }
 #pragma unroll
         for (int e = 0; e < PER; ++e) {
@@ -162,7 +174,7 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
             const int c = i % CONV_TILE_CH;
             const i64 r = r0 - HALO + j;
             v[e] = i < TILE * CONV_TILE_CH && r >= 0 && r < (i64)rows_cap && c0 + c < channels
-                       ? x[r * x_stride + x_offset + c0 + c]
+                       ? load_f32(x, r * x_stride + x_offset + c0 + c)
                        : 0.0f;
         }
 #pragma unroll
@@ -218,13 +230,27 @@ conv1d_silu(const float* __restrict__ x, int x_stride, int x_offset, const __nv_
     }
 }
 
+#define CONV_ENTRY(NAME, X)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(CONV_THREADS)                                                \
+        NAME(const X* __restrict__ x, int x_stride, int x_offset, const __nv_bfloat16* __restrict__ w,        \
+             const u32* __restrict__ cu_seqlens, int num_seqs, const float* __restrict__ window_in,           \
+             int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap, int l2_channels, \
+             float l2_eps) {                                                                                  \
+        conv1d_silu_tile(x, x_stride, x_offset, w, cu_seqlens, num_seqs, window_in, has_window, out,          \
+                         channels, kernel, rows_cap, l2_channels, l2_eps);                                   \
+    }
+
+CONV_ENTRY(conv1d_silu, float)
+CONV_ENTRY(conv1d_silu_bf16x, __nv_bfloat16)
+
 // window_out[s][i][c] = pre-conv input at local time len - hist + i (the window to resume from).
 // A sequence that ends beyond the `rows_cap` rows of x gets a NaN window instead of an out-of-bounds read.
-extern "C" __global__ void conv1d_window_out(const float* __restrict__ x, int x_stride, int x_offset,
-                                             const u32* __restrict__ cu_seqlens, int num_seqs,
-                                             const float* __restrict__ window_in, int has_window,
-                                             float* __restrict__ window_out, int channels, int kernel,
-                                             u32 rows_cap) {
+template <typename X>
+__device__ __forceinline__ void conv1d_window_out_at(const X* __restrict__ x, int x_stride, int x_offset,
+                                                     const u32* __restrict__ cu_seqlens, int num_seqs,
+                                                     const float* __restrict__ window_in, int has_window,
+                                                     float* __restrict__ window_out, int channels, int kernel,
+                                                     u32 rows_cap) {
     const int hist = kernel - 1;
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)num_seqs * hist * channels) return;
@@ -242,3 +268,15 @@ extern "C" __global__ void conv1d_window_out(const float* __restrict__ x, int x_
     window_out[i] = conv_input(x, x_stride, x_offset, window_in, has_window, start, s, len - hist + k, c, channels,
                                hist);
 }
+
+#define WINDOW_ENTRY(NAME, X)                                                                                  \
+    extern "C" __global__ void NAME(const X* __restrict__ x, int x_stride, int x_offset,                      \
+                                    const u32* __restrict__ cu_seqlens, int num_seqs,                          \
+                                    const float* __restrict__ window_in, int has_window,                       \
+                                    float* __restrict__ window_out, int channels, int kernel, u32 rows_cap) {  \
+        conv1d_window_out_at(x, x_stride, x_offset, cu_seqlens, num_seqs, window_in, has_window, window_out,   \
+                             channels, kernel, rows_cap);                                                      \
+    }
+
+WINDOW_ENTRY(conv1d_window_out, float)
+WINDOW_ENTRY(conv1d_window_out_bf16x, __nv_bfloat16)

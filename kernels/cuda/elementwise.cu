@@ -120,17 +120,35 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 
 // beta = sigmoid(b); g = −exp(a_log) · softplus(a + dt_bias), both dense [rows, heads]. b and a rows sit at
 // stride · row + offset (column blocks of the stacked in-projection output; possibly one buffer).
+template <typename X>
+__device__ __forceinline__ void delta_gates_at(const X* __restrict__ b, int b_stride, int b_offset,
+                                               const X* __restrict__ a, int a_stride, int a_offset,
+                                               const __nv_bfloat16* __restrict__ a_log,
+                                               const __nv_bfloat16* __restrict__ dt_bias, float* __restrict__ beta,
+                                               float* __restrict__ g, int rows, int heads) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * heads) return;
+    const i64 t = i / heads;
+    const int h = (int)(i % heads);
+    beta[i] = sigmoid_f(load_f32(b, t * b_stride + b_offset + h));
+    g[i] = -expf(load_bf16(a_log, h)) * softplus_f(load_f32(a, t * a_stride + a_offset + h) + load_bf16(dt_bias, h));
+}
+
 extern "C" __global__ void delta_gates(const float* __restrict__ b, int b_stride, int b_offset,
                                        const float* __restrict__ a, int a_stride, int a_offset,
                                        const __nv_bfloat16* __restrict__ a_log,
                                        const __nv_bfloat16* __restrict__ dt_bias, float* __restrict__ beta,
                                        float* __restrict__ g, int rows, int heads) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (i64)rows * heads) return;
-    const i64 t = i / heads;
-    const int h = (int)(i % heads);
-    beta[i] = sigmoid_f(b[t * b_stride + b_offset + h]);
-    g[i] = -expf(load_bf16(a_log, h)) * softplus_f(a[t * a_stride + a_offset + h] + load_bf16(dt_bias, h));
+    delta_gates_at(b, b_stride, b_offset, a, a_stride, a_offset, a_log, dt_bias, beta, g, rows, heads);
+}
+
+// The same with b and a in a bf16 buffer (the stacked in-projection output of a bf16 model).
+extern "C" __global__ void delta_gates_bf16x(const __nv_bfloat16* __restrict__ b, int b_stride, int b_offset,
+                                             const __nv_bfloat16* __restrict__ a, int a_stride, int a_offset,
+                                             const __nv_bfloat16* __restrict__ a_log,
+                                             const __nv_bfloat16* __restrict__ dt_bias, float* __restrict__ beta,
+                                             float* __restrict__ g, int rows, int heads) {
+    delta_gates_at(b, b_stride, b_offset, a, a_stride, a_offset, a_log, dt_bias, beta, g, rows, heads);
 }
 
 // out[s] = x[cu[s + 1] − 1]; grid (ceil(dim / block), num_seqs). An empty sequence (or one that

@@ -3,9 +3,6 @@
 
 #define GEMM_TILE 16
 
-__device__ __forceinline__ float load_x(const float* x, i64 i) { return x[i]; }
-__device__ __forceinline__ float load_x(const __nv_bfloat16* x, i64 i) { return __bfloat162float(x[i]); }
-
 template <typename X>
 __device__ void gemm_xwt_tile(const X* __restrict__ x, const __nv_bfloat16* __restrict__ w, float* __restrict__ y,
                               int rows, int in_dim, int out_dim, int add) {
@@ -17,7 +14,7 @@ __device__ void gemm_xwt_tile(const X* __restrict__ x, const __nv_bfloat16* __re
     float acc = 0.0f;
     for (int k0 = 0; k0 < in_dim; k0 += GEMM_TILE) {
         const int k = k0 + threadIdx.x;
-        xs[threadIdx.y][threadIdx.x] = (r < rows && k < in_dim) ? load_x(x, (i64)r * in_dim + k) : 0.0f;
+        xs[threadIdx.y][threadIdx.x] = (r < rows && k < in_dim) ? load_f32(x, (i64)r * in_dim + k) : 0.0f;
         ws[threadIdx.y][threadIdx.x] = (w_row < out_dim && k < in_dim) ? load_bf16(w, (i64)w_row * in_dim + k) : 0.0f;
         __syncthreads();
         for (int kk = 0; kk < GEMM_TILE; ++kk) acc += xs[threadIdx.y][kk] * ws[threadIdx.x][kk];

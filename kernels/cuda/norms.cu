@@ -122,38 +122,50 @@ ROW_NORM_KERNELS(12)
 ROW_NORM_KERNELS(16)
 
 // The gate of normalised row `row` (head `row % heads` of token `row / heads`): z rows of heads·dim sit at
-// z_stride · token + z_offset (a column block of the stacked in-projection output).
-__device__ __forceinline__ const float* gate_row(const float* z, i64 row, int heads, int dim, int z_stride,
-                                                 int z_offset) {
+// z_stride · token + z_offset (a column block of the stacked in-projection output, f32 or bf16).
+template <typename Z>
+__device__ __forceinline__ const Z* gate_row(const Z* z, i64 row, int heads, int dim, int z_stride, int z_offset) {
     return z + (row / heads) * z_stride + z_offset + (row % heads) * dim;
 }
 
 // x ← w · x / sqrt(mean(x²) + eps) · silu(z), in place (plain w) over `rows` = tokens · heads rows of dim.
 // One warp per row: the rows are short (a value head, 128 wide) and there are many of them.
-extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __restrict__ z, int heads,
-                                          int z_stride, int z_offset, const __nv_bfloat16* __restrict__ w, int rows,
-                                          int dim, float eps) {
+template <typename Z>
+__device__ void gated_rms_norm_rows(float* __restrict__ x, const Z* __restrict__ z, int heads, int z_stride,
+                                    int z_offset, const __nv_bfloat16* __restrict__ w, int rows, int dim, float eps) {
     const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     float* xr = x + row * dim;
-    const float* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
+    const Z* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
     float ss = 0.0f;
     for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
     const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
-    for (int i = lane; i < dim; i += 32) xr[i] = load_bf16(w, i) * (xr[i] * inv) * silu_f(zr[i]);
+    for (int i = lane; i < dim; i += 32) xr[i] = load_bf16(w, i) * (xr[i] * inv) * silu_f(load_f32(zr, i));
+}
+
+extern "C" __global__ void gated_rms_norm(float* __restrict__ x, const float* __restrict__ z, int heads,
+                                          int z_stride, int z_offset, const __nv_bfloat16* __restrict__ w, int rows,
+                                          int dim, float eps) {
+    gated_rms_norm_rows(x, z, heads, z_stride, z_offset, w, rows, dim, eps);
+}
+
+extern "C" __global__ void gated_rms_norm_zbf16(float* __restrict__ x, const __nv_bfloat16* __restrict__ z,
+                                                int heads, int z_stride, int z_offset,
+                                                const __nv_bfloat16* __restrict__ w, int rows, int dim, float eps) {
+    gated_rms_norm_rows(x, z, heads, z_stride, z_offset, w, rows, dim, eps);
 }
 
 // The same gated norm written to bf16 elsewhere (the input of the projection that follows).
-template <int HELD>
-__device__ void gated_rms_norm_bf16_row(const float* __restrict__ x, const float* __restrict__ z, int heads,
+template <int HELD, typename Z>
+__device__ void gated_rms_norm_bf16_row(const float* __restrict__ x, const Z* __restrict__ z, int heads,
                                         int z_stride, int z_offset, const __nv_bfloat16* __restrict__ w,
                                         __nv_bfloat16* __restrict__ out, int rows, int dim, float eps) {
     const i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* xr = x + row * dim;
-    const float* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
+    const Z* zr = gate_row(z, row, heads, dim, z_stride, z_offset);
     __nv_bfloat16* o = out + row * dim;
     if (dim <= HELD * 32) {
         float xv[HELD], zv[HELD];
@@ -161,7 +173,7 @@ __device__ void gated_rms_norm_bf16_row(const float* __restrict__ x, const float
         for (int e = 0; e < HELD; ++e) {
             const int i = lane + e * 32;
             xv[e] = i < dim ? xr[i] : 0.0f;
-            zv[e] = i < dim ? zr[i] : 0.0f;
+            zv[e] = i < dim ? load_f32(zr, i) : 0.0f;
         }
         float ss = 0.0f;
 #pragma unroll
@@ -179,7 +191,8 @@ __device__ void gated_rms_norm_bf16_row(const float* __restrict__ x, const float
     float ss = 0.0f;
     for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
     const float inv = rsqrtf(warp_sum(ss) / (float)dim + eps);
-    for (int i = lane; i < dim; i += 32) o[i] = __float2bfloat16_rn(load_bf16(w, i) * (xr[i] * inv) * silu_f(zr[i]));
+    for (int i = lane; i < dim; i += 32)
+        o[i] = __float2bfloat16_rn(load_bf16(w, i) * (xr[i] * inv) * silu_f(load_f32(zr, i)));
 }
 
 // Start of head `head` of row `row` in a HeadLayout.
@@ -232,6 +245,12 @@ __device__ void l2_norm_head(float* __restrict__ x, int rows, int heads, int hea
     extern "C" __global__ void gated_rms_norm_bf16_h##H(                                                       \
         const float* __restrict__ x, const float* __restrict__ z, int heads, int z_stride, int z_offset,        \
         const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out, int rows, int dim, float eps) {   \
+        gated_rms_norm_bf16_row<H>(x, z, heads, z_stride, z_offset, w, out, rows, dim, eps);                   \
+    }                                                                                                          \
+    extern "C" __global__ void gated_rms_norm_bf16_zbf16_h##H(                                                 \
+        const float* __restrict__ x, const __nv_bfloat16* __restrict__ z, int heads, int z_stride,              \
+        int z_offset, const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out, int rows, int dim,  \
+        float eps) {                                                                                           \
         gated_rms_norm_bf16_row<H>(x, z, heads, z_stride, z_offset, w, out, rows, dim, eps);                   \
     }                                                                                                          \
     extern "C" __global__ void l2_norm_h##H(float* __restrict__ x, int rows, int heads, int head_dim,          \

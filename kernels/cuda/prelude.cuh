@@ -13,6 +13,11 @@ __device__ __forceinline__ float load_bf16(const __nv_bfloat16* p, i64 i) {
     return __bfloat162float(p[i]);
 }
 
+// An activation value as f32, from an f32 buffer or a bf16 one (a projection output a bf16 model
+// holds in bf16): for kernels with one entry point per input type.
+__device__ __forceinline__ float load_f32(const float* p, i64 i) { return p[i]; }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16* p, i64 i) { return __bfloat162float(p[i]); }
+
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }

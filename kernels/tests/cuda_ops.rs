@@ -10,7 +10,7 @@
 //! summation order and the device's math functions.
 
 mod common;
-use common::{activation, cu_of, gpu, indices, rand_vec};
+use common::{activation, bf16_activation, cu_of, gpu, indices, rand_vec};
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
@@ -280,6 +280,32 @@ fn gated_rms_norm_matches_cpu() {
             &want,
             1e-5,
             &format!("gated_rms_norm z at {z_at:?}"),
+        );
+    }
+    // A bf16 z (the stacked in-projection held in bf16) against the CPU on the rounded z.
+    let z16 = bf16_round(&z);
+    let mut want = x.clone();
+    cpu.gated_rms_norm(
+        &mut want,
+        &z16,
+        Strided::dense(heads * dim),
+        &w_h,
+        rows,
+        heads,
+        dim,
+        1e-6,
+    )
+    .unwrap();
+    for z_at in layouts(heads * dim) {
+        let mut x_d = activation(&gpu, &x, 0);
+        let z_d = bf16_activation(&gpu, &strided(&z16, rows, heads * dim, z_at), 0);
+        gpu.gated_rms_norm(&mut x_d, &z_d, z_at, &w_d, rows, heads, dim, 1e-6)
+            .unwrap();
+        assert_close(
+            &gpu.read(&x_d, n).unwrap(),
+            &want,
+            1e-5,
+            &format!("gated_rms_norm bf16 z at {z_at:?}"),
         );
     }
 }
@@ -555,9 +581,13 @@ fn conv1d_silu_matches_cpu_with_and_without_carried_window() {
     // Kernel 4 is the model's; 1 (no history) and 2 check the window bookkeeping's edges. 300
     // channels leave a partial block of channels.
     // x is read dense and as a column block of wider rows (the stacked in-projection output).
+    // x also comes in bf16 (the stacked in-projection held in bf16), against the CPU on the
+    // rounded values.
     for (channels, kernel) in [(96, 4), (300, 1), (40, 2)] {
         for x_at in layouts(channels) {
-            conv1d_case(&gpu, &cpu, &mut rng, channels, kernel, x_at);
+            for bf16_x in [false, true] {
+                conv1d_case(&gpu, &cpu, &mut rng, channels, kernel, x_at, bf16_x);
+            }
         }
     }
 }
@@ -569,6 +599,7 @@ fn conv1d_case(
     channels: usize,
     kernel: usize,
     x_at: Strided,
+    bf16_x: bool,
 ) {
     let (w_h, w_d) = weight(gpu, rng, channels * kernel, 0.7);
     for lens in BATCHES {
@@ -578,7 +609,14 @@ fn conv1d_case(
         let x = rand_vec(rng, rows * channels, 2.0);
         let window = rand_vec(rng, win_len, 2.0);
         // One spare row of zeros past the last: the kernel must stop at `rows` anyway.
-        let x_d = activation(gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
+        let (x, x_d) = if bf16_x {
+            let x = bf16_round(&x);
+            let x_d = bf16_activation(gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
+            (x, x_d)
+        } else {
+            let x_d = activation(gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
+            (x, x_d)
+        };
         let cu_d = indices(gpu, &cu);
         let window_d = activation(gpu, &window, 0);
         for with_window in [false, true] {
@@ -621,7 +659,8 @@ fn conv1d_case(
                 &mut out,
             )
             .unwrap();
-            let what = format!("conv lens {lens:?} window {with_window} x at {x_at:?}");
+            let what =
+                format!("conv lens {lens:?} window {with_window} x at {x_at:?} bf16 {bf16_x}");
             assert_close(
                 &gpu.read(&out, rows * channels).unwrap(),
                 &want,
@@ -659,9 +698,19 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
             let rows = *cu.last().unwrap() as usize;
             let x = rand_vec(&mut rng, rows * channels, 2.0);
             let cu_d = indices(&gpu, &cu);
-            for x_at in layouts(channels) {
-                let what = format!("heads {k_heads}x{k_dim} lens {lens:?} x at {x_at:?}");
-                let x_d = activation(&gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
+            for (x_at, bf16_x) in layouts(channels)
+                .into_iter()
+                .flat_map(|at| [(at, false), (at, true)])
+            {
+                let what =
+                    format!("heads {k_heads}x{k_dim} lens {lens:?} x at {x_at:?} bf16 {bf16_x}");
+                let x = if bf16_x { bf16_round(&x) } else { x.clone() };
+                let host = strided(&x, rows, channels, x_at);
+                let x_d = if bf16_x {
+                    bf16_activation(&gpu, &host, x_at.row_stride)
+                } else {
+                    activation(&gpu, &host, x_at.row_stride)
+                };
                 let batch = Varlen {
                     cu_seqlens: &cu_d,
                     num_seqs: lens.len(),
@@ -731,7 +780,7 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
         &mut g_want,
     )
     .unwrap();
-    let check = |b_d: &CudaBuf, b_at, a_d: &CudaBuf, a_at, what: &str| {
+    let check = |b_d: &CudaBuf, b_at, a_d: &CudaBuf, a_at, want: (&[f32], &[f32]), what: &str| {
         let mut beta = gpu.alloc(rows * heads).unwrap();
         let mut g = gpu.alloc(rows * heads).unwrap();
         gpu.delta_gates(
@@ -741,13 +790,13 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
         let n = rows * heads;
         assert_close(
             &gpu.read(&beta, n).unwrap(),
-            &beta_want,
+            want.0,
             1e-5,
             &format!("{what}: beta"),
         );
         assert_close(
             &gpu.read(&g, n).unwrap(),
-            &g_want,
+            want.1,
             1e-5,
             &format!("{what}: g"),
         );
@@ -758,6 +807,7 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
         dense,
         &activation(&gpu, &a, 0),
         dense,
+        (&beta_want, &g_want),
         "dense",
     );
     // b then a as two column blocks of one wider row, as in the stacked in-projection output.
@@ -771,7 +821,50 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
         }
     }
     let stacked = activation(&gpu, &host, 0);
-    check(&stacked, b_at, &stacked, a_at, "stacked");
+    check(
+        &stacked,
+        b_at,
+        &stacked,
+        a_at,
+        (&beta_want, &g_want),
+        "stacked",
+    );
+    // Both in one bf16 buffer (the stacked in-projection held in bf16): against the CPU on the
+    // rounded values. One in bf16 and the other in f32 is refused.
+    let (b16, a16) = (bf16_round(&b), bf16_round(&a));
+    let (mut beta16_want, mut g16_want) = (vec![0.0; rows * heads], vec![0.0; rows * heads]);
+    cpu.delta_gates(
+        &b16,
+        dense,
+        &a16,
+        dense,
+        &a_log_h,
+        &dt_h,
+        rows,
+        heads,
+        &mut beta16_want,
+        &mut g16_want,
+    )
+    .unwrap();
+    let stacked16 = bf16_activation(&gpu, &host, 0);
+    check(
+        &stacked16,
+        b_at,
+        &stacked16,
+        a_at,
+        (&beta16_want, &g16_want),
+        "stacked bf16",
+    );
+    let (mut beta, mut g) = (
+        gpu.alloc(rows * heads).unwrap(),
+        gpu.alloc(rows * heads).unwrap(),
+    );
+    let err = gpu
+        .delta_gates(
+            &stacked16, b_at, &stacked, a_at, &a_log_d, &dt_d, rows, heads, &mut beta, &mut g,
+        )
+        .unwrap_err();
+    assert!(matches!(err, KernelError::Invalid { .. }), "{err}");
     // The last row of a must fit: one value short is refused.
     let short = activation(&gpu, &host[..a_at.required_len(rows, heads) - 1], 0);
     let (mut beta, mut g) = (

@@ -246,9 +246,11 @@ struct Workspace<B: Buffers> {
     /// Normed input of the current sub-block `[T, hidden]`, read only by GEMMs (from
     /// `alloc_gemm_input`: bf16 on a GPU).
     normed: B::Buf,
-    /// Widest mixer projection: DeltaNet qkv|z|b|a or attention q|gate; at the end, the
-    /// final-normed hidden states.
+    /// Attention q|gate; at the end, the final-normed hidden states.
     proj: B::Buf,
+    /// DeltaNet qkv|z|b|a, read only by the conv, the gates and the gated norm (from
+    /// `alloc_gemm_input`: bf16 on a GPU, as a bf16 model's projection outputs are).
+    delta_proj: B::Buf,
     /// MLP gate|up `[T, 2·inter]`, read only by SwiGLU (from `alloc_gemm_input`: bf16 on a GPU).
     gate_up: B::Buf,
     /// DeltaNet conv output `[T, qkv]`.
@@ -416,7 +418,7 @@ impl<B: Backend> TextModel<B> {
     fn allocate(backend: &B, d: &Dims, limits: BatchLimits) -> Result<Workspace<B>> {
         let t = limits.max_tokens;
         let f = |width: usize| backend.alloc(t * width).map_err(|e| anyhow!(e));
-        let proj_w = d.delta_in_width().max(d.q_gate_width()).max(d.hidden);
+        let proj_w = d.q_gate_width().max(d.hidden);
         let core_w = d.value_width().max(d.attn_out_width()).max(d.inter);
         // Every GEMM input is `normed` (hidden wide) or `core`.
         backend
@@ -433,6 +435,9 @@ impl<B: Backend> TextModel<B> {
                 .alloc_gemm_input(t * d.hidden)
                 .map_err(|e| anyhow!(e))?,
             proj: f(proj_w)?,
+            delta_proj: backend
+                .alloc_gemm_input(t * d.delta_in_width())
+                .map_err(|e| anyhow!(e))?,
             gate_up: backend
                 .alloc_gemm_input(t * 2 * d.inter)
                 .map_err(|e| anyhow!(e))?,
@@ -729,11 +734,11 @@ impl<B: Backend> TextModel<B> {
             rows,
             h,
             d.delta_in_width(),
-            &mut ws.proj,
+            &mut ws.delta_proj,
         )
         .map_err(e)?;
         be.conv1d_silu_l2(
-            &ws.proj,
+            &ws.delta_proj,
             qkv_at,
             &w.conv1d,
             batch,
@@ -745,9 +750,9 @@ impl<B: Backend> TextModel<B> {
         )
         .map_err(e)?;
         be.delta_gates(
-            &ws.proj,
+            &ws.delta_proj,
             b_at,
-            &ws.proj,
+            &ws.delta_proj,
             a_at,
             &w.a_log,
             &w.dt_bias,
@@ -773,7 +778,7 @@ impl<B: Backend> TextModel<B> {
         .map_err(e)?;
         be.gated_rms_norm_gemm(
             &mut ws.core,
-            &ws.proj,
+            &ws.delta_proj,
             z_at,
             &w.norm,
             rows,

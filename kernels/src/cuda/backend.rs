@@ -282,7 +282,22 @@ const GATED_RMS_NORM_BF16: [&str; 3] = [
     "gated_rms_norm_bf16_h8",
     "gated_rms_norm_bf16_h16",
 ];
+/// The same with a bf16 gate `z`.
+const GATED_RMS_NORM_BF16_ZBF16: [&str; 3] = [
+    "gated_rms_norm_bf16_zbf16_h4",
+    "gated_rms_norm_bf16_zbf16_h8",
+    "gated_rms_norm_bf16_zbf16_h16",
+];
 const L2_NORM: [&str; 3] = ["l2_norm_h4", "l2_norm_h8", "l2_norm_h16"];
+
+/// Pushes `buf`, or (absent) a null pointer in its place, for an optional input the kernel then
+/// does not read.
+fn push_or_null<'a>(launch: &mut LaunchArgs<'a>, buf: Option<&'a CudaSlice<f32>>, null: &'a u64) {
+    match buf {
+        Some(buf) => launch.arg(buf),
+        None => launch.arg(null),
+    };
+}
 
 /// Index of the smallest variant in `held` whose `threads · held` values hold a row of `len`
 /// (the last, which loops over longer rows, when none does).
@@ -319,10 +334,10 @@ fn gemm_input<'a>(op: &'static str, x: &'a CudaBuf, need: usize) -> KernelResult
     Ok(x)
 }
 
-/// The checked gate `z` of a gated RMSNorm launch and its layout arguments (`z, heads, z_stride,
-/// z_offset` in norms.cu).
+/// The checked gate `z` (f32, or bf16: the stacked in-projection output of a bf16 model) of a gated
+/// RMSNorm launch and its layout arguments (`z, heads, z_stride, z_offset` in norms.cu).
 struct GateArgs<'a> {
-    z: &'a CudaSlice<f32>,
+    z: InBuf<'a>,
     heads: i32,
     stride: i32,
     offset: i32,
@@ -339,19 +354,20 @@ impl<'a> GateArgs<'a> {
         dim: usize,
     ) -> KernelResult<Self> {
         Ok(Self {
-            z: act(op, "z", z, z_at.required_len(rows, heads * dim))?,
+            z: in_buf(op, "z", z, z_at.required_len(rows, heads * dim))?,
             heads: to_i32(op, "heads", heads)?,
             stride: to_i32(op, "z row stride", z_at.row_stride)?,
             offset: to_i32(op, "z offset", z_at.offset)?,
         })
     }
 
+    fn is_bf16(&self) -> bool {
+        matches!(self.z, InBuf::Bf16(_))
+    }
+
     fn push<'b>(&'b self, launch: &mut LaunchArgs<'b>) {
-        launch
-            .arg(self.z)
-            .arg(&self.heads)
-            .arg(&self.stride)
-            .arg(&self.offset);
+        self.z.push(launch);
+        launch.arg(&self.heads).arg(&self.stride).arg(&self.offset);
     }
 }
 
@@ -1112,8 +1128,18 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
     ) -> KernelResult<()> {
         const OP: &str = "delta_gates";
-        let b = act(OP, "b", b, b_at.required_len(rows, heads))?;
-        let a = act(OP, "a", a, a_at.required_len(rows, heads))?;
+        let b = in_buf(OP, "b", b, b_at.required_len(rows, heads))?;
+        let a = in_buf(OP, "a", a, a_at.required_len(rows, heads))?;
+        let kernel = match (&b, &a) {
+            (InBuf::F32(_), InBuf::F32(_)) => "delta_gates",
+            (InBuf::Bf16(_), InBuf::Bf16(_)) => "delta_gates_bf16x",
+            _ => {
+                return Err(KernelError::invalid(
+                    OP,
+                    "b and a must have the same type (both f32 or both bf16)",
+                ))
+            }
+        };
         let a_log = weight(OP, "a_log", a_log, heads)?;
         let dt_bias = weight(OP, "dt_bias", dt_bias, heads)?;
         let beta = act_mut(OP, "beta", beta, rows * heads)?;
@@ -1127,13 +1153,12 @@ impl Backend for CudaBackend {
         let b_offset = to_i32(OP, "b offset", b_at.offset)?;
         let a_stride = to_i32(OP, "a row stride", a_at.row_stride)?;
         let a_offset = to_i32(OP, "a offset", a_at.offset)?;
-        let f = self.device.function("delta_gates")?;
+        let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
+        b.push(&mut launch);
+        launch.arg(&b_stride).arg(&b_offset);
+        a.push(&mut launch);
         launch
-            .arg(b)
-            .arg(&b_stride)
-            .arg(&b_offset)
-            .arg(a)
             .arg(&a_stride)
             .arg(&a_offset)
             .arg(a_log)
@@ -1200,7 +1225,11 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let dim_a = to_i32(OP, "dim", dim)?;
-        let f = self.device.function("gated_rms_norm")?;
+        let f = self.device.function(if gate.is_bf16() {
+            "gated_rms_norm_zbf16"
+        } else {
+            "gated_rms_norm"
+        })?;
         let mut launch = self.device.stream.launch_builder(f);
         let rows_a = to_i32(OP, "rows", norm_rows)?;
         launch.arg(x);
@@ -1272,9 +1301,12 @@ impl Backend for CudaBackend {
             if in_dim == 0 {
                 return Ok(());
             }
-            let f = self
-                .device
-                .function(GATED_RMS_NORM_BF16[held_variant(dim, 32, &WARP_HELD)])?;
+            let held = held_variant(dim, 32, &WARP_HELD);
+            let f = self.device.function(if gate.is_bf16() {
+                GATED_RMS_NORM_BF16_ZBF16[held]
+            } else {
+                GATED_RMS_NORM_BF16[held]
+            })?;
             let mut launch = self.device.stream.launch_builder(f);
             launch.arg(x);
             gate.push(&mut launch);
@@ -1610,15 +1642,19 @@ impl CudaBackend {
         let win_len = batch.num_seqs * (kernel - 1) * channels;
         let x_stride = to_i32(OP, "x row stride", x_at.row_stride)?;
         let x_offset = to_i32(OP, "x offset", x_at.offset)?;
-        let x = act(OP, "x", x, 0)?;
+        let x = in_buf(OP, "x", x, 0)?;
+        let (conv_kernel, window_kernel) = match x {
+            InBuf::F32(_) => ("conv1d_silu", "conv1d_window_out"),
+            InBuf::Bf16(_) => ("conv1d_silu_bf16x", "conv1d_window_out_bf16x"),
+        };
         let w = weight(OP, "weight", weight_buf, channels * kernel)?;
         let out = act_mut(OP, "out", out, 0)?;
         let window_in = window_in
             .map(|w| act(OP, "window_in", w, win_len))
             .transpose()?;
         let has_window = i32::from(window_in.is_some());
-        // Without a window the kernel never reads it; x stands in as a valid pointer.
-        let window_in = window_in.unwrap_or(x);
+        // Without a window the kernels never read it: a null pointer stands in.
+        let no_window = 0u64;
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let channels_a = to_i32(OP, "channels", channels)?;
         let kernel_a = to_i32(OP, "kernel", kernel)?;
@@ -1627,16 +1663,17 @@ impl CudaBackend {
             return Ok(());
         }
         if rows_cap > 0 {
-            let f = self.device.function("conv1d_silu")?;
+            let f = self.device.function(conv_kernel)?;
             let mut launch = self.device.stream.launch_builder(f);
+            x.push(&mut launch);
             launch
-                .arg(x)
                 .arg(&x_stride)
                 .arg(&x_offset)
                 .arg(w)
                 .arg(batch.cu_seqlens)
-                .arg(&num_seqs)
-                .arg(window_in)
+                .arg(&num_seqs);
+            push_or_null(&mut launch, window_in, &no_window);
+            launch
                 .arg(&has_window)
                 .arg(&mut *out)
                 .arg(&channels_a)
@@ -1660,15 +1697,16 @@ impl CudaBackend {
         if let Some(window_out) = window_out {
             let window_out = act_mut(OP, "window_out", window_out, win_len)?;
             if win_len > 0 {
-                let f = self.device.function("conv1d_window_out")?;
+                let f = self.device.function(window_kernel)?;
                 let mut launch = self.device.stream.launch_builder(f);
+                x.push(&mut launch);
                 launch
-                    .arg(x)
                     .arg(&x_stride)
                     .arg(&x_offset)
                     .arg(batch.cu_seqlens)
-                    .arg(&num_seqs)
-                    .arg(window_in)
+                    .arg(&num_seqs);
+                push_or_null(&mut launch, window_in, &no_window);
+                launch
                     .arg(&has_window)
                     .arg(window_out)
                     .arg(&channels_a)

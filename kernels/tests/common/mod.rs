@@ -32,6 +32,14 @@ pub fn activation(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf {
     padded(gpu, data, extra, 0.0)
 }
 
+/// A bf16 buffer (`alloc_gemm_input`, as a projection output held in bf16) holding `data`, rounded,
+/// then `extra` zeros.
+pub fn bf16_activation(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf {
+    let mut buf = gpu.alloc_gemm_input(data.len() + extra).unwrap();
+    gpu.write(&mut buf, data).unwrap();
+    buf
+}
+
 /// A u32 buffer holding `data` (at least one value long).
 pub fn indices(gpu: &CudaBackend, data: &[u32]) -> CudaSlice<u32> {
     let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
