@@ -3,8 +3,7 @@
 
 
 // x rows sit at x_stride · row + x_offset (a column block of the stacked in-projection output, f32 or
-// bf16: each kernel has an entry point per input type); out is dense [.., channels], f32 or bf16 (the
-// delta rule's input, as a bf16 model holds it); the windows are dense f32.
+// bf16: each kernel has an entry point per input type); out and the windows are dense f32 [.., channels].
 
 // Pre-conv input of sequence `s` at sequence-local time `t` (t < 0 reads the carried window, whose
 // rows are oldest first; 0 without a window or beyond it).
@@ -24,14 +23,13 @@ __device__ __forceinline__ float conv_input(const X* x, int x_stride, int x_offs
 
 // What the per-row loop of conv1d_silu reads: the block's shared tile and row table, and where
 // its thread writes.
-template <typename O>
 struct ConvRows {
     const float (*s_x)[CONV_TILE_CH];
     const int* s_seq;
     const u32* s_start;
     const float* window_in;
     int has_window;
-    O* out;
+    float* out;
     int channels;
     i64 r0;
     int c;     // the thread's channel
@@ -44,14 +42,14 @@ struct ConvRows {
 // CONV_MAX_KERNEL - 1 rows before the tile); only a row whose window reaches before its sequence's
 // start (the first KW - 1 rows of a sequence) replaces those inputs with the carried window or zeros.
 // The sum runs over the taps in order from zero, as the CPU reference does.
-template <int KW, typename O>
-__device__ __forceinline__ void conv_rows(const ConvRows<O>& a, const float (&taps)[CONV_MAX_KERNEL],
+template <int KW>
+__device__ __forceinline__ void conv_rows(const ConvRows& a, const float (&taps)[CONV_MAX_KERNEL],
                                           float (*s_out)[CONV_TILE_CH]) {
     constexpr int HALO = CONV_MAX_KERNEL - 1;
     constexpr int HIST = KW - 1;
     constexpr int PER = CONV_TILE_ROWS / (CONV_THREADS / CONV_TILE_CH);
     const int j0 = a.half * PER;
-    O* dst = a.out + (a.r0 + j0) * a.channels + a.c;
+    float* dst = a.out + (a.r0 + j0) * a.channels + a.c;
     // Rows all inside one sequence, past its first HIST rows (most tiles): no per-row checks, and
     // the window slides through registers (one shared load per row).
     const int s0 = a.s_seq[j0];
@@ -69,7 +67,7 @@ __device__ __forceinline__ void conv_rows(const ConvRows<O>& a, const float (&ta
 #pragma unroll
             for (int i = 0; i < KW; ++i) acc += taps[i] * in[i];
             if (a.l2) s_out[j][a.cl] = silu_f(acc);
-            else store_f32(dst, silu_f(acc));
+            else *dst = silu_f(acc);
         }
         return;
     }
@@ -82,7 +80,7 @@ __device__ __forceinline__ void conv_rows(const ConvRows<O>& a, const float (&ta
         const u32 start = a.s_start[j];
         if (r < (i64)start) {
             if (a.l2) s_out[j][a.cl] = F32_NAN;
-            else store_f32(dst, F32_NAN);
+            else *dst = F32_NAN;
             continue;
         }
         const int local = (int)(r - start);
@@ -103,7 +101,7 @@ __device__ __forceinline__ void conv_rows(const ConvRows<O>& a, const float (&ta
 #pragma unroll
         for (int i = 0; i < KW; ++i) acc += taps[i] * in[i];
         if (a.l2) s_out[j][a.cl] = silu_f(acc);
-        else store_f32(dst, silu_f(acc));
+        else *dst = silu_f(acc);
     }
 }
 
@@ -125,12 +123,12 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-template <typename X, typename O>
+template <typename X>
 __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_stride, int x_offset,
                                                  const __nv_bfloat16* __restrict__ w,
                                                  const u32* __restrict__ cu_seqlens, int num_seqs,
                                                  const float* __restrict__ window_in, int has_window,
-                                                 O* __restrict__ out, int channels, int kernel, u32 rows_cap,
+                                                 float* __restrict__ out, int channels, int kernel, u32 rows_cap,
                                                  int l2_channels, float l2_eps) {
     constexpr int HALO = CONV_MAX_KERNEL - 1;
     constexpr int TILE = CONV_TILE_ROWS + HALO;  // shared rows: HALO before the tile, then the tile
@@ -200,7 +198,7 @@ __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_
 #pragma unroll
     for (int k = 0; k < CONV_MAX_KERNEL; ++k) taps[k] = k < kernel ? load_bf16(w, (i64)c * kernel + k) : 0.0f;
     // The kernel width as a compile-time constant: the taps unroll without bounds checks.
-    const ConvRows<O> rows{s_x, s_seq, s_start, window_in, has_window, out, channels, r0, c, cl,
+    const ConvRows rows{s_x, s_seq, s_start, window_in, has_window, out, channels, r0, c, cl,
                         tid / CONV_TILE_CH, l2};
     float (*const tile_out)[CONV_TILE_CH] = s_out;
     switch (kernel) {
@@ -226,27 +224,24 @@ __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_
 #pragma unroll
         for (int e = 0; e < HELD; ++e) v[e] = s_out[j][lane + 32 * e];
         const float inv = l2_inv_held<HELD>(v, lane, CONV_TILE_CH, l2_eps);
-        O* o = out + (r0 + j) * channels + c0;
+        float* o = out + (r0 + j) * channels + c0;
 #pragma unroll
-        for (int e = 0; e < HELD; ++e) store_f32(o + lane + 32 * e, v[e] * inv);
+        for (int e = 0; e < HELD; ++e) o[lane + 32 * e] = v[e] * inv;
     }
 }
 
-#define CONV_ENTRY(NAME, X, O)                                                                                 \
+#define CONV_ENTRY(NAME, X)                                                                                    \
     extern "C" __global__ void __launch_bounds__(CONV_THREADS)                                                \
         NAME(const X* __restrict__ x, int x_stride, int x_offset, const __nv_bfloat16* __restrict__ w,        \
              const u32* __restrict__ cu_seqlens, int num_seqs, const float* __restrict__ window_in,           \
-             int has_window, O* __restrict__ out, int channels, int kernel, u32 rows_cap, int l2_channels,     \
+             int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap, int l2_channels, \
              float l2_eps) {                                                                                  \
         conv1d_silu_tile(x, x_stride, x_offset, w, cu_seqlens, num_seqs, window_in, has_window, out,          \
                          channels, kernel, rows_cap, l2_channels, l2_eps);                                   \
     }
 
-// Input type (f32 or bf16 x) by output type (f32 or bf16 out).
-CONV_ENTRY(conv1d_silu, float, float)
-CONV_ENTRY(conv1d_silu_bf16x, __nv_bfloat16, float)
-CONV_ENTRY(conv1d_silu_to_bf16, float, __nv_bfloat16)
-CONV_ENTRY(conv1d_silu_bf16x_to_bf16, __nv_bfloat16, __nv_bfloat16)
+CONV_ENTRY(conv1d_silu, float)
+CONV_ENTRY(conv1d_silu_bf16x, __nv_bfloat16)
 
 // window_out[s][i][c] = pre-conv input at local time len - hist + i (the window to resume from).
 // A sequence that ends beyond the `rows_cap` rows of x gets a NaN window instead of an out-of-bounds read.

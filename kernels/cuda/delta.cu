@@ -6,14 +6,12 @@
 #define DELTA_MAX_K 128
 #define DELTA_MAX_THREADS 256
 
-// qkv is f32 or bf16 (the conv output as a bf16 model holds it): one entry point per type.
-template <typename Q>
-__device__ __forceinline__ void delta_recurrent(const Q* __restrict__ qkv, const float* __restrict__ beta,
-                                                const float* __restrict__ g, const u32* __restrict__ cu_seqlens,
-                                                const float* __restrict__ initial, int has_initial,
-                                                float* __restrict__ final_state, int has_final,
-                                                float* __restrict__ out, int k_heads, int v_heads, int k_dim,
-                                                int v_dim, float scale, u32 rows_cap) {
+extern "C" __global__ void __launch_bounds__(DELTA_MAX_THREADS)
+gated_delta_rule_recurrent(const float* __restrict__ qkv, const float* __restrict__ beta,
+                           const float* __restrict__ g, const u32* __restrict__ cu_seqlens,
+                           const float* __restrict__ initial, int has_initial, float* __restrict__ final_state,
+                           int has_final, float* __restrict__ out, int k_heads, int v_heads, int k_dim,
+                           int v_dim, float scale, u32 rows_cap) {
     __shared__ float qs[DELTA_MAX_K];
     __shared__ float ks[DELTA_MAX_K];
     const int s = blockIdx.x;
@@ -33,16 +31,16 @@ __device__ __forceinline__ void delta_recurrent(const Q* __restrict__ qkv, const
         S[i] = (has_initial && active && i < k_dim) ? initial[state_at + (i64)i * v_dim] : 0.0f;
     }
     for (u32 t = start; t < end; ++t) {
-        const Q* row = qkv + (i64)t * width;
+        const float* row = qkv + (i64)t * width;
         for (int i = threadIdx.x; i < k_dim; i += blockDim.x) {
-            qs[i] = load_f32(row, (i64)kh * k_dim + i) * scale;
-            ks[i] = load_f32(row, (i64)k_heads * k_dim + (i64)kh * k_dim + i);
+            qs[i] = row[(i64)kh * k_dim + i] * scale;
+            ks[i] = row[(i64)k_heads * k_dim + (i64)kh * k_dim + i];
         }
         __syncthreads();
         if (active) {
             const float decay = expf(g[(i64)t * v_heads + h]);
             const float b = beta[(i64)t * v_heads + h];
-            const float v = load_f32(row, 2 * (i64)k_heads * k_dim + (i64)h * v_dim + j);
+            const float v = row[2 * (i64)k_heads * k_dim + (i64)h * v_dim + j];
             float kv = 0.0f;
 #pragma unroll
             for (int i = 0; i < DELTA_MAX_K; ++i) {
@@ -72,16 +70,3 @@ __device__ __forceinline__ void delta_recurrent(const Q* __restrict__ qkv, const
         }
     }
 }
-
-#define DELTA_ENTRY(NAME, Q)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(DELTA_MAX_THREADS)                                           \
-        NAME(const Q* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,           \
-             const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,           \
-             float* __restrict__ final_state, int has_final, float* __restrict__ out, int k_heads,             \
-             int v_heads, int k_dim, int v_dim, float scale, u32 rows_cap) {                                   \
-        delta_recurrent(qkv, beta, g, cu_seqlens, initial, has_initial, final_state, has_final, out, k_heads,  \
-                        v_heads, k_dim, v_dim, scale, rows_cap);                                               \
-    }
-
-DELTA_ENTRY(gated_delta_rule_recurrent, float)
-DELTA_ENTRY(gated_delta_rule_recurrent_bf16x, __nv_bfloat16)

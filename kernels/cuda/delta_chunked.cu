@@ -80,13 +80,13 @@ __device__ __forceinline__ void dc_frag_a(u32 (&a)[4], const float* x, int ld, i
 // T = (I + A)⁻¹ by 16×16 blocks: the four diagonal blocks by forward substitution, then the block
 // diagonals below them one after the other, T_rs = −T_rr Σ_{s≤q<r} A_rq T_qs.
 
-// qkv is f32 or bf16 (the conv output as a bf16 model holds it): one entry point per type.
-template <typename Q>
-__device__ __forceinline__ void gdr_prepare_chunk(
-    const Q* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,
-    const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads, int k_dim, int v_dim, float scale,
-    u32 rows_cap, __nv_bfloat16* __restrict__ w_out, float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
-    __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out, float* __restrict__ gam_out) {
+extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
+    gdr_prepare(const float* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,
+                const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads, int k_dim,
+                int v_dim, float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out,
+                float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
+                __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out,
+                float* __restrict__ gam_out) {
     constexpr int CH = DC_CHUNK;
     constexpr int DK = DC_DK;
     constexpr int ROWS_PER_PASS = DC_THREADS / (DK / 2);  // tile rows one pass of all threads covers
@@ -134,19 +134,19 @@ __device__ __forceinline__ void gdr_prepare_chunk(
 #pragma unroll
         for (int m = 0; m < PER_THREAD; ++m) {
             const int i = er + m * ROWS_PER_PASS;
-            const Q* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
+            const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
             const bool ok = i < n;
             if (pairs) {
                 const bool in = ok && ec < k_dim;
-                qv[m] = in ? load_f32x2(row + q_at + ec) : make_float2(0.0f, 0.0f);
-                kv[m] = in ? load_f32x2(row + k_at + ec) : make_float2(0.0f, 0.0f);
+                qv[m] = in ? *reinterpret_cast<const float2*>(row + q_at + ec) : make_float2(0.0f, 0.0f);
+                kv[m] = in ? *reinterpret_cast<const float2*>(row + k_at + ec) : make_float2(0.0f, 0.0f);
                 qv[m].x *= scale;
                 qv[m].y *= scale;
             } else {
-                qv[m].x = ok && ec < k_dim ? load_f32(row, q_at + ec) * scale : 0.0f;
-                qv[m].y = ok && ec + 1 < k_dim ? load_f32(row, q_at + ec + 1) * scale : 0.0f;
-                kv[m].x = ok && ec < k_dim ? load_f32(row, k_at + ec) : 0.0f;
-                kv[m].y = ok && ec + 1 < k_dim ? load_f32(row, k_at + ec + 1) : 0.0f;
+                qv[m].x = ok && ec < k_dim ? row[q_at + ec] * scale : 0.0f;
+                qv[m].y = ok && ec + 1 < k_dim ? row[q_at + ec + 1] * scale : 0.0f;
+                kv[m].x = ok && ec < k_dim ? row[k_at + ec] : 0.0f;
+                kv[m].y = ok && ec + 1 < k_dim ? row[k_at + ec + 1] : 0.0f;
             }
         }
 #pragma unroll
@@ -192,13 +192,13 @@ __device__ __forceinline__ void gdr_prepare_chunk(
 #pragma unroll
         for (int m = 0; m < PER_THREAD; ++m) {
             const int i = er + m * ROWS_PER_PASS;
-            const Q* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
+            const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
             const bool ok = i < n;
             if (pairs) {
-                vr[m] = ok && ec < v_dim ? load_f32x2(row + v_at + ec) : make_float2(0.0f, 0.0f);
+                vr[m] = ok && ec < v_dim ? *reinterpret_cast<const float2*>(row + v_at + ec) : make_float2(0.0f, 0.0f);
             } else {
-                vr[m].x = ok && ec < v_dim ? load_f32(row, v_at + ec) : 0.0f;
-                vr[m].y = ok && ec + 1 < v_dim ? load_f32(row, v_at + ec + 1) : 0.0f;
+                vr[m].x = ok && ec < v_dim ? row[v_at + ec] : 0.0f;
+                vr[m].y = ok && ec + 1 < v_dim ? row[v_at + ec + 1] : 0.0f;
             }
         }
     };
@@ -390,20 +390,6 @@ __device__ __forceinline__ void gdr_prepare_chunk(
         }
     }
 }
-
-#define PREPARE_ENTRY(NAME, Q)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)                                               \
-        NAME(const Q* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,           \
-             const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads, int k_dim, int v_dim, \
-             float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out, float* __restrict__ u_out,          \
-             __nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ k_out,                             \
-             __nv_bfloat16* __restrict__ p_out, float* __restrict__ gam_out) {                                 \
-        gdr_prepare_chunk(qkv, beta, g, cu_seqlens, num_seqs, k_heads, v_heads, k_dim, v_dim, scale, rows_cap, \
-                          w_out, u_out, q_out, k_out, p_out, gam_out);                                        \
-    }
-
-PREPARE_ENTRY(gdr_prepare, float)
-PREPARE_ENTRY(gdr_prepare_bf16x, __nv_bfloat16)
 
 // ---------------------------------------------------------------------------------------------
 // Kernel 2: the sequential pass over each sequence's chunks.

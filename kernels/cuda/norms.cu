@@ -211,33 +211,33 @@ extern "C" __global__ void head_rms_norm(float* __restrict__ x, const __nv_bfloa
                        head_dim, lane, eps);
 }
 
-// x · 1/sqrt(Σx² + eps) on every head in place (f32, or bf16: rounded again). One warp per (row, head).
-template <int HELD, typename T>
-__device__ void l2_norm_head(T* __restrict__ x, int rows, int heads, int head_dim, int head_stride,
+// x · 1/sqrt(Σx² + eps) on every head in place. One warp per (row, head).
+template <int HELD>
+__device__ void l2_norm_head(float* __restrict__ x, int rows, int heads, int head_dim, int head_stride,
                              int row_stride, int offset, float eps) {
     const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (item >= (i64)rows * heads) return;
-    T* h = x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride);
+    float* h = x + head_start((int)(item / heads), (int)(item % heads), row_stride, offset, head_stride);
     if (head_dim <= HELD * 32) {
         float v[HELD];
 #pragma unroll
         for (int e = 0; e < HELD; ++e) {
             const int i = lane + e * 32;
-            v[e] = i < head_dim ? load_f32(h, i) : 0.0f;
+            v[e] = i < head_dim ? h[i] : 0.0f;
         }
         const float inv = l2_inv_held<HELD>(v, lane, head_dim, eps);
 #pragma unroll
         for (int e = 0; e < HELD; ++e) {
             const int i = lane + e * 32;
-            if (i < head_dim) store_f32(h + i, v[e] * inv);
+            if (i < head_dim) h[i] = v[e] * inv;
         }
         return;
     }
     float ss = 0.0f;
-    for (int i = lane; i < head_dim; i += 32) ss += load_f32(h, i) * load_f32(h, i);
+    for (int i = lane; i < head_dim; i += 32) ss += h[i] * h[i];
     const float inv = rsqrtf(warp_sum(ss) + eps);
-    for (int i = lane; i < head_dim; i += 32) store_f32(h + i, load_f32(h, i) * inv);
+    for (int i = lane; i < head_dim; i += 32) h[i] *= inv;
 }
 
 // The one-warp kernels with HELD values per lane, named NAME_hHELD.
@@ -255,11 +255,6 @@ __device__ void l2_norm_head(T* __restrict__ x, int rows, int heads, int head_di
     }                                                                                                          \
     extern "C" __global__ void l2_norm_h##H(float* __restrict__ x, int rows, int heads, int head_dim,          \
                                             int head_stride, int row_stride, int offset, float eps) {          \
-        l2_norm_head<H>(x, rows, heads, head_dim, head_stride, row_stride, offset, eps);                       \
-    }                                                                                                          \
-    extern "C" __global__ void l2_norm_bf16_h##H(__nv_bfloat16* __restrict__ x, int rows, int heads,           \
-                                                 int head_dim, int head_stride, int row_stride, int offset,    \
-                                                 float eps) {                                                  \
         l2_norm_head<H>(x, rows, heads, head_dim, head_stride, row_stride, offset, eps);                       \
     }
 

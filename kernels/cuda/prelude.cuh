@@ -17,14 +17,6 @@ __device__ __forceinline__ float load_bf16(const __nv_bfloat16* p, i64 i) {
 // holds in bf16): for kernels with one entry point per input type.
 __device__ __forceinline__ float load_f32(const float* p, i64 i) { return p[i]; }
 __device__ __forceinline__ float load_f32(const __nv_bfloat16* p, i64 i) { return __bfloat162float(p[i]); }
-// Two consecutive values (8-byte aligned f32, or 4-byte aligned bf16).
-__device__ __forceinline__ float2 load_f32x2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 load_f32x2(const __nv_bfloat16* p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-// Stores an f32 result into an f32 buffer, or rounded (to nearest even) into a bf16 one.
-__device__ __forceinline__ void store_f32(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_f32(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 

@@ -261,8 +261,7 @@ pub trait Backend: Buffers {
     /// A zeroed buffer of `len` values for a GEMM input that only the norms write (`rms_norm`,
     /// `add_rms_norm` as `out`) and only GEMMs read, or for a GEMM output that only `swiglu` and
     /// `swiglu_gemm` read (the MLP's gate|up), or only `conv1d_silu(_l2)`, `delta_gates` and the
-    /// gated norms (as `z`) read (a Gated DeltaNet layer's stacked in-projection), or only
-    /// `conv1d_silu(_l2)` writes (as `out`) and the gated delta rule reads (as `qkv`): a device
+    /// gated norms (as `z`) read (a Gated DeltaNet layer's stacked in-projection): a device
     /// backend may hold it in its GEMM operand precision (bf16 on CUDA, as a bf16 model's
     /// activations are). The default is [`Self::alloc`].
     fn alloc_gemm_input(&self, len: usize) -> KernelResult<Self::Buf> {

@@ -8,7 +8,7 @@
 //! `cargo test --release -p instinct-kernels --test cuda_delta_chunked -- --ignored --nocapture --test-threads 1`.
 
 mod common;
-use common::{bf16_activation, cu_of, gpu, indices, padded, rand_vec};
+use common::{cu_of, gpu, indices, padded, rand_vec};
 
 use std::time::Instant;
 
@@ -119,34 +119,12 @@ impl Inputs {
         (out, fin)
     }
 
-    /// The same inputs with qkv rounded to bf16 (the conv output as the GPU forward holds it).
-    fn bf16_qkv(&self) -> Self {
-        Self {
-            qkv: self
-                .qkv
-                .iter()
-                .map(|&x| half::bf16::from_f32(x).to_f32())
-                .collect(),
-            beta: self.beta.clone(),
-            g: self.g.clone(),
-            initial: self.initial.clone(),
-            cu: self.cu.clone(),
-            ..*self
-        }
-    }
-
     /// The GPU chunked output and final states, from buffers with sentinels past their ends
-    /// (checked untouched here); qkv from an f32 buffer or (`bf16`) a bf16 one.
-    fn on_gpu(&self, gpu: &CudaBackend, with_initial: bool, bf16: bool) -> (Vec<f32>, Vec<f32>) {
+    /// (checked untouched here).
+    fn on_gpu(&self, gpu: &CudaBackend, with_initial: bool) -> (Vec<f32>, Vec<f32>) {
         let extra_rows = 3;
         let dims = self.dims;
-        let qkv = if bf16 {
-            let mut host = self.qkv.clone();
-            host.resize(host.len() + extra_rows * dims.qkv_width(), SENTINEL);
-            bf16_activation(gpu, &host, 0)
-        } else {
-            padded(gpu, &self.qkv, extra_rows * dims.qkv_width(), SENTINEL)
-        };
+        let qkv = padded(gpu, &self.qkv, extra_rows * dims.qkv_width(), SENTINEL);
         let beta = padded(gpu, &self.beta, extra_rows * dims.v_heads, SENTINEL);
         let g = padded(gpu, &self.g, extra_rows * dims.v_heads, SENTINEL);
         let initial = padded(gpu, &self.initial, 0, SENTINEL);
@@ -213,25 +191,15 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     );
 }
 
-/// Chunked GPU vs CPU recurrent on `lens`, strong and tiny decays, with and without initial state,
-/// qkv in f32 and in bf16 (against the CPU on the rounded values).
+/// Chunked GPU vs CPU recurrent on `lens`, strong and tiny decays, with and without initial state.
 fn compare(gpu: &CudaBackend, dims: DeltaDims, lens: &[usize], seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     for (decay, name) in [(STRONG, "strong"), (TINY, "tiny")] {
-        let f32_inputs = Inputs::new(&mut rng, dims, lens, decay);
-        for (bf16, with_initial) in [(false, false), (false, true), (true, false), (true, true)] {
-            let rounded;
-            let inputs = if bf16 {
-                rounded = f32_inputs.bf16_qkv();
-                &rounded
-            } else {
-                &f32_inputs
-            };
+        let inputs = Inputs::new(&mut rng, dims, lens, decay);
+        for with_initial in [false, true] {
             let (want, want_final) = inputs.reference(with_initial);
-            let (got, got_final) = inputs.on_gpu(gpu, with_initial, bf16);
-            let what = format!(
-                "{dims:?} lens {lens:?} {name} decay, initial {with_initial}, bf16 qkv {bf16}"
-            );
+            let (got, got_final) = inputs.on_gpu(gpu, with_initial);
+            let what = format!("{dims:?} lens {lens:?} {name} decay, initial {with_initial}");
             assert_close(&got, &want, TOL, &format!("{what}: out"));
             assert_close(
                 &got_final,

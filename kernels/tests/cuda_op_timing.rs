@@ -113,7 +113,9 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let mut normed = gpu.alloc_gemm_input(rows * HIDDEN).unwrap();
     gpu.write(&mut normed, &vec![0.5; rows * HIDDEN]).unwrap();
     let mut residual = filled(gpu, rows * HIDDEN, 0.1);
-    let mut proj = gpu.alloc(rows * (2 * INTER).max(in_w)).unwrap();
+    // As in the model, the DeltaNet in-projection and the MLP's gate|up are held in bf16.
+    let mut proj = gpu.alloc_gemm_input(rows * in_w).unwrap();
+    let mut gate_up = gpu.alloc_gemm_input(rows * 2 * INTER).unwrap();
     let mut beta = filled(gpu, rows * hv, 0.3);
     let mut decay = filled(gpu, rows * hv, -0.1);
     let mut conv = filled(gpu, rows * qkv_w, 0.05);
@@ -139,21 +141,6 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     row("deltanet in_proj (stacked GEMM)", DELTA_LAYERS, t);
     // Small values in every block: the gates and gated norm below read them.
     gpu.write(&mut proj, &vec![0.1; rows * in_w]).unwrap();
-    let t = time(gpu, runs, || {
-        gpu.conv1d_silu(
-            &proj,
-            qkv_at,
-            &conv_w,
-            batch(),
-            qkv_w,
-            4,
-            None,
-            None,
-            &mut conv,
-        )
-        .unwrap()
-    });
-    row("conv1d + silu", DELTA_LAYERS, t);
     let qk_layout = HeadLayout {
         heads: 2 * DELTA.k_heads,
         head_dim: DELTA.k_dim,
@@ -161,10 +148,22 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
         row_stride: qkv_w,
         offset: 0,
     };
+    // The forward's form: the q and k heads L2-normalised by the conv kernel.
     let t = time(gpu, runs, || {
-        gpu.l2_norm(&mut conv, qk_layout, rows, 1e-6).unwrap()
+        gpu.conv1d_silu_l2(
+            &proj,
+            qkv_at,
+            &conv_w,
+            batch(),
+            qkv_w,
+            4,
+            qk_layout,
+            1e-6,
+            &mut conv,
+        )
+        .unwrap()
     });
-    row("l2 norm q,k", DELTA_LAYERS, t);
+    row("conv1d + silu + l2 norm q,k", DELTA_LAYERS, t);
     let t = time(gpu, runs, || {
         gpu.delta_gates(
             &proj, b_at, &proj, a_at, &a_log, &a_log, rows, hv, &mut beta, &mut decay,
@@ -268,13 +267,13 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     });
     row("rms norm", 2 * layers, t);
     let t = time(gpu, runs, || {
-        gpu.gemm(&normed, &w_gate_up, rows, HIDDEN, 2 * INTER, &mut proj)
+        gpu.gemm(&normed, &w_gate_up, rows, HIDDEN, 2 * INTER, &mut gate_up)
             .unwrap()
     });
     row("mlp gate|up GEMM", layers, t);
     let t = time(gpu, runs, || {
         gpu.swiglu_gemm(
-            &proj,
+            &gate_up,
             rows,
             INTER,
             &w_down,

@@ -253,8 +253,7 @@ struct Workspace<B: Buffers> {
     delta_proj: B::Buf,
     /// MLP gate|up `[T, 2·inter]`, read only by SwiGLU (from `alloc_gemm_input`: bf16 on a GPU).
     gate_up: B::Buf,
-    /// DeltaNet conv output `[T, qkv]`, read only by the delta rule (from `alloc_gemm_input`: bf16
-    /// on a GPU, as a bf16 model's conv output is).
+    /// DeltaNet conv output `[T, qkv]`.
     conv: B::Buf,
     /// DeltaNet β (after the gates) `[T, Hv]`.
     beta: B::Buf,
@@ -442,9 +441,7 @@ impl<B: Backend> TextModel<B> {
             gate_up: backend
                 .alloc_gemm_input(t * 2 * d.inter)
                 .map_err(|e| anyhow!(e))?,
-            conv: backend
-                .alloc_gemm_input(t * d.delta.qkv_width())
-                .map_err(|e| anyhow!(e))?,
+            conv: f(d.delta.qkv_width())?,
             beta: f(d.delta.v_heads)?,
             decay: f(d.delta.v_heads)?,
             k: f(d.kv_width())?,

@@ -289,10 +289,6 @@ const GATED_RMS_NORM_BF16_ZBF16: [&str; 3] = [
     "gated_rms_norm_bf16_zbf16_h16",
 ];
 const L2_NORM: [&str; 3] = ["l2_norm_h4", "l2_norm_h8", "l2_norm_h16"];
-const L2_NORM_BF16: [&str; 3] = ["l2_norm_bf16_h4", "l2_norm_bf16_h8", "l2_norm_bf16_h16"];
-
-/// A null device pointer, pushed in place of an absent optional buffer.
-const NULL_PTR: u64 = 0;
 
 /// Pushes `buf`, or (absent) a null pointer in its place, for an optional input the kernel then
 /// does not read.
@@ -377,8 +373,7 @@ impl<'a> GateArgs<'a> {
 
 /// The checked buffers of a delta-rule launch.
 pub(super) struct DeltaArgs<'a> {
-    /// f32, or bf16 (the conv output held in bf16): each kernel has an entry point per type.
-    pub qkv: InBuf<'a>,
+    pub qkv: &'a CudaSlice<f32>,
     pub beta: &'a CudaSlice<f32>,
     pub g: &'a CudaSlice<f32>,
     pub cu_seqlens: &'a CudaSlice<u32>,
@@ -422,7 +417,7 @@ impl<'a> DeltaArgs<'a> {
         let has_initial = i32::from(state.initial.is_some());
         let has_final = i32::from(state.final_out.is_some());
         let args = Self {
-            qkv: in_buf(op, "qkv", qkv, 0)?,
+            qkv: act(op, "qkv", qkv, 0)?,
             beta: act(op, "beta", beta, 0)?,
             g: act(op, "g", g, 0)?,
             cu_seqlens: batch.cu_seqlens,
@@ -443,21 +438,17 @@ impl<'a> DeltaArgs<'a> {
         Ok((batch.num_seqs > 0 && v_heads > 0).then_some(args))
     }
 
-    /// Whether qkv is bf16 (the kernels' `_bf16x` entry points).
-    pub(super) fn qkv_is_bf16(&self) -> bool {
-        matches!(self.qkv, InBuf::Bf16(_))
-    }
-
     /// Pushes the arguments every delta-rule kernel takes in this order: `cu_seqlens, initial,
     /// has_initial, final_state, has_final, out`. The kernels never touch an absent state
-    /// (has_* = 0): a null pointer stands in for it.
+    /// (has_* = 0); qkv stands in for it as a valid pointer.
     pub(super) fn push_states_and_out<'b>(&'b mut self, launch: &mut LaunchArgs<'b>) {
-        launch.arg(self.cu_seqlens);
-        push_or_null(launch, self.initial, &NULL_PTR);
-        launch.arg(&self.has_initial);
+        launch
+            .arg(self.cu_seqlens)
+            .arg(self.initial.unwrap_or(self.qkv))
+            .arg(&self.has_initial);
         match self.final_out.as_deref_mut() {
             Some(final_state) => launch.arg(final_state),
-            None => launch.arg(&NULL_PTR),
+            None => launch.arg(self.qkv),
         };
         launch.arg(&self.has_final).arg(&mut *self.out);
     }
@@ -523,8 +514,7 @@ impl Backend for CudaBackend {
         Ok(CudaBuf::F32(slice))
     }
 
-    /// A bf16 buffer: activations a bf16 model holds in bf16 (GEMM inputs and some projection and
-    /// conv outputs), in that precision.
+    /// A bf16 buffer: the norms write GEMM inputs in the precision the GEMM reads them.
     fn alloc_gemm_input(&self, len: usize) -> KernelResult<CudaBuf> {
         let slice = self.device.stream.alloc_zeros::<bf16>(len);
         let slice = slice.map_err(|e| driver_err("alloc_gemm_input", e))?;
@@ -830,15 +820,7 @@ impl Backend for CudaBackend {
         check_layout(OP, layout, x.len(), rows)?;
         let x = act_mut(OP, "x", x, 0)?;
         let w = weight(OP, "weight", weight_buf, layout.head_dim)?;
-        self.per_head(
-            OP,
-            "head_rms_norm",
-            OutBuf::F32(x),
-            Some(w),
-            layout,
-            rows,
-            eps,
-        )
+        self.per_head(OP, "head_rms_norm", x, Some(w), layout, rows, eps)
     }
 
     fn rope(
@@ -1127,13 +1109,8 @@ impl Backend for CudaBackend {
     ) -> KernelResult<()> {
         const OP: &str = "l2_norm";
         check_layout(OP, layout, x.len(), rows)?;
-        let x = out_buf(OP, "x", x, 0)?;
-        let held = held_variant(layout.head_dim, 32, &WARP_HELD);
-        let kernel = if x.is_bf16() {
-            L2_NORM_BF16[held]
-        } else {
-            L2_NORM[held]
-        };
+        let x = act_mut(OP, "x", x, 0)?;
+        let kernel = L2_NORM[held_variant(layout.head_dim, 32, &WARP_HELD)];
         self.per_head(OP, kernel, x, None, layout, rows, eps)
     }
 
@@ -1598,12 +1575,7 @@ impl CudaBackend {
             block_dim: (to_u32(OP, "v_dim", v_dim.div_ceil(32) * 32)?, 1, 1),
             shared_mem_bytes: 0,
         };
-        let kernel = if args.qkv_is_bf16() {
-            "gated_delta_rule_recurrent_bf16x"
-        } else {
-            "gated_delta_rule_recurrent"
-        };
-        self.launch_delta(OP, kernel, args, cfg)
+        self.launch_delta(OP, "gated_delta_rule_recurrent", args, cfg)
     }
 
     /// Launches the token-by-token delta-rule kernel.
@@ -1623,8 +1595,7 @@ impl CudaBackend {
         let rows_cap_a = to_u32(op, "rows", args.rows_cap)?;
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
-        args.qkv.push(&mut launch);
-        launch.arg(args.beta).arg(args.g);
+        launch.arg(args.qkv).arg(args.beta).arg(args.g);
         args.push_states_and_out(&mut launch);
         launch
             .arg(&k_heads_a)
@@ -1672,20 +1643,18 @@ impl CudaBackend {
         let x_stride = to_i32(OP, "x row stride", x_at.row_stride)?;
         let x_offset = to_i32(OP, "x offset", x_at.offset)?;
         let x = in_buf(OP, "x", x, 0)?;
-        let mut out = out_buf(OP, "out", out, 0)?;
-        let (conv_kernel, window_kernel) = match (&x, &out) {
-            (InBuf::F32(_), OutBuf::F32(_)) => ("conv1d_silu", "conv1d_window_out"),
-            (InBuf::Bf16(_), OutBuf::F32(_)) => ("conv1d_silu_bf16x", "conv1d_window_out_bf16x"),
-            (InBuf::F32(_), OutBuf::Bf16(_)) => ("conv1d_silu_to_bf16", "conv1d_window_out"),
-            (InBuf::Bf16(_), OutBuf::Bf16(_)) => {
-                ("conv1d_silu_bf16x_to_bf16", "conv1d_window_out_bf16x")
-            }
+        let (conv_kernel, window_kernel) = match x {
+            InBuf::F32(_) => ("conv1d_silu", "conv1d_window_out"),
+            InBuf::Bf16(_) => ("conv1d_silu_bf16x", "conv1d_window_out_bf16x"),
         };
         let w = weight(OP, "weight", weight_buf, channels * kernel)?;
+        let out = act_mut(OP, "out", out, 0)?;
         let window_in = window_in
             .map(|w| act(OP, "window_in", w, win_len))
             .transpose()?;
         let has_window = i32::from(window_in.is_some());
+        // Without a window the kernels never read it: a null pointer stands in.
+        let no_window = 0u64;
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let channels_a = to_i32(OP, "channels", channels)?;
         let kernel_a = to_i32(OP, "kernel", kernel)?;
@@ -1703,13 +1672,10 @@ impl CudaBackend {
                 .arg(w)
                 .arg(batch.cu_seqlens)
                 .arg(&num_seqs);
-            push_or_null(&mut launch, window_in, &NULL_PTR);
-            launch.arg(&has_window);
-            match &mut out {
-                OutBuf::F32(o) => launch.arg(&mut **o),
-                OutBuf::Bf16(o) => launch.arg(&mut **o),
-            };
+            push_or_null(&mut launch, window_in, &no_window);
             launch
+                .arg(&has_window)
+                .arg(&mut *out)
                 .arg(&channels_a)
                 .arg(&kernel_a)
                 .arg(&rows_cap_a)
@@ -1739,7 +1705,7 @@ impl CudaBackend {
                     .arg(&x_offset)
                     .arg(batch.cu_seqlens)
                     .arg(&num_seqs);
-                push_or_null(&mut launch, window_in, &NULL_PTR);
+                push_or_null(&mut launch, window_in, &no_window);
                 launch
                     .arg(&has_window)
                     .arg(window_out)
@@ -1759,7 +1725,7 @@ impl CudaBackend {
         &self,
         op: &'static str,
         kernel: &str,
-        x: OutBuf<'_>,
+        x: &mut CudaSlice<f32>,
         w: Option<&CudaSlice<bf16>>,
         layout: HeadLayout,
         rows: usize,
@@ -1776,10 +1742,7 @@ impl CudaBackend {
         let offset = to_i32(op, "offset", layout.offset)?;
         let f = self.device.function(kernel)?;
         let mut launch = self.device.stream.launch_builder(f);
-        match x {
-            OutBuf::F32(x) => launch.arg(x),
-            OutBuf::Bf16(x) => launch.arg(x),
-        };
+        launch.arg(x);
         if let Some(w) = w {
             launch.arg(w);
         }

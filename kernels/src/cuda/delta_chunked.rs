@@ -192,12 +192,7 @@ impl CudaBackend {
         // 1. Every chunk at once. Chunk slots: Σ ceil(len / 64) ≤ ceil(rows / 64) + num_seqs.
         if rows > 0 {
             let slots = rows.div_ceil(CHUNK) + batch.num_seqs;
-            let prepare = if args.qkv_is_bf16() {
-                "gdr_prepare_bf16x"
-            } else {
-                "gdr_prepare"
-            };
-            self.opt_in_smem(OP, prepare, PREPARE_SMEM)?;
+            self.opt_in_smem(OP, "gdr_prepare", PREPARE_SMEM)?;
             let cfg = LaunchConfig {
                 grid_dim: (
                     to_u32(OP, "chunk slots", slots)?,
@@ -207,10 +202,10 @@ impl CudaBackend {
                 block_dim: (PREPARE_THREADS, 1, 1),
                 shared_mem_bytes: to_u32(OP, "shared memory", PREPARE_SMEM)?,
             };
-            let f = self.device.function(prepare)?;
+            let f = self.device.function("gdr_prepare")?;
             let mut launch = self.device.stream.launch_builder(f);
-            args.qkv.push(&mut launch);
             launch
+                .arg(args.qkv)
                 .arg(args.beta)
                 .arg(args.g)
                 .arg(args.cu_seqlens)

@@ -68,9 +68,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "l2_norm_h4",
             "l2_norm_h8",
             "l2_norm_h16",
-            "l2_norm_bf16_h4",
-            "l2_norm_bf16_h8",
-            "l2_norm_bf16_h16",
         ],
     },
     KernelSource {
@@ -99,8 +96,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         functions: &[
             "conv1d_silu",
             "conv1d_silu_bf16x",
-            "conv1d_silu_to_bf16",
-            "conv1d_silu_bf16x_to_bf16",
             "conv1d_window_out",
             "conv1d_window_out_bf16x",
         ],
@@ -134,19 +129,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "delta.cu",
         code: include_str!("../../cuda/delta.cu"),
-        functions: &[
-            "gated_delta_rule_recurrent",
-            "gated_delta_rule_recurrent_bf16x",
-        ],
+        functions: &["gated_delta_rule_recurrent"],
     },
     KernelSource {
         file: "delta_chunked.cu",
         code: include_str!("../../cuda/delta_chunked.cu"),
-        functions: &[
-            "gdr_prepare",
-            "gdr_prepare_bf16x",
-            "gdr_state_pass_v32",
-            "gdr_state_pass_v64",
-        ],
+        functions: &["gdr_prepare", "gdr_state_pass_v32", "gdr_state_pass_v64"],
     },
 ];
