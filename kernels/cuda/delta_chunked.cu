@@ -482,18 +482,16 @@ __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restri
     if (tid == 0) cp_async4(base + L::GL, gam + (i64)(c0 + n - 1) * v_heads + h);
 }
 
-// SV value columns per block; each warp owns 16 rows of the chunk's V' / O tile and 32 rows of the
-// state, NT 8-column tiles wide (4 warps per 8·NT columns). Which warp computes a value does not
-// change how: every value is the same mma chain over the same depth order whatever NT is.
-template <int SV, int NT>
+// SV value columns per block, in groups of 32; warps (4 per group) each own 16 rows of the
+// chunk's V' / O tile and 32 rows of the state, 32 columns wide.
+template <int SV>
 __device__ __forceinline__ void gdr_state_pass(
     const __nv_bfloat16* __restrict__ w, const float* __restrict__ u, const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ p, const float* __restrict__ gam,
     const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,
     float* __restrict__ final_state, int has_final, float* __restrict__ out, int v_heads, int k_dim,
     int v_dim, u32 rows_cap) {
-    static_assert(NT % 2 == 0 && SV % (8 * NT) == 0, "whole 16-column ldmatrix loads per warp");
-    constexpr int THREADS = 4 * (SV / (8 * NT)) * 32;  // 4 warps (row groups) per 8·NT columns
+    constexpr int THREADS = SV * 4;  // 4 warps per 32 columns
     constexpr int SLD = SV + 8;      // bf16 row stride of the state and V' copies
     using L = GsStage<SV>;
     unsigned char* const smem = reinterpret_cast<unsigned char*>(dc_smem);
@@ -508,7 +506,7 @@ __device__ __forceinline__ void gdr_state_pass(
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int rw = warp & 3;         // row group: V'/O rows 16·rw.., state rows 32·rw..
-    const int cw = 8 * NT * (warp >> 2); // the warp's first column within the slice
+    const int cw = 32 * (warp >> 2); // the warp's first column within the slice
     const int gr = lane >> 2;        // fragment row (and row + 8)
     const int gc = 2 * (lane & 3);   // fragment column pair
     const int vcols = min(SV, v_dim - col0);
@@ -518,13 +516,13 @@ __device__ __forceinline__ void gdr_state_pass(
 
     // The state slice, f32 in mma accumulator layout: st[m][nt][e] is at row st_row(m, e) (a key)
     // and column st_col(nt, e) of the slice.
-    float st[2][NT][4];
+    float st[2][4][4];
     auto st_row = [&](int m, int e) { return 32 * rw + 16 * m + gr + (e >> 1) * 8; };
     auto st_col = [&](int nt, int e) { return cw + 8 * nt + gc + (e & 1); };
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
+        for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = st_row(m, e);
@@ -540,7 +538,7 @@ __device__ __forceinline__ void gdr_state_pass(
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
+            for (int nt = 0; nt < 4; ++nt) {
                 __nv_bfloat16* d = Sb + (32 * rw + 16 * m + gr) * SLD + cw + 8 * nt + gc;
                 *reinterpret_cast<u32*>(d) = pack_bf16x2(st[m][nt][0], st[m][nt][1]);
                 *reinterpret_cast<u32*>(d + 8 * SLD) = pack_bf16x2(st[m][nt][2], st[m][nt][3]);
@@ -579,9 +577,9 @@ __device__ __forceinline__ void gdr_state_pass(
         cp_async_commit();
 
         // ---- V' = U − W S0 and O = (e^γ q) S0: 16 rows × 32 columns per warp, depth 128.
-        float vp[NT][4], o[NT][4];
+        float vp[4][4], o[4][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
+        for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 vp[nt][e] = 0.0f;
@@ -597,7 +595,7 @@ __device__ __forceinline__ void gdr_state_pass(
                 ldmatrix_x4(wa, w_addr + ks * 32);
                 ldmatrix_x4(qa, q_addr + ks * 32);
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
+                for (int np = 0; np < 2; ++np) {
                     u32 sb[4];
                     ldmatrix_x4_trans(sb, sb_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
                     mma_bf16_16816(vp[2 * np], wa, sb[0], sb[1]);
@@ -610,7 +608,7 @@ __device__ __forceinline__ void gdr_state_pass(
         {
             const float* us = reinterpret_cast<const float*>(stage + L::U);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
+            for (int nt = 0; nt < 4; ++nt) {
                 const int col = cw + 8 * nt + gc;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -633,7 +631,7 @@ __device__ __forceinline__ void gdr_state_pass(
                 u32 pa[4];
                 ldmatrix_x4(pa, p_addr + ks * 32);
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
+                for (int np = 0; np < 2; ++np) {
                     u32 vb[4];
                     ldmatrix_x4_trans(vb, vb_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
                     mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
@@ -647,7 +645,7 @@ __device__ __forceinline__ void gdr_state_pass(
                 if (row < n) {
                     float* dst = out + (i64)(c0 + row) * out_width + (i64)h * v_dim + col0;
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
+                    for (int nt = 0; nt < 4; ++nt) {
                         const int col = cw + 8 * nt + gc;
                         if (col < vcols) dst[col] = o[nt][2 * half];
                         if (col + 1 < vcols) dst[col + 1] = o[nt][2 * half + 1];
@@ -663,7 +661,7 @@ __device__ __forceinline__ void gdr_state_pass(
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
+                for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) st[m][nt][e] *= decay;
                 }
@@ -671,9 +669,9 @@ __device__ __forceinline__ void gdr_state_pass(
             const u32 k_addr = base + L::K + (u32)(at_k * GS_LD + 32 * rw + at_m) * 2;
 #pragma unroll
             for (int ks = 0; ks < DC_CHUNK / 16; ++ks) {
-                u32 vb[NT / 2][4];
+                u32 vb[2][4];
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np) {
+                for (int np = 0; np < 2; ++np) {
                     ldmatrix_x4_trans(vb[np], vb_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
                 }
 #pragma unroll
@@ -681,7 +679,7 @@ __device__ __forceinline__ void gdr_state_pass(
                     u32 ka[4];
                     ldmatrix_x4_trans(ka, k_addr + (u32)(ks * 16 * GS_LD + 16 * m) * 2);
 #pragma unroll
-                    for (int np = 0; np < NT / 2; ++np) {
+                    for (int np = 0; np < 2; ++np) {
                         mma_bf16_16816(st[m][2 * np], ka, vb[np][0], vb[np][1]);
                         mma_bf16_16816(st[m][2 * np + 1], ka, vb[np][2], vb[np][3]);
                     }
@@ -699,7 +697,7 @@ __device__ __forceinline__ void gdr_state_pass(
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
+            for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int row = st_row(m, e);
@@ -711,22 +709,19 @@ __device__ __forceinline__ void gdr_state_pass(
     }
 }
 
-// Grid (num_seqs, v_heads, ceil(v_dim / SV)), 4·SV/(8·NT) warps, dynamic shared memory
+// Grid (num_seqs, v_heads, ceil(v_dim / SV)), 4·SV threads, dynamic shared memory
 // 2·GsStage<SV>::BYTES + (128 + 64)·(SV + 8)·2 bytes (delta_chunked.rs `pass_smem_bytes`).
-#define GS_KERNEL(NAME, SV, NT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(4 * (SV / (8 * NT)) * 32)                                  \
+#define GS_KERNEL(NAME, SV)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(SV * 4)                                                    \
         NAME(const __nv_bfloat16* __restrict__ w, const float* __restrict__ u,                             \
              const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,                     \
              const __nv_bfloat16* __restrict__ p, const float* __restrict__ gam,                           \
              const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,        \
              float* __restrict__ final_state, int has_final, float* __restrict__ out, int v_heads,         \
              int k_dim, int v_dim, u32 rows_cap) {                                                          \
-        gdr_state_pass<SV, NT>(w, u, q, k, p, gam, cu_seqlens, initial, has_initial, final_state,           \
-                               has_final, out, v_heads, k_dim, v_dim, rows_cap);                            \
+        gdr_state_pass<SV>(w, u, q, k, p, gam, cu_seqlens, initial, has_initial, final_state, has_final,    \
+                           out, v_heads, k_dim, v_dim, rows_cap);                                           \
     }
 
-// The 32-column slices run only when all blocks fit in one wave (delta_chunked.rs): 8 warps of 16
-// columns each, so every warp's chain of products per chunk is half as long. The 64-column slices
-// serve large batches: 8 warps of 32 columns.
-GS_KERNEL(gdr_state_pass_v32, 32, 2)
-GS_KERNEL(gdr_state_pass_v64, 64, 4)
+GS_KERNEL(gdr_state_pass_v32, 32)
+GS_KERNEL(gdr_state_pass_v64, 64)

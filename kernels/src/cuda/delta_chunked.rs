@@ -39,20 +39,19 @@ const fn pass_smem_bytes(sv: usize) -> usize {
     2 * stage + (MAX_HEAD + CHUNK) * (sv + 8) * 2
 }
 
-/// The state-pass kernel for `sv`-column slices: name, shared memory, threads (8 warps: 32
-/// columns each in the 64-column form, 16 in the 32-column one).
+/// The state-pass kernel for `sv`-column slices: name, shared memory, threads (4 warps per 32
+/// columns).
 fn pass_kernel(sv: usize) -> (&'static str, usize, u32) {
     match sv {
         64 => ("gdr_state_pass_v64", pass_smem_bytes(64), 256),
-        _ => ("gdr_state_pass_v32", pass_smem_bytes(32), 256),
+        _ => ("gdr_state_pass_v32", pass_smem_bytes(32), 128),
     }
 }
 
 /// Whether 64-column slices suit `pairs` (sequence, head) pairs on `sms` SMs (one block per SM
-/// fits, by shared memory). A 64-column block does twice the work of a 32-column one per chunk
-/// but takes well under twice as long, so it halves the waves of a large batch; when the
-/// 32-column blocks all fit in one wave (one long prompt: 32 pairs, 128 blocks) they spread the
-/// work over more SMs, and their warps each hold 16 columns, for the shortest chain per chunk.
+/// fits, by shared memory). A 64-column block has twice the warps of a 32-column one and takes
+/// about as long per chunk, so it halves the waves of a large batch; when the 32-column blocks all
+/// fit in one wave (one long prompt: 32 pairs, 128 blocks) they spread the work over more SMs.
 fn wide_slices_win(pairs: usize, v_dim: usize, sms: usize) -> bool {
     v_dim > 32 && pairs * v_dim.div_ceil(32) > sms
 }
