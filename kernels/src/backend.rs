@@ -272,6 +272,11 @@ pub trait Backend: Buffers {
     fn alloc_idx(&self, len: usize) -> KernelResult<Self::Idx>;
     /// A new buffer holding `data` (weights are uploaded once with this).
     fn upload(&self, data: &[f32]) -> KernelResult<Self::Buf>;
+    /// A new buffer holding the concatenation of `parts` (a stacked projection's weights, uploaded
+    /// without first being copied together on the host where the backend can).
+    fn upload_stacked(&self, parts: &[&[f32]]) -> KernelResult<Self::Buf> {
+        self.upload(&parts.concat())
+    }
     /// Copies `data` into the start of `dst`.
     fn write(&self, dst: &mut Self::Buf, data: &[f32]) -> KernelResult<()>;
     /// Copies `data` into the start of `dst`.

@@ -1037,6 +1037,28 @@ fn gather_last_matches_cpu() {
     }
 }
 
+/// Weights go up through a pinned staging buffer of 16 Mi values: parts of odd sizes, one empty and
+/// one spanning two chunks land back to back, each value rounded to bf16 as on the host.
+#[test]
+#[ignore = "needs a GPU"]
+fn upload_stacked_rounds_every_part_into_place() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(13);
+    let parts: Vec<Vec<f32>> = [3, (16 << 20) + 5, 0, 7]
+        .into_iter()
+        .map(|n| rand_vec(&mut rng, n, 3.0))
+        .collect();
+    let refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    let buf = gpu.upload_stacked(&refs).unwrap();
+    assert_eq!(buf.dtype(), DType::Bf16);
+    let want = bf16_round(&parts.concat());
+    assert_eq!(buf.len(), want.len());
+    assert_eq!(bits(&gpu.read(&buf, want.len()).unwrap()), bits(&want));
+    // A single upload is the same path.
+    let one = gpu.upload(&parts[3]).unwrap();
+    assert_eq!(gpu.read(&one, 7).unwrap(), bf16_round(&parts[3]));
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gemm_matches_cpu_on_odd_sizes() {

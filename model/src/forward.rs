@@ -371,12 +371,10 @@ impl<B: Backend> TextModel<B> {
                 check_shape("linear_attn.A_log", &w.a_log, &[hv])?;
                 check_shape("linear_attn.norm", &w.norm, &[d.delta.v_dim])?;
                 check_shape("linear_attn.out_proj", &w.out_proj, &[h, vw])?;
-                let mut in_proj = Vec::with_capacity(d.delta_in_width() * h);
-                for part in [&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a] {
-                    in_proj.extend_from_slice(&part.data);
-                }
+                let in_proj = [&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a]
+                    .map(|part| part.data.as_slice());
                 MixerBufs::Linear(DeltaNetBufs {
-                    in_proj: backend.upload(&in_proj).map_err(|e| anyhow!(e))?,
+                    in_proj: backend.upload_stacked(&in_proj).map_err(|e| anyhow!(e))?,
                     conv1d: up(&w.conv1d)?,
                     dt_bias: up(&w.dt_bias)?,
                     a_log: up(&w.a_log)?,
@@ -403,14 +401,12 @@ impl<B: Backend> TextModel<B> {
             }
             (_, kind) => bail!("mixer weights do not match layer type {kind:?}"),
         };
-        let mut gate_up = Vec::with_capacity(2 * d.inter * h);
-        gate_up.extend_from_slice(&lw.mlp.gate_proj.data);
-        gate_up.extend_from_slice(&lw.mlp.up_proj.data);
+        let gate_up = [&lw.mlp.gate_proj.data[..], &lw.mlp.up_proj.data[..]];
         Ok(LayerBufs {
             input_norm: up(&lw.input_layernorm)?,
             post_norm: up(&lw.post_attention_layernorm)?,
             mixer,
-            gate_up: backend.upload(&gate_up).map_err(|e| anyhow!(e))?,
+            gate_up: backend.upload_stacked(&gate_up).map_err(|e| anyhow!(e))?,
             down: up(&lw.mlp.down_proj)?,
         })
     }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use half::bf16;
-use rayon::prelude::*;
 
 use super::blas::{row_bucket, Blas, GemmInput};
 use super::buffers::{act, act_mut, idx, in_buf, out_buf, weight, CudaBuf, InBuf, OutBuf};
@@ -15,6 +14,7 @@ use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
 use super::flash::FlashScratchSlot;
 use super::tuning::TuningFile;
+use super::upload::Staging;
 use crate::backend::{
     conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaState,
     HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
@@ -54,6 +54,8 @@ pub struct CudaBackend {
     pub(super) delta_scratch: DeltaScratchSlot,
     /// Flash attention's bf16 copies of Q, K and V.
     pub(super) flash_scratch: FlashScratchSlot,
+    /// The pinned buffer weights are uploaded through.
+    staging: Staging,
 }
 
 /// Reads a device's free and total memory; cheap to clone, usable from any thread.
@@ -96,6 +98,7 @@ impl CudaBackend {
             buffer_bytes: AtomicU64::new(0),
             delta_scratch: DeltaScratchSlot::default(),
             flash_scratch: FlashScratchSlot::default(),
+            staging: Staging::default(),
         })
     }
 
@@ -534,19 +537,15 @@ impl Backend for CudaBackend {
     /// Uploads a weight, converted to bf16 on the host (the model stores its weights in bf16), on
     /// every core: a 4B model is 4.2 G values.
     fn upload(&self, data: &[f32]) -> KernelResult<CudaBuf> {
-        const CHUNK: usize = 1 << 20;
-        let mut host = vec![bf16::ZERO; data.len()];
-        host.par_chunks_mut(CHUNK)
-            .zip(data.par_chunks(CHUNK))
-            .for_each(|(dst, src)| {
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d = bf16::from_f32(v);
-                }
-            });
-        let slice = self.device.stream.clone_htod(&host);
-        let slice = slice.map_err(|e| driver_err("upload", e))?;
+        self.upload_stacked(&[data])
+    }
+
+    fn upload_stacked(&self, parts: &[&[f32]]) -> KernelResult<CudaBuf> {
+        let slice = self
+            .staging
+            .upload(&self.device.ctx, &self.device.stream, parts)?;
         self.weight_bytes
-            .fetch_add(2 * data.len() as u64, Ordering::Relaxed);
+            .fetch_add(2 * slice.len() as u64, Ordering::Relaxed);
         Ok(CudaBuf::Bf16(slice))
     }
 

@@ -18,6 +18,7 @@ mod scratch;
 mod sources;
 mod toolkit;
 mod tuning;
+mod upload;
 
 pub use backend::{CudaBackend, MemoryProbe};
 pub use buffers::{CudaBuf, DType};
