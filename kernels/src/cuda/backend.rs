@@ -534,8 +534,8 @@ impl Backend for CudaBackend {
         Ok(slice)
     }
 
-    /// Uploads a weight, converted to bf16 on the host (the model stores its weights in bf16), on
-    /// every core: a 4B model is 4.2 G values.
+    /// Uploads a weight in bf16 (the model stores its weights in bf16), rounded on every core into
+    /// the pinned staging buffer (upload.rs): a 4B model is 4.2 G values.
     fn upload(&self, data: &[f32]) -> KernelResult<CudaBuf> {
         self.upload_stacked(&[data])
     }
