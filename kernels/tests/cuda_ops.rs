@@ -10,7 +10,7 @@
 //! summation order and the device's math functions.
 
 mod common;
-use common::{activation, bf16_activation, cu_of, gpu, indices, rand_vec};
+use common::{activation, activation_as, bf16_activation, cu_of, gpu, indices, rand_vec};
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
@@ -258,55 +258,34 @@ fn gated_rms_norm_matches_cpu() {
     let x = rand_vec(&mut rng, n, 2.0);
     let z = rand_vec(&mut rng, n, 3.0);
     let (w_h, w_d) = weight(&gpu, &mut rng, dim, 1.0);
-    let mut want = x.clone();
-    cpu.gated_rms_norm(
-        &mut want,
-        &z,
-        Strided::dense(heads * dim),
-        &w_h,
-        rows,
-        heads,
-        dim,
-        1e-6,
-    )
-    .unwrap();
-    for z_at in layouts(heads * dim) {
-        let mut x_d = activation(&gpu, &x, 0);
-        let z_d = activation(&gpu, &strided(&z, rows, heads * dim, z_at), 0);
-        gpu.gated_rms_norm(&mut x_d, &z_d, z_at, &w_d, rows, heads, dim, 1e-6)
-            .unwrap();
-        assert_close(
-            &gpu.read(&x_d, n).unwrap(),
-            &want,
-            1e-5,
-            &format!("gated_rms_norm z at {z_at:?}"),
-        );
-    }
-    // A bf16 z (the stacked in-projection held in bf16) against the CPU on the rounded z.
-    let z16 = bf16_round(&z);
-    let mut want = x.clone();
-    cpu.gated_rms_norm(
-        &mut want,
-        &z16,
-        Strided::dense(heads * dim),
-        &w_h,
-        rows,
-        heads,
-        dim,
-        1e-6,
-    )
-    .unwrap();
-    for z_at in layouts(heads * dim) {
-        let mut x_d = activation(&gpu, &x, 0);
-        let z_d = bf16_activation(&gpu, &strided(&z16, rows, heads * dim, z_at), 0);
-        gpu.gated_rms_norm(&mut x_d, &z_d, z_at, &w_d, rows, heads, dim, 1e-6)
-            .unwrap();
-        assert_close(
-            &gpu.read(&x_d, n).unwrap(),
-            &want,
-            1e-5,
-            &format!("gated_rms_norm bf16 z at {z_at:?}"),
-        );
+    // z in f32, and in bf16 (the stacked in-projection held in bf16) against the CPU on the
+    // rounded z.
+    for bf16_z in [false, true] {
+        let z = if bf16_z { bf16_round(&z) } else { z.clone() };
+        let mut want = x.clone();
+        cpu.gated_rms_norm(
+            &mut want,
+            &z,
+            Strided::dense(heads * dim),
+            &w_h,
+            rows,
+            heads,
+            dim,
+            1e-6,
+        )
+        .unwrap();
+        for z_at in layouts(heads * dim) {
+            let mut x_d = activation(&gpu, &x, 0);
+            let z_d = activation_as(&gpu, &strided(&z, rows, heads * dim, z_at), 0, bf16_z);
+            gpu.gated_rms_norm(&mut x_d, &z_d, z_at, &w_d, rows, heads, dim, 1e-6)
+                .unwrap();
+            assert_close(
+                &gpu.read(&x_d, n).unwrap(),
+                &want,
+                1e-5,
+                &format!("gated_rms_norm z at {z_at:?} bf16 {bf16_z}"),
+            );
+        }
     }
 }
 
@@ -609,14 +588,13 @@ fn conv1d_case(
         let x = rand_vec(rng, rows * channels, 2.0);
         let window = rand_vec(rng, win_len, 2.0);
         // One spare row of zeros past the last: the kernel must stop at `rows` anyway.
-        let (x, x_d) = if bf16_x {
-            let x = bf16_round(&x);
-            let x_d = bf16_activation(gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
-            (x, x_d)
-        } else {
-            let x_d = activation(gpu, &strided(&x, rows, channels, x_at), x_at.row_stride);
-            (x, x_d)
-        };
+        let x = if bf16_x { bf16_round(&x) } else { x };
+        let x_d = activation_as(
+            gpu,
+            &strided(&x, rows, channels, x_at),
+            x_at.row_stride,
+            bf16_x,
+        );
         let cu_d = indices(gpu, &cu);
         let window_d = activation(gpu, &window, 0);
         for with_window in [false, true] {
@@ -705,12 +683,12 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                 let what =
                     format!("heads {k_heads}x{k_dim} lens {lens:?} x at {x_at:?} bf16 {bf16_x}");
                 let x = if bf16_x { bf16_round(&x) } else { x.clone() };
-                let host = strided(&x, rows, channels, x_at);
-                let x_d = if bf16_x {
-                    bf16_activation(&gpu, &host, x_at.row_stride)
-                } else {
-                    activation(&gpu, &host, x_at.row_stride)
-                };
+                let x_d = activation_as(
+                    &gpu,
+                    &strided(&x, rows, channels, x_at),
+                    x_at.row_stride,
+                    bf16_x,
+                );
                 let batch = Varlen {
                     cu_seqlens: &cu_d,
                     num_seqs: lens.len(),

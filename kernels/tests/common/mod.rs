@@ -40,6 +40,15 @@ pub fn bf16_activation(gpu: &CudaBackend, data: &[f32], extra: usize) -> CudaBuf
     buf
 }
 
+/// [`bf16_activation`] when `bf16`, else [`activation`].
+pub fn activation_as(gpu: &CudaBackend, data: &[f32], extra: usize, bf16: bool) -> CudaBuf {
+    if bf16 {
+        bf16_activation(gpu, data, extra)
+    } else {
+        activation(gpu, data, extra)
+    }
+}
+
 /// A u32 buffer holding `data` (at least one value long).
 pub fn indices(gpu: &CudaBackend, data: &[u32]) -> CudaSlice<u32> {
     let mut buf = gpu.alloc_idx(data.len().max(1)).unwrap();
