@@ -127,6 +127,15 @@ pub(super) fn replace_file(
     written
 }
 
+/// An empty scratch directory for a file-writing test of this module or its neighbours, unique to
+/// the test (`what`, `name`) and process.
+#[cfg(test)]
+pub(super) fn test_scratch_dir(what: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("instinct-{what}-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,12 +145,7 @@ mod tests {
     }
 
     fn scratch_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "instinct-kernel-cache-{name}-{}",
-            std::process::id()
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        dir
+        test_scratch_dir("kernel-cache", name)
     }
 
     #[test]

@@ -117,15 +117,11 @@ impl TuningFile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::cache::test_scratch_dir;
     use super::*;
 
     fn scratch_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "instinct-gemm-tuning-{name}-{}",
-            std::process::id()
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        dir
+        test_scratch_dir("gemm-tuning", name)
     }
 
     fn sample() -> HashMap<BucketShape, AlgoWords> {
