@@ -65,3 +65,65 @@ extern "C" __global__ void qk_norm_rope(float* qx, const __nv_bfloat16* qw, int 
     __syncwarp();
     for (int j = lane; j < half; j += 32) rope_pair(head, positions, table, t, j, half);
 }
+
+// Gated attention's inputs for the flash kernels, from one stacked projection (rows `row_stride`
+// wide: q|gate per query head, then the k heads, then the v heads), in one pass:
+//  - each q head: head_rms_norm then rope (the helpers qk_norm_rope uses, on a copy of the head in
+//    shared memory: the same operations, so the same bits), times scale·log2(e), as bf16 into qb
+//    [rows][q_heads][d];
+//  - each k head: the same without the scale, into kb [rows][kv_heads][d];
+//  - each v head: as bf16 into vb [rows][kv_heads][d];
+//  - with `gates`, each gate's sigmoid in place of the gate (the flash kernel reads it there).
+// Columns from head_dim to d of qb, kb, vb are zeros. One warp per (row, item), a row's items being
+// its q heads, k heads, v heads and (with `gates`) gates; head_dim floats of dynamic shared memory
+// per warp. head_dim is a multiple of 16 (so every 8-value part is wholly in or out).
+extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_stride, int q_heads, int kv_heads,
+                                              int head_dim, int d, const __nv_bfloat16* __restrict__ q_norm,
+                                              const __nv_bfloat16* __restrict__ k_norm,
+                                              const u32* __restrict__ positions, const RopeTable table, int half,
+                                              int rows, float eps, float scale, __nv_bfloat16* __restrict__ qb,
+                                              __nv_bfloat16* __restrict__ kb, __nv_bfloat16* __restrict__ vb,
+                                              int gates) {
+    extern __shared__ __align__(16) float ap_heads[];
+    const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    const int items = q_heads + 2 * kv_heads + (gates ? q_heads : 0);
+    if (item >= (i64)rows * items) return;  // uniform over the warp
+    const i64 t = item / items;
+    const int it = (int)(item % items);
+    float* row = qkv + t * row_stride;
+    const int k_at = 2 * q_heads * head_dim;
+    if (it >= q_heads + 2 * kv_heads) {
+        float* g = row + (i64)(it - q_heads - 2 * kv_heads) * 2 * head_dim + head_dim;
+        for (int c = lane; c < head_dim; c += 32) g[c] = sigmoid_f(g[c]);
+        return;
+    }
+    const bool is_v = it >= q_heads + kv_heads;
+    const bool is_q = it < q_heads;
+    const int h = is_q ? it : is_v ? it - q_heads - kv_heads : it - q_heads;
+    const float* src = is_q ? row + (i64)h * 2 * head_dim : row + k_at + (i64)((is_v ? kv_heads : 0) + h) * head_dim;
+    __nv_bfloat16* dst = is_q ? qb + (t * q_heads + h) * d : (is_v ? vb : kb) + (t * kv_heads + h) * d;
+    const float* vals = src;
+    float mul = 1.0f;
+    if (!is_v) {
+        float* s = ap_heads + (threadIdx.x >> 5) * head_dim;
+        for (int c = lane; c < head_dim; c += 32) s[c] = src[c];
+        head_rms_norm_warp(s, is_q ? q_norm : k_norm, head_dim, lane, eps);
+        // The rotation and the conversion read values other lanes normalised.
+        __syncwarp();
+        for (int j = lane; j < half; j += 32) rope_pair(s, positions, table, t, j, half);
+        __syncwarp();
+        vals = s;
+        if (is_q) mul = scale * 1.4426950408889634f;
+    }
+    for (int c = lane * 8; c < d; c += 256) {
+        uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+        if (c < head_dim) {
+            const float4 a = *reinterpret_cast<const float4*>(vals + c);
+            const float4 b = *reinterpret_cast<const float4*>(vals + c + 4);
+            packed = make_uint4(pack_bf16x2(a.x * mul, a.y * mul), pack_bf16x2(a.z * mul, a.w * mul),
+                                pack_bf16x2(b.x * mul, b.y * mul), pack_bf16x2(b.z * mul, b.w * mul));
+        }
+        *reinterpret_cast<uint4*>(dst + c) = packed;
+    }
+}

@@ -198,6 +198,51 @@ pub struct AttentionDims {
     pub scale: f32,
 }
 
+impl AttentionDims {
+    /// Width of a row of the stacked projection [`Backend::gated_attention`] reads: the q|gate
+    /// blocks of every query head (as `qg`), then the k heads, then the v heads (`q_proj`,
+    /// `k_proj` and `v_proj` as one GEMM).
+    pub fn stacked_width(&self) -> usize {
+        2 * (self.q_heads + self.kv_heads) * self.head_dim
+    }
+
+    /// Where `qg`, `k` and `v` sit in a stacked row.
+    pub fn stacked_blocks(&self) -> [Strided; 3] {
+        let (row, qg, kv) = (
+            self.stacked_width(),
+            2 * self.q_heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+        );
+        [
+            Strided::cols(row, 0),
+            Strided::cols(row, qg),
+            Strided::cols(row, qg + kv),
+        ]
+    }
+
+    /// The query heads of a stacked row (each followed by its gate).
+    pub fn stacked_q_heads(&self) -> HeadLayout {
+        HeadLayout {
+            heads: self.q_heads,
+            head_dim: self.head_dim,
+            head_stride: 2 * self.head_dim,
+            row_stride: self.stacked_width(),
+            offset: 0,
+        }
+    }
+
+    /// The key heads of a stacked row.
+    pub fn stacked_k_heads(&self) -> HeadLayout {
+        HeadLayout {
+            heads: self.kv_heads,
+            head_dim: self.head_dim,
+            head_stride: self.head_dim,
+            row_stride: self.stacked_width(),
+            offset: 2 * self.q_heads * self.head_dim,
+        }
+    }
+}
+
 /// Shapes of the gated delta rule.
 ///
 /// `qkv` rows are `[q: k_heads·k_dim][k: k_heads·k_dim][v: v_heads·v_dim]` (the conv output of a
@@ -433,6 +478,26 @@ pub trait Backend: Buffers {
         v: &Self::Buf,
         batch: Varlen<'_, Self::Idx>,
         dims: AttentionDims,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// One gated attention layer's core on its stacked projection `qkv` (rows
+    /// [`AttentionDims::stacked_width`] wide: q|gate per query head, then k, then v): the q and k
+    /// head norms and rope ([`Self::qk_norm_rope`] with `norms`: the q then the k weight), then
+    /// [`Self::attention`] (every row into `out`, `[batch.rows, q_heads·head_dim]`) or, with
+    /// `last_only`, [`Self::attention_last`] (`[num_seqs, q_heads·head_dim]`). `qkv` is scratch
+    /// afterwards. `out` may come from [`Self::alloc_gemm_input`]: o_proj is its only reader.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_attention(
+        &self,
+        qkv: &mut Self::Buf,
+        norms: (&Self::Buf, &Self::Buf),
+        positions: &Self::Idx,
+        rope: &Rope,
+        eps: f32,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        last_only: bool,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 

@@ -18,14 +18,14 @@
 //! softmax rescale gives errors of order one.
 
 mod common;
-use common::{cu_of, gpu, indices, padded, rand_vec};
+use common::{bf16_round, cu_of, gpu, indices, padded, rand_vec};
 
 use std::time::Instant;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf};
-use instinct_kernels::{AttentionDims, Backend, CpuBackend, Varlen};
+use instinct_kernels::{AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Varlen};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 /// Qwen3.5-4B full attention: 16 query heads over 4 kv heads of 256.
 const REAL: AttentionDims = AttentionDims {
@@ -408,6 +408,236 @@ fn attention_last_matches_the_last_rows_of_the_cpu_reference() {
     ] {
         check_attention_last(&gpu, &mut rng, &lens);
     }
+}
+
+/// One gated attention layer's inputs as the model has them: a stacked q|gate|k|v projection,
+/// the two head-norm weights (bf16-exact), positions and rope.
+struct Stacked {
+    qkv: Vec<f32>,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    positions: Vec<u32>,
+    rope: Rope,
+}
+
+impl Stacked {
+    fn new(rng: &mut StdRng, rows: usize, dims: AttentionDims, rotary_dim: usize) -> Self {
+        let half = rotary_dim / 2;
+        let third = half / 3;
+        Self {
+            qkv: rand_vec(rng, rows * dims.stacked_width(), 2.0),
+            q_norm: bf16_round(&rand_vec(rng, dims.head_dim, 0.5)),
+            k_norm: bf16_round(&rand_vec(rng, dims.head_dim, 0.5)),
+            positions: (0..rows as u32)
+                .flat_map(|t| [3000 + t, rng.gen_range(0..40), rng.gen_range(0..40)])
+                .collect(),
+            rope: Rope {
+                rotary_dim,
+                theta: 10_000_000.0,
+                section: [half - 2 * third, third, third],
+                interleaved: true,
+            },
+        }
+    }
+
+    /// Its q|gate, k and v blocks as separate dense rows.
+    fn split(&self, rows: usize, dims: AttentionDims) -> [Vec<f32>; 3] {
+        let blocks = dims.stacked_blocks();
+        let widths = [
+            2 * dims.q_heads * dims.head_dim,
+            dims.kv_heads * dims.head_dim,
+            dims.kv_heads * dims.head_dim,
+        ];
+        std::array::from_fn(|b| {
+            (0..rows)
+                .flat_map(|t| {
+                    let at = blocks[b].at(t, 0);
+                    self.qkv[at..at + widths[b]].iter().copied()
+                })
+                .collect()
+        })
+    }
+}
+
+/// `gated_attention` (stacked input, norms and rope fused into the flash kernel's input pass)
+/// against the separate ops on the GPU (`qk_norm_rope`, then `attention` or `attention_last` on
+/// split buffers): the same bits in f32, and the same values rounded once to bf16 when the output
+/// is a GEMM input; and against the CPU's `gated_attention` within the flash tolerance. The
+/// model's heads (rotary pairs 32 apart: one lane holds both) and heads of 128 with 24 pairs and
+/// two query heads per kv head; ragged batches with lengths 1, 63-65 and 300; both kernel shapes.
+#[test]
+#[ignore = "needs a GPU"]
+fn gated_attention_is_norm_rope_then_attention_bit_for_bit() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(41);
+    let small = AttentionDims {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 128,
+        scale: 128f32.powf(-0.5),
+    };
+    let eps = 1e-6;
+    for (dims, rotary_dim) in [(REAL, 64), (small, 48)] {
+        for lens in [vec![1], vec![65], vec![1, 63, 64, 65, 300, 130]] {
+            let cu = cu_of(&lens);
+            let rows = *cu.last().unwrap() as usize;
+            let input = Stacked::new(&mut rng, rows, dims, rotary_dim);
+            let width = dims.q_heads * dims.head_dim;
+            let cu_d = indices(&gpu, &cu);
+            let pos_d = indices(&gpu, &input.positions);
+            let (qn_d, kn_d) = (
+                gpu.upload(&input.q_norm).unwrap(),
+                gpu.upload(&input.k_norm).unwrap(),
+            );
+            let batch = Varlen {
+                cu_seqlens: &cu_d,
+                num_seqs: lens.len(),
+                rows,
+            };
+            for last in [false, true] {
+                let out_rows = if last { lens.len() } else { rows };
+                let out_len = out_rows * width;
+                let what = format!(
+                    "heads {}x{}, rotary {rotary_dim}, lens {lens:?}, last {last}",
+                    dims.q_heads, dims.head_dim
+                );
+                // The CPU reference.
+                let mut want_cpu = vec![0.0; out_len];
+                let cpu_batch = Varlen {
+                    cu_seqlens: &cu,
+                    num_seqs: lens.len(),
+                    rows,
+                };
+                cpu.gated_attention(
+                    &mut input.qkv.clone(),
+                    (&input.q_norm, &input.k_norm),
+                    &input.positions,
+                    &input.rope,
+                    eps,
+                    cpu_batch,
+                    dims,
+                    last,
+                    &mut want_cpu,
+                )
+                .unwrap();
+                let shapes: &[(usize, &str)] = if last { &[(0, "last row")] } else { &SHAPES };
+                for &(force, shape) in shapes {
+                    CudaBackend::force_flash_query_rows((force > 0).then_some(force));
+                    let what = format!("{what}, {shape}");
+                    // The separate ops on split buffers.
+                    let [qg, k, v] = input.split(rows, dims);
+                    let (mut qg_d, mut k_d, v_d) = (
+                        padded(&gpu, &qg, 0, 0.0),
+                        padded(&gpu, &k, 0, 0.0),
+                        padded(&gpu, &v, 0, 0.0),
+                    );
+                    let q_layout = HeadLayout {
+                        head_stride: 2 * dims.head_dim,
+                        row_stride: 2 * width,
+                        ..HeadLayout::dense(dims.q_heads, dims.head_dim)
+                    };
+                    gpu.qk_norm_rope(
+                        (&mut qg_d, &qn_d, q_layout),
+                        (
+                            &mut k_d,
+                            &kn_d,
+                            HeadLayout::dense(dims.kv_heads, dims.head_dim),
+                        ),
+                        &pos_d,
+                        rows,
+                        &input.rope,
+                        eps,
+                    )
+                    .unwrap();
+                    let mut sep = gpu.alloc(out_len).unwrap();
+                    if last {
+                        gpu.attention_last(&qg_d, &k_d, &v_d, batch, dims, &mut sep)
+                    } else {
+                        gpu.attention(&qg_d, &k_d, &v_d, batch, dims, &mut sep)
+                    }
+                    .unwrap();
+                    let want = gpu.read(&sep, out_len).unwrap();
+                    // Fused, into f32 and into a bf16 GEMM input, each with a spare row that must
+                    // stay untouched.
+                    for bf16_out in [false, true] {
+                        let mut qkv_d = padded(&gpu, &input.qkv, 0, 0.0);
+                        let mut out = if bf16_out {
+                            gpu.alloc_gemm_input(out_len + width).unwrap()
+                        } else {
+                            gpu.alloc(out_len + width).unwrap()
+                        };
+                        gpu.write(&mut out, &vec![7.0; out_len + width]).unwrap();
+                        gpu.gated_attention(
+                            &mut qkv_d,
+                            (&qn_d, &kn_d),
+                            &pos_d,
+                            &input.rope,
+                            eps,
+                            batch,
+                            dims,
+                            last,
+                            &mut out,
+                        )
+                        .unwrap();
+                        let got = gpu.read(&out, out_len + width).unwrap();
+                        assert!(
+                            got[out_len..].iter().all(|&x| x == 7.0),
+                            "{what}: wrote past the output rows"
+                        );
+                        let got = &got[..out_len];
+                        let expect = if bf16_out {
+                            bf16_round(&want)
+                        } else {
+                            want.clone()
+                        };
+                        let mismatch = got
+                            .iter()
+                            .zip(&expect)
+                            .position(|(g, w)| g.to_bits() != w.to_bits());
+                        assert!(
+                            mismatch.is_none(),
+                            "{what}, bf16 out {bf16_out}: value {mismatch:?} differs from the \
+                             separate ops"
+                        );
+                    }
+                    assert_close(&want, &want_cpu, FLASH_TOL, dims, &what);
+                }
+                CudaBackend::force_flash_query_rows(None);
+            }
+        }
+    }
+    // Shapes the fused path does not take are refused, not run wrong.
+    let odd = AttentionDims {
+        head_dim: 100,
+        ..small
+    };
+    let mut qkv = gpu.alloc(odd.stacked_width()).unwrap();
+    let mut out = gpu.alloc(odd.q_heads * odd.head_dim).unwrap();
+    let (n, cu_d, pos_d) = (
+        gpu.upload(&vec![0.0; 100]).unwrap(),
+        indices(&gpu, &[0, 1]),
+        indices(&gpu, &[0, 0, 0]),
+    );
+    let batch = Varlen {
+        cu_seqlens: &cu_d,
+        num_seqs: 1,
+        rows: 1,
+    };
+    let rope = Stacked::new(&mut rng, 1, small, 48).rope;
+    let err = gpu
+        .gated_attention(
+            &mut qkv,
+            (&n, &n),
+            &pos_d,
+            &rope,
+            eps,
+            batch,
+            odd,
+            false,
+            &mut out,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("head_dim"), "{err}");
 }
 
 /// Causal attention FLOPs: QKᵀ and PV, 2 FLOPs per multiply-add, over the lower triangle.

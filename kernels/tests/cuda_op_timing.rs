@@ -85,8 +85,6 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let qkv_w = DELTA.qkv_width();
     let vw = DELTA.v_heads * DELTA.v_dim;
     let hv = DELTA.v_heads;
-    let kvw = ATTN.kv_heads * ATTN.head_dim;
-    let qg_w = 2 * ATTN.q_heads * ATTN.head_dim;
     // The stacked in-projection output row, [qkv | z | b | a], as the model runs it.
     let in_w = qkv_w + vw + 2 * hv;
     let [qkv_at, z_at, b_at, a_at] =
@@ -95,11 +93,7 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     // Weights.
     let w_in = weight(gpu, in_w * HIDDEN);
     let w_out = weight(gpu, HIDDEN * vw);
-    let (w_q, w_k, w_v) = (
-        weight(gpu, qg_w * HIDDEN),
-        weight(gpu, kvw * HIDDEN),
-        weight(gpu, kvw * HIDDEN),
-    );
+    let w_qkv = weight(gpu, ATTN.stacked_width() * HIDDEN);
     let w_o = weight(gpu, HIDDEN * ATTN.q_heads * ATTN.head_dim);
     let w_gate_up = weight(gpu, 2 * INTER * HIDDEN);
     let w_down = weight(gpu, HIDDEN * INTER);
@@ -120,9 +114,11 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let mut decay = filled(gpu, rows * hv, -0.1);
     let mut conv = filled(gpu, rows * qkv_w, 0.05);
     let mut core = filled(gpu, rows * INTER, 0.1);
-    let mut k = filled(gpu, rows * kvw, 0.1);
-    let mut v = filled(gpu, rows * kvw, 0.1);
-    let mut qg = filled(gpu, rows * qg_w, 0.1);
+    // Attention's stacked q|gate|k|v, and its output held in bf16 for o_proj, as in the model.
+    let mut attn_qkv = filled(gpu, rows * ATTN.stacked_width(), 0.1);
+    let mut attn_out = gpu
+        .alloc_gemm_input(rows * ATTN.q_heads * ATTN.head_dim)
+        .unwrap();
 
     let mut out = Vec::new();
     let mut row = |op, calls, secs: f64| {
@@ -200,54 +196,43 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     row("gated norm + out_proj GEMM (+=)", DELTA_LAYERS, t);
 
     let t = time(gpu, runs, || {
-        gpu.gemm_shared_input(
+        gpu.gemm(
             &normed,
+            &w_qkv,
             rows,
             HIDDEN,
-            &mut [
-                (&w_q, qg_w, &mut qg),
-                (&w_k, kvw, &mut k),
-                (&w_v, kvw, &mut v),
-            ],
+            ATTN.stacked_width(),
+            &mut attn_qkv,
         )
         .unwrap()
     });
-    row("attention q/k/v (3 GEMMs)", ATTN_LAYERS, t);
-    let q_layout = HeadLayout {
-        heads: ATTN.q_heads,
-        head_dim: ATTN.head_dim,
-        head_stride: 2 * ATTN.head_dim,
-        row_stride: qg_w,
-        offset: 0,
-    };
-    let kv_layout = HeadLayout::dense(ATTN.kv_heads, ATTN.head_dim);
-    let t = time(gpu, runs, || {
-        gpu.head_rms_norm(&mut qg, &small, q_layout, rows, 1e-6)
-            .unwrap();
-        gpu.head_rms_norm(&mut k, &small, kv_layout, rows, 1e-6)
-            .unwrap();
-    });
-    row("q/k head norms", ATTN_LAYERS, t);
+    row("attention q|gate|k|v GEMM", ATTN_LAYERS, t);
     let rope = Rope {
         rotary_dim: 64,
         theta: 1e7,
         section: [11, 11, 10],
         interleaved: true,
     };
-    let t = time(gpu, runs, || {
-        gpu.rope(&mut qg, q_layout, &pos_d, rows, &rope).unwrap();
-        gpu.rope(&mut k, kv_layout, &pos_d, rows, &rope).unwrap();
-    });
-    row("rope q,k", ATTN_LAYERS, t);
-    // Norm and rope leave values of order one; the softmax stays finite.
+    // The head norms leave q and k of order one; the softmax stays finite. (Each call turns the
+    // gates into their sigmoid in place; they stay in (0, 1).)
     let t = time(gpu, runs.min(5), || {
-        gpu.attention(&qg, &k, &v, batch(), ATTN, &mut core)
-            .unwrap()
+        gpu.gated_attention(
+            &mut attn_qkv,
+            (&small, &small),
+            &pos_d,
+            &rope,
+            1e-6,
+            batch(),
+            ATTN,
+            false,
+            &mut attn_out,
+        )
+        .unwrap()
     });
-    row("flash attention", ATTN_LAYERS, t);
+    row("q/k norm + rope + flash attention", ATTN_LAYERS, t);
     let t = time(gpu, runs, || {
         gpu.gemm_to(
-            &core,
+            &attn_out,
             &w_o,
             rows,
             ATTN.q_heads * ATTN.head_dim,

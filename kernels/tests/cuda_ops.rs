@@ -10,7 +10,9 @@
 //! summation order and the device's math functions.
 
 mod common;
-use common::{activation, activation_as, bf16_activation, cu_of, gpu, indices, rand_vec};
+use common::{
+    activation, activation_as, bf16_activation, bf16_round, cu_of, gpu, indices, rand_vec,
+};
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
@@ -22,13 +24,6 @@ use rand::{Rng, SeedableRng};
 
 /// Packed batches every varlen op runs on.
 const BATCHES: &[&[usize]] = &[&[1], &[70], &[1, 64, 3, 129], &[200, 1, 65, 2]];
-
-/// `v` rounded to bf16, the precision uploaded weights have on the device.
-fn bf16_round(v: &[f32]) -> Vec<f32> {
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_f32())
-        .collect()
-}
 
 /// A random weight: the bf16-exact host copy (for the CPU) and its upload.
 fn weight(gpu: &CudaBackend, rng: &mut StdRng, n: usize, scale: f32) -> (Vec<f32>, CudaBuf) {

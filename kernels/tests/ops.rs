@@ -383,6 +383,88 @@ fn attention_matches_naive_is_causal_and_packs() {
     assert_eq!(prefix, out[a * 32..(a + 4) * 32]);
 }
 
+/// `gated_attention` on a stacked q|gate|k|v projection is the head norms and rope on its q and k
+/// heads, then `attention` (or `attention_last`) on the three blocks split apart: the same bits.
+#[test]
+fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(19);
+    let dims = AttentionDims {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        scale: 16f32.powf(-0.5),
+    };
+    let rope = Rope {
+        rotary_dim: 8,
+        theta: 10_000.0,
+        section: [2, 1, 1],
+        interleaved: true,
+    };
+    let lens = [5usize, 1, 9];
+    let cu = cu_of(&lens);
+    let rows: usize = lens.iter().sum();
+    let width = dims.stacked_width();
+    assert_eq!(width, 2 * (4 + 2) * 16);
+    let qkv = rand_vec(&mut rng, rows * width);
+    let (q_norm, k_norm) = (rand_vec(&mut rng, 16), rand_vec(&mut rng, 16));
+    let positions: Vec<u32> = (0..rows as u32).flat_map(|t| [t, t / 2, t / 3]).collect();
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: lens.len(),
+        rows,
+    };
+    let [qg_at, k_at, v_at] = dims.stacked_blocks();
+    let block = |at: Strided, w: usize| -> Vec<f32> {
+        (0..rows)
+            .flat_map(|t| qkv[at.at(t, 0)..at.at(t, w)].to_vec())
+            .collect()
+    };
+    let (mut qg, mut k, v) = (block(qg_at, 128), block(k_at, 32), block(v_at, 32));
+    let q_layout = HeadLayout {
+        head_stride: 32,
+        row_stride: 128,
+        ..HeadLayout::dense(4, 16)
+    };
+    cpu.qk_norm_rope(
+        (&mut qg, &q_norm, q_layout),
+        (&mut k, &k_norm, HeadLayout::dense(2, 16)),
+        &positions,
+        rows,
+        &rope,
+        1e-6,
+    )
+    .unwrap();
+    for last in [false, true] {
+        let out_rows = if last { lens.len() } else { rows };
+        let mut want = vec![f32::NAN; out_rows * 64];
+        if last {
+            cpu.attention_last(&qg, &k, &v, batch, dims, &mut want)
+        } else {
+            cpu.attention(&qg, &k, &v, batch, dims, &mut want)
+        }
+        .unwrap();
+        let mut got = vec![f32::NAN; out_rows * 64];
+        cpu.gated_attention(
+            &mut qkv.clone(),
+            (&q_norm, &k_norm),
+            &positions,
+            &rope,
+            1e-6,
+            batch,
+            dims,
+            last,
+            &mut got,
+        )
+        .unwrap();
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "last {last}"
+        );
+    }
+}
+
 #[test]
 fn conv_with_carried_window_equals_conv_over_concatenation() {
     let cpu = CpuBackend::new();

@@ -174,18 +174,6 @@ impl Dims {
         ]
     }
 
-    /// Where the queries sit inside a `q_proj` output row (per head: D query, then D gate).
-    fn q_layout(&self) -> HeadLayout {
-        let d = self.attn.head_dim;
-        HeadLayout {
-            heads: self.attn.q_heads,
-            head_dim: d,
-            head_stride: 2 * d,
-            row_stride: 2 * d * self.attn.q_heads,
-            offset: 0,
-        }
-    }
-
     /// The q and k blocks of a DeltaNet conv output row, as `2·k_heads` heads.
     fn delta_qk_layout(&self) -> HeadLayout {
         let dk = self.delta.k_dim;
@@ -213,9 +201,9 @@ struct DeltaNetBufs<B: Buffers> {
 
 /// Weights of one gated attention mixer on the backend.
 struct AttentionBufs<B: Buffers> {
-    q_proj: B::Buf,
-    k_proj: B::Buf,
-    v_proj: B::Buf,
+    /// `[q|gate + 2·kv, hidden]`: q_proj, k_proj, v_proj rows stacked, so one GEMM makes all three
+    /// (the row layout [`AttentionDims::stacked_width`] describes).
+    qkv_proj: B::Buf,
     o_proj: B::Buf,
     q_norm: B::Buf,
     k_norm: B::Buf,
@@ -246,11 +234,13 @@ struct Workspace<B: Buffers> {
     /// Normed input of the current sub-block `[T, hidden]`, read only by GEMMs (from
     /// `alloc_gemm_input`: bf16 on a GPU).
     normed: B::Buf,
-    /// Attention q|gate; at the end, the final-normed hidden states.
+    /// Attention q|gate|k|v (scratch of `gated_attention`); at the end, the final-normed hidden
+    /// states.
     proj: B::Buf,
-    /// DeltaNet qkv|z|b|a, read only by the conv, the gates and the gated norm (from
-    /// `alloc_gemm_input`: bf16 on a GPU, as a bf16 model's projection outputs are).
-    delta_proj: B::Buf,
+    /// The mixer's middle, from `alloc_gemm_input` (bf16 on a GPU, as a bf16 model's are): a
+    /// DeltaNet layer's qkv|z|b|a (its in-projection; read by the conv, the gates and the gated
+    /// norm), or an attention layer's gated output (read by o_proj only).
+    mixer_mid: B::Buf,
     /// MLP gate|up `[T, 2·inter]`, read only by SwiGLU (from `alloc_gemm_input`: bf16 on a GPU).
     gate_up: B::Buf,
     /// DeltaNet conv output `[T, qkv]`.
@@ -259,9 +249,6 @@ struct Workspace<B: Buffers> {
     beta: B::Buf,
     /// DeltaNet g (after the gates) `[T, Hv]`.
     decay: B::Buf,
-    /// Attention k and v `[T, Hkv·D]`.
-    k: B::Buf,
-    v: B::Buf,
     /// Mixer core output or MLP activation.
     core: B::Buf,
     /// The residual stream at each sequence's last position `[S, hidden]`, for the last layer
@@ -390,10 +377,9 @@ impl<B: Backend> TextModel<B> {
                 check_shape("self_attn.o_proj", &w.o_proj, &[h, d.attn_out_width()])?;
                 check_shape("self_attn.q_norm", &w.q_norm, &[hd])?;
                 check_shape("self_attn.k_norm", &w.k_norm, &[hd])?;
+                let qkv_proj = [&w.q_proj, &w.k_proj, &w.v_proj].map(|part| part.data.as_slice());
                 MixerBufs::Full(AttentionBufs {
-                    q_proj: up(&w.q_proj)?,
-                    k_proj: up(&w.k_proj)?,
-                    v_proj: up(&w.v_proj)?,
+                    qkv_proj: backend.upload_stacked(&qkv_proj).map_err(|e| anyhow!(e))?,
                     o_proj: up(&w.o_proj)?,
                     q_norm: up(&w.q_norm)?,
                     k_norm: up(&w.k_norm)?,
@@ -414,9 +400,9 @@ impl<B: Backend> TextModel<B> {
     fn allocate(backend: &B, d: &Dims, limits: BatchLimits) -> Result<Workspace<B>> {
         let t = limits.max_tokens;
         let f = |width: usize| backend.alloc(t * width).map_err(|e| anyhow!(e));
-        let proj_w = d.q_gate_width().max(d.hidden);
-        let core_w = d.value_width().max(d.attn_out_width()).max(d.inter);
-        // Every GEMM input is `normed` (hidden wide) or `core`.
+        let proj_w = d.attn.stacked_width().max(d.hidden);
+        let core_w = d.value_width().max(d.inter);
+        // Every GEMM input is `normed` (hidden wide), `core`, or `mixer_mid` (a GEMM input already).
         backend
             .reserve_gemm_input(t * d.hidden.max(core_w))
             .map_err(|e| anyhow!(e))?;
@@ -431,8 +417,8 @@ impl<B: Backend> TextModel<B> {
                 .alloc_gemm_input(t * d.hidden)
                 .map_err(|e| anyhow!(e))?,
             proj: f(proj_w)?,
-            delta_proj: backend
-                .alloc_gemm_input(t * d.delta_in_width())
+            mixer_mid: backend
+                .alloc_gemm_input(t * d.delta_in_width().max(d.attn_out_width()))
                 .map_err(|e| anyhow!(e))?,
             gate_up: backend
                 .alloc_gemm_input(t * 2 * d.inter)
@@ -440,8 +426,6 @@ impl<B: Backend> TextModel<B> {
             conv: f(d.delta.qkv_width())?,
             beta: f(d.delta.v_heads)?,
             decay: f(d.delta.v_heads)?,
-            k: f(d.kv_width())?,
-            v: f(d.kv_width())?,
             core: f(core_w)?,
             last: backend
                 .alloc(limits.max_seqs * d.hidden)
@@ -730,11 +714,11 @@ impl<B: Backend> TextModel<B> {
             rows,
             h,
             d.delta_in_width(),
-            &mut ws.delta_proj,
+            &mut ws.mixer_mid,
         )
         .map_err(e)?;
         be.conv1d_silu_l2(
-            &ws.delta_proj,
+            &ws.mixer_mid,
             qkv_at,
             &w.conv1d,
             batch,
@@ -746,9 +730,9 @@ impl<B: Backend> TextModel<B> {
         )
         .map_err(e)?;
         be.delta_gates(
-            &ws.delta_proj,
+            &ws.mixer_mid,
             b_at,
-            &ws.delta_proj,
+            &ws.mixer_mid,
             a_at,
             &w.a_log,
             &w.dt_bias,
@@ -774,7 +758,7 @@ impl<B: Backend> TextModel<B> {
         .map_err(e)?;
         be.gated_rms_norm_gemm(
             &mut ws.core,
-            &ws.delta_proj,
+            &ws.mixer_mid,
             z_at,
             &w.norm,
             rows,
@@ -802,26 +786,15 @@ impl<B: Backend> TextModel<B> {
         last_only: bool,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
-        let (h, kv) = (d.hidden, d.kv_width());
-        let kv_layout = HeadLayout::dense(d.attn.kv_heads, d.attn.head_dim);
-        be.gemm_shared_input(
+        let h = d.hidden;
+        // One GEMM for q|gate, k and v; the attention reads their column blocks in place.
+        be.gemm(
             &ws.normed,
+            &w.qkv_proj,
             rows,
             h,
-            &mut [
-                (&w.q_proj, d.q_gate_width(), &mut ws.proj),
-                (&w.k_proj, kv, &mut ws.k),
-                (&w.v_proj, kv, &mut ws.v),
-            ],
-        )
-        .map_err(e)?;
-        be.qk_norm_rope(
-            (&mut ws.proj, &w.q_norm, d.q_layout()),
-            (&mut ws.k, &w.k_norm, kv_layout),
-            &ws.positions,
-            rows,
-            &d.rope,
-            d.eps,
+            d.attn.stacked_width(),
+            &mut ws.proj,
         )
         .map_err(e)?;
         let batch = Varlen {
@@ -829,22 +802,25 @@ impl<B: Backend> TextModel<B> {
             num_seqs: n,
             rows,
         };
-        let out_rows = if last_only {
-            be.attention_last(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
-                .map_err(e)?;
-            n
+        be.gated_attention(
+            &mut ws.proj,
+            (&w.q_norm, &w.k_norm),
+            &ws.positions,
+            &d.rope,
+            d.eps,
+            batch,
+            d.attn,
+            last_only,
+            &mut ws.mixer_mid,
+        )
+        .map_err(e)?;
+        let (out_rows, residual) = if last_only {
+            (n, &mut ws.last)
         } else {
-            be.attention(&ws.proj, &ws.k, &ws.v, batch, d.attn, &mut ws.core)
-                .map_err(e)?;
-            rows
-        };
-        let residual = if last_only {
-            &mut ws.last
-        } else {
-            &mut ws.residual
+            (rows, &mut ws.residual)
         };
         be.gemm_to(
-            &ws.core,
+            &ws.mixer_mid,
             &w.o_proj,
             out_rows,
             d.attn_out_width(),

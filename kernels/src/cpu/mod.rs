@@ -253,6 +253,35 @@ impl Backend for CpuBackend {
         dense::gather_last(&all, batch, dims.q_heads * dims.head_dim, out)
     }
 
+    fn gated_attention(
+        &self,
+        qkv: &mut Vec<f32>,
+        (q_norm, k_norm): (&Vec<f32>, &Vec<f32>),
+        positions: &Vec<u32>,
+        rope: &Rope,
+        eps: f32,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: AttentionDims,
+        last_only: bool,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        let rows = batch.rows;
+        let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
+        self.head_rms_norm(qkv, q_norm, q_at, rows, eps)?;
+        self.head_rms_norm(qkv, k_norm, k_at, rows, eps)?;
+        self.rope(qkv, q_at, positions, rows, rope)?;
+        self.rope(qkv, k_at, positions, rows, rope)?;
+        let [qg_at, kv_at, v_at] = dims.stacked_blocks();
+        let inputs = [(&qkv[..], qg_at), (&qkv[..], kv_at), (&qkv[..], v_at)];
+        if !last_only {
+            return attention::gated_causal_gqa_at(inputs, batch, dims, out);
+        }
+        let out_w = dims.q_heads * dims.head_dim;
+        let mut all = vec![0.0; rows * out_w];
+        attention::gated_causal_gqa_at(inputs, batch, dims, &mut all)?;
+        dense::gather_last(&all, batch, out_w, out)
+    }
+
     fn conv1d_silu(
         &self,
         x: &Vec<f32>,

@@ -12,7 +12,7 @@ use super::buffers::{act, act_mut, idx, in_buf, out_buf, weight, CudaBuf, InBuf,
 use super::compile::GpuArch;
 use super::delta_chunked::DeltaScratchSlot;
 use super::device::{driver_err, CudaOptions, Device};
-use super::flash::FlashScratchSlot;
+use super::flash::{FlashInputs, FlashScratchSlot};
 use super::tuning::TuningFile;
 use super::upload::Staging;
 use crate::backend::{
@@ -460,7 +460,7 @@ impl<'a> DeltaArgs<'a> {
 /// The rope kernel's by-value frequency table (`RopeTable` in rope.cu).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct RopeTable {
+pub(super) struct RopeTable {
     inv_freq: [f32; ROPE_MAX_PAIRS],
     axis: [u32; ROPE_MAX_PAIRS],
 }
@@ -470,7 +470,11 @@ unsafe impl DeviceRepr for RopeTable {}
 
 impl RopeTable {
     /// The table of `rope` and its number of frequency pairs, for heads of `head_dim`.
-    fn new(op: &'static str, rope: &Rope, head_dim: usize) -> KernelResult<(Self, usize)> {
+    pub(super) fn new(
+        op: &'static str,
+        rope: &Rope,
+        head_dim: usize,
+    ) -> KernelResult<(Self, usize)> {
         let rot = rope.rotary_dim;
         if !rot.is_multiple_of(2) || rot > head_dim || rot / 2 > ROPE_MAX_PAIRS {
             return Err(KernelError::invalid(
@@ -966,7 +970,8 @@ impl Backend for CudaBackend {
         }
         // Head dims that are multiples of 16 up to 256 take the tensor-core kernel.
         if super::flash::flash_variant(head_dim).is_some() {
-            return self.flash_attention(qg, k, v, batch, dims, false, out);
+            let inputs = FlashInputs::Dense { qg, k, v };
+            return self.flash_attention(inputs, batch, dims, false, OutBuf::F32(out));
         }
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let q_heads_a = to_i32(OP, "q_heads", q_heads)?;
@@ -1030,7 +1035,65 @@ impl Backend for CudaBackend {
         if batch.rows == 0 || batch.num_seqs == 0 {
             return Ok(());
         }
-        self.flash_attention(qg, k, v, batch, dims, true, out)
+        let inputs = FlashInputs::Dense { qg, k, v };
+        self.flash_attention(inputs, batch, dims, true, OutBuf::F32(out))
+    }
+
+    fn gated_attention(
+        &self,
+        qkv_buf: &mut CudaBuf,
+        (q_norm, k_norm): (&CudaBuf, &CudaBuf),
+        positions: &CudaSlice<u32>,
+        rope: &Rope,
+        eps: f32,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: AttentionDims,
+        last_only: bool,
+        out_b: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "gated_attention";
+        let AttentionDims {
+            q_heads,
+            kv_heads,
+            head_dim,
+            ..
+        } = dims;
+        if kv_heads == 0
+            || q_heads % kv_heads != 0
+            || super::flash::flash_variant(head_dim).is_none()
+        {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "needs q_heads ({q_heads}) a multiple of kv_heads ({kv_heads}) and head_dim \
+                     ({head_dim}) a multiple of 16 up to 256 (the flash kernel's sizes)"
+                ),
+            ));
+        }
+        let width = dims.stacked_width();
+        let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
+        check_batch(OP, &batch, rows_cap)?;
+        let rows = batch.rows;
+        let out_rows = if last_only { batch.num_seqs } else { rows };
+        let qkv = act_mut(OP, "qkv", qkv_buf, rows * width)?;
+        let norms = (
+            weight(OP, "q_norm", q_norm, head_dim)?,
+            weight(OP, "k_norm", k_norm, head_dim)?,
+        );
+        let positions = idx(OP, "positions", positions, rows * 3)?;
+        let (table, half) = RopeTable::new(OP, rope, head_dim)?;
+        let out = out_buf(OP, "out", out_b, out_rows * q_heads * head_dim)?;
+        if rows == 0 || batch.num_seqs == 0 {
+            return Ok(());
+        }
+        let inputs = FlashInputs::Stacked {
+            qkv,
+            norms,
+            positions,
+            rope: (&table, half),
+            eps,
+        };
+        self.flash_attention(inputs, batch, dims, last_only, out)
     }
 
     fn conv1d_silu(

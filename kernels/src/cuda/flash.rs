@@ -17,7 +17,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use half::bf16;
 
-use super::backend::{linear, to_i32, to_u32, CudaBackend};
+use super::backend::{linear, to_i32, to_u32, CudaBackend, RopeTable};
+use super::buffers::OutBuf;
 use super::device::driver_err;
 use super::scratch::{GrownScratch, Scratch};
 use crate::backend::{AttentionDims, KernelResult, Varlen};
@@ -43,6 +44,13 @@ static FORCE_ROWS: AtomicUsize = AtomicUsize::new(0);
 
 /// Threads per block of the bf16 conversion.
 const CONVERT_BLOCK: u32 = 256;
+/// Threads per block of `attention_prologue` (one warp per head).
+const PROLOGUE_BLOCK: u32 = 256;
+
+/// `gate_mode` of the flash kernels (`FA_GATE_*` in flash_attention.cu).
+const GATE_SIGMOID_IN_OUT: i32 = 0;
+const GATE_SIGMOID_IN_QG: i32 = 1;
+const GATE_RAW_IN_QG: i32 = 2;
 
 /// bf16 Q `[rows][q_heads][d]` and K, V `[rows][kv_heads][d]` (head size padded to the kernel's
 /// `d` with zeros), grown to the largest batch seen (the start-up warm-up runs the largest), never
@@ -173,19 +181,18 @@ impl CudaBackend {
     }
 
     /// Gated causal GQA attention with the flash kernel: every row, or with `last` each sequence's
-    /// last row only (into `out[s]`). The caller (`attention`, `attention_last`) has checked the
-    /// dims, that qg, k and v hold `batch.rows` rows and `out` the rows written, and that
-    /// `flash_variant(head_dim)` is `Some`; `batch.rows` and `batch.num_seqs` are non-zero.
-    #[allow(clippy::too_many_arguments)]
+    /// last row only (into `out[s]`). The caller (`attention`, `attention_last`,
+    /// `gated_attention`) has checked the dims, that the inputs hold `batch.rows` rows and `out` the
+    /// rows written, and that `flash_variant(head_dim)` is `Some`; `batch.rows` and
+    /// `batch.num_seqs` are non-zero. Dense inputs need an f32 `out` (the gate's sigmoid goes
+    /// there first).
     pub(super) fn flash_attention(
         &self,
-        qg: &CudaSlice<f32>,
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
+        inputs: FlashInputs<'_>,
         batch: Varlen<'_, CudaSlice<u32>>,
         dims: AttentionDims,
         last: bool,
-        out: &mut CudaSlice<f32>,
+        out: OutBuf<'_>,
     ) -> KernelResult<()> {
         const OP: &str = "attention";
         let Some((_, d)) = flash_variant(dims.head_dim) else {
@@ -217,34 +224,101 @@ impl CudaBackend {
         let kv_heads = to_i32(OP, "kv_heads", dims.kv_heads)?;
         let head_dim = to_i32(OP, "head_dim", dims.head_dim)?;
         let d_a = to_i32(OP, "head size", d)?;
-        // All rows but the last-row form: the gate's sigmoid goes into `out` beforehand.
+        // Every row's gate is turned into its sigmoid before the flash kernel, by every thread of
+        // the GPU at once (in the epilogue it would wait at the end of the longest blocks); the
+        // last-row form takes the sigmoid of its one row itself.
         let gates = i32::from(!last);
-        {
-            let f = self.device.function("flash_bf16_inputs")?;
-            let mut launch = self.device.stream.launch_builder(f);
-            launch
-                .arg(qg)
-                .arg(k)
-                .arg(v)
-                .arg(&rows)
-                .arg(&q_heads)
-                .arg(&kv_heads)
-                .arg(&head_dim)
-                .arg(&d_a)
-                .arg(&dims.scale)
-                .arg(&mut scratch.q)
-                .arg(&mut scratch.k)
-                .arg(&mut scratch.v)
-                .arg(&mut *out)
-                .arg(&gates);
-            let gate_heads = if last { 0 } else { dims.q_heads };
-            let items = batch.rows * (dims.q_heads + 2 * dims.kv_heads + gate_heads) * (d / 8);
-            // SAFETY: argument types match the kernel; it reads `rows` rows of qg, k and v (held,
-            // checked by the caller) and writes that many rows of the scratch (sized above) and,
-            // with `gates`, of `out` (which holds `rows` rows then).
-            unsafe { launch.launch(linear(OP, items, CONVERT_BLOCK)?) }
-                .map_err(|e| driver_err(OP, e))?;
-        }
+        let mut out = out;
+        let (qg, qg_stride, gate_mode) = match inputs {
+            FlashInputs::Dense { qg, k, v } => {
+                let OutBuf::F32(gate_out) = &mut out else {
+                    return Err(KernelError::invalid(
+                        OP,
+                        "dense inputs need an f32 output (it holds the gate's sigmoid first)",
+                    ));
+                };
+                let f = self.device.function("flash_bf16_inputs")?;
+                let mut launch = self.device.stream.launch_builder(f);
+                launch
+                    .arg(qg)
+                    .arg(k)
+                    .arg(v)
+                    .arg(&rows)
+                    .arg(&q_heads)
+                    .arg(&kv_heads)
+                    .arg(&head_dim)
+                    .arg(&d_a)
+                    .arg(&dims.scale)
+                    .arg(&mut scratch.q)
+                    .arg(&mut scratch.k)
+                    .arg(&mut scratch.v)
+                    .arg(&mut **gate_out)
+                    .arg(&gates);
+                let gate_heads = if last { 0 } else { dims.q_heads };
+                let items = batch.rows * (dims.q_heads + 2 * dims.kv_heads + gate_heads) * (d / 8);
+                // SAFETY: argument types match the kernel; it reads `rows` rows of qg, k and v
+                // (held, checked by the caller) and writes that many rows of the scratch (sized
+                // above) and, with `gates`, of `out` (which holds `rows` rows then).
+                unsafe { launch.launch(linear(OP, items, CONVERT_BLOCK)?) }
+                    .map_err(|e| driver_err(OP, e))?;
+                let mode = if last {
+                    GATE_RAW_IN_QG
+                } else {
+                    GATE_SIGMOID_IN_OUT
+                };
+                (qg, 2 * dims.q_heads * dims.head_dim, mode)
+            }
+            FlashInputs::Stacked {
+                qkv,
+                norms: (q_norm, k_norm),
+                positions,
+                rope,
+                eps,
+            } => {
+                let f = self.device.function("attention_prologue")?;
+                let row_stride = to_i32(OP, "stacked row", dims.stacked_width())?;
+                let half = to_i32(OP, "rotary pairs", rope.1)?;
+                let rows_i = to_i32(OP, "rows", batch.rows)?;
+                let mut launch = self.device.stream.launch_builder(f);
+                launch
+                    .arg(&mut *qkv)
+                    .arg(&row_stride)
+                    .arg(&q_heads)
+                    .arg(&kv_heads)
+                    .arg(&head_dim)
+                    .arg(&d_a)
+                    .arg(q_norm)
+                    .arg(k_norm)
+                    .arg(positions)
+                    .arg(rope.0)
+                    .arg(&half)
+                    .arg(&rows_i)
+                    .arg(&eps)
+                    .arg(&dims.scale)
+                    .arg(&mut scratch.q)
+                    .arg(&mut scratch.k)
+                    .arg(&mut scratch.v)
+                    .arg(&gates);
+                let gate_heads = if last { 0 } else { dims.q_heads };
+                let warps = batch.rows * (dims.q_heads + 2 * dims.kv_heads + gate_heads);
+                let mut cfg = linear(OP, warps * 32, PROLOGUE_BLOCK)?;
+                cfg.shared_mem_bytes = to_u32(
+                    OP,
+                    "prologue shared memory",
+                    PROLOGUE_BLOCK as usize / 32 * dims.head_dim * 4,
+                )?;
+                // SAFETY: argument types match the kernel; qkv holds `rows` stacked rows, positions
+                // rows·3 values and the norms head_dim values (checked by the caller); it writes
+                // that many rows of the scratch (sized above) and the gates of qkv in place.
+                unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+                let mode = if last {
+                    GATE_RAW_IN_QG
+                } else {
+                    GATE_SIGMOID_IN_QG
+                };
+                (&*qkv, dims.stacked_width(), mode)
+            }
+        };
         let shape = if last {
             LAST_ROW
         } else {
@@ -281,16 +355,25 @@ impl CudaBackend {
             shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
         };
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+        let qg_stride = qg_stride as i64;
+        let out_bf16 = i32::from(out.is_bf16());
         let mut launch = self.device.stream.launch_builder(f);
         launch
             .arg(&scratch.q)
             .arg(&scratch.k)
             .arg(&scratch.v)
             .arg(qg)
+            .arg(&qg_stride)
+            .arg(&gate_mode)
             .arg(batch.cu_seqlens)
             .arg(&num_seqs)
-            .arg(&rows)
-            .arg(out)
+            .arg(&rows);
+        match &mut out {
+            OutBuf::F32(o) => launch.arg(&mut **o),
+            OutBuf::Bf16(o) => launch.arg(&mut **o),
+        };
+        launch
+            .arg(&out_bf16)
             .arg(&q_heads)
             .arg(&kv_heads)
             .arg(&head_dim);
@@ -299,6 +382,28 @@ impl CudaBackend {
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
     }
+}
+
+/// Where the flash kernels' inputs come from.
+pub(super) enum FlashInputs<'a> {
+    /// Separate f32 `qg`, `k`, `v` (rows as [`AttentionDims`] says), q and k already normed and
+    /// rotated: `flash_bf16_inputs` rounds them to bf16.
+    Dense {
+        qg: &'a CudaSlice<f32>,
+        k: &'a CudaSlice<f32>,
+        v: &'a CudaSlice<f32>,
+    },
+    /// One stacked projection ([`AttentionDims::stacked_width`]) before the q/k head norms and
+    /// rope, which `attention_prologue` applies as it rounds to bf16 (q and k in `qkv` stay as
+    /// they were; the gates become their sigmoid).
+    Stacked {
+        qkv: &'a mut CudaSlice<f32>,
+        norms: (&'a CudaSlice<bf16>, &'a CudaSlice<bf16>),
+        positions: &'a CudaSlice<u32>,
+        /// The rope kernel's table and its number of pairs.
+        rope: (&'a RopeTable, usize),
+        eps: f32,
+    },
 }
 
 #[cfg(test)]

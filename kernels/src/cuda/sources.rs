@@ -88,7 +88,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "rope.cu",
         code: include_str!("../../cuda/rope.cu"),
-        functions: &["rope", "qk_norm_rope"],
+        functions: &["rope", "qk_norm_rope", "attention_prologue"],
     },
     KernelSource {
         file: "conv.cu",

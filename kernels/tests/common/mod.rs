@@ -64,3 +64,10 @@ pub fn cu_of(lens: &[usize]) -> Vec<u32> {
     }
     cu
 }
+
+/// Each value rounded to bf16 (as an upload or a bf16 buffer rounds it), back in f32.
+pub fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
