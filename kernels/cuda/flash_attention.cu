@@ -153,13 +153,18 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
 // gate) for the output gate, as gate_mode says. out is f32, or bf16 with out_bf16 (the o_proj's
 // input, rounded as the GEMM would round it). LAST: only each sequence's last row (grid (q_heads,
 // num_seqs), block y = sequence; the block takes the sequence's last tile, only the warp holding the
-// last row computes, and out is [num_seqs][q_heads][head_dim]).
-template <int D, int WARPS, bool NARROW, bool LAST>
+// last row computes, and out is [num_seqs][q_heads][head_dim]). SPLIT (with LAST): block z takes
+// key tiles [z·tiles_per_split, (z+1)·tiles_per_split) of its sequence only (blocks past the
+// sequence's tiles exit) and writes, instead of the output, its unnormalised partial row and its
+// running max and denominator to `partial` ([num_seqs][q_heads][gridDim.z][D + 2]: the D values,
+// then m, then l), which `flash_last_combine` merges: one long sequence's keys spread over many
+// SMs instead of one block walking them all.
+template <int D, int WARPS, bool NARROW, bool LAST, bool SPLIT>
 __device__ __forceinline__ void flash_attention_impl(
     const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
     const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride, int gate_mode,
     const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, void* __restrict__ out, int out_bf16,
-    int q_heads, int kv_heads, int head_dim) {
+    int q_heads, int kv_heads, int head_dim, int tiles_per_split, float* __restrict__ partial) {
     constexpr int FA_BM = WARPS * 16;      // query rows per block
     constexpr int FA_THREADS = WARPS * 32;
     constexpr int STRIDE = D + FA_PAD;  // shared-memory row stride, bf16 elements
@@ -194,7 +199,13 @@ __device__ __forceinline__ void flash_attention_impl(
     const int tq = lane & 3;  // fragment column pair
     const int q0 = tile * FA_BM;             // first query row of the block, within the sequence
     const int kv_len = min(q0 + FA_BM, len); // keys any row of the block can see
-    const int n_tiles = (kv_len + FA_BN - 1) / FA_BN;
+    int j_begin = 0;
+    int n_tiles = (kv_len + FA_BN - 1) / FA_BN;  // one past the last key tile of this block
+    if (SPLIT) {
+        j_begin = blockIdx.z * tiles_per_split;
+        if (j_begin >= n_tiles) return;  // uniform over the block, before any barrier
+        n_tiles = min(n_tiles, j_begin + tiles_per_split);
+    }
     const int wrow = q0 + warp * 16;         // first query row of this warp
     // LAST: only the warp holding the sequence's last row has rows to compute.
     const bool warp_rows = LAST ? wrow <= len - 1 && len - 1 < wrow + 16 : wrow < len;
@@ -210,9 +221,10 @@ __device__ __forceinline__ void flash_attention_impl(
     // Groups in flight at the top of step j: {K_j} (with Q at j = 0), then {V_j}.
     fa_load_tile<D, FA_THREADS, FA_BM>(sq, qb + ((i64)(seq_start + q0) * q_heads + h) * D,
                                        (i64)q_heads * D, q0, len);
-    fa_load_tile<D, FA_THREADS, FA_BN>(sk, k_seq, kv_row, 0, kv_len);
+    const int first_key = j_begin * FA_BN;
+    fa_load_tile<D, FA_THREADS, FA_BN>(sk, k_seq + (i64)first_key * kv_row, kv_row, first_key, kv_len);
     cp_async_commit();
-    fa_load_tile<D, FA_THREADS, FA_BN>(sv, v_seq, kv_row, 0, kv_len);
+    fa_load_tile<D, FA_THREADS, FA_BN>(sv, v_seq + (i64)first_key * kv_row, kv_row, first_key, kv_len);
     cp_async_commit();
 
     // ldmatrix lane addresses. A (Q, 16x16): lanes 0-15 rows 0-15 at column 0, lanes 16-31 rows
@@ -230,7 +242,7 @@ __device__ __forceinline__ void flash_attention_impl(
     float m0 = F32_NEG_INF, m1 = F32_NEG_INF;  // running max (log2 units) of rows g and g + 8
     float l0 = 0.0f, l1 = 0.0f;                // this thread's share of the running denominators
 
-    for (int j = 0; j < n_tiles; ++j) {
+    for (int j = j_begin; j < n_tiles; ++j) {
         const int key0 = j * FA_BN;
         const bool has_next = j + 1 < n_tiles;
         // Warps whose rows all precede the tile (or lie past the sequence) skip the math but still
@@ -353,6 +365,22 @@ __device__ __forceinline__ void flash_attention_impl(
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (SPLIT) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            if (wrow + g + half * 8 != len - 1) continue;
+            float* p = partial + (((i64)blockIdx.y * q_heads + h) * gridDim.z + blockIdx.z) * (D + 2);
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                *reinterpret_cast<float2*>(p + n * 8 + tq * 2) = make_float2(o[n][half * 2], o[n][half * 2 + 1]);
+            }
+            if (tq == 0) {
+                p[D] = half == 0 ? m0 : m1;
+                p[D + 1] = half == 0 ? l0 : l1;
+            }
+        }
+        return;
+    }
     // The gate (see gate_mode). Its values come in batches of GB column groups for both rows,
     // every load of a batch issued before the first use: one memory wait per batch, not one per
     // value.
@@ -412,23 +440,64 @@ __device__ __forceinline__ void flash_attention_impl(
 // fixed at compile time. Launch with 32·WARPS threads and (16·WARPS + 2·FA_BN)·(D + FA_PAD)·2
 // bytes of dynamic shared memory; grid (ceil(rows / BM) + num_seqs, q_heads) for the wide kernel,
 // (q_heads, ceil(rows / BM) + num_seqs) for the narrow one, (q_heads, num_seqs) for the last-row one.
-#define FA_ENTRY(NAME, D, WARPS, NARROW, LAST, MIN_BLOCKS)                                        \
+#define FA_ENTRY(NAME, D, WARPS, NARROW, LAST, SPLIT, MIN_BLOCKS)                                 \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(                     \
         const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
         const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride,        \
         int gate_mode, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,                \
-        void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim) {          \
-        flash_attention_impl<D, WARPS, NARROW, LAST>(qb, kb, vb, qg, qg_stride, gate_mode,        \
-                                                     cu_seqlens, num_seqs, rows, out, out_bf16,   \
-                                                     q_heads, kv_heads, head_dim);                \
+        void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim,            \
+        int tiles_per_split, float* __restrict__ partial) {                                       \
+        flash_attention_impl<D, WARPS, NARROW, LAST, SPLIT>(                                      \
+            qb, kb, vb, qg, qg_stride, gate_mode, cu_seqlens, num_seqs, rows, out, out_bf16,      \
+            q_heads, kv_heads, head_dim, tiles_per_split, partial);                               \
     }
 
-FA_ENTRY(flash_attention_d64, 64, 8, false, false, 1)
-FA_ENTRY(flash_attention_d128, 128, 8, false, false, 1)
-FA_ENTRY(flash_attention_d256, 256, 8, false, false, 1)
-FA_ENTRY(flash_attention_narrow_d64, 64, 4, true, false, 2)
-FA_ENTRY(flash_attention_narrow_d128, 128, 4, true, false, 2)
-FA_ENTRY(flash_attention_narrow_d256, 256, 4, true, false, 2)
-FA_ENTRY(flash_attention_last_d64, 64, 4, true, true, 2)
-FA_ENTRY(flash_attention_last_d128, 128, 4, true, true, 2)
-FA_ENTRY(flash_attention_last_d256, 256, 4, true, true, 2)
+FA_ENTRY(flash_attention_d64, 64, 8, false, false, false, 1)
+FA_ENTRY(flash_attention_d128, 128, 8, false, false, false, 1)
+FA_ENTRY(flash_attention_d256, 256, 8, false, false, false, 1)
+FA_ENTRY(flash_attention_narrow_d64, 64, 4, true, false, false, 2)
+FA_ENTRY(flash_attention_narrow_d128, 128, 4, true, false, false, 2)
+FA_ENTRY(flash_attention_narrow_d256, 256, 4, true, false, false, 2)
+FA_ENTRY(flash_attention_last_d64, 64, 4, true, true, false, 2)
+FA_ENTRY(flash_attention_last_d128, 128, 4, true, true, false, 2)
+FA_ENTRY(flash_attention_last_d256, 256, 4, true, true, false, 2)
+FA_ENTRY(flash_attention_last_split_d64, 64, 4, true, true, true, 2)
+FA_ENTRY(flash_attention_last_split_d128, 128, 4, true, true, true, 2)
+FA_ENTRY(flash_attention_last_split_d256, 256, 4, true, true, true, 2)
+
+// Merges the split last-row partials (see SPLIT above) of sequence blockIdx.x and query head
+// blockIdx.y: with M the largest running max, out = Σ 2^(m_z − M)·o_z / Σ 2^(m_z − M)·l_z, times the
+// sigmoid of the row's raw gate (from qg, as the last-row kernel takes it), f32 or bf16 (out_bf16).
+// Only the splits that hold key tiles of the sequence are read. One thread per column.
+extern "C" __global__ void flash_last_combine(const float* __restrict__ partial, int splits, int tiles_per_split,
+                                              const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,
+                                              const float* __restrict__ qg, i64 qg_stride,
+                                              void* __restrict__ out, int out_bf16, int q_heads, int head_dim,
+                                              int d) {
+    const int seq = blockIdx.x;
+    const int h = blockIdx.y;
+    if (seq >= num_seqs) return;
+    const u32 a = min(cu_seqlens[seq], rows);
+    const u32 b = min(cu_seqlens[seq + 1], rows);
+    if (b <= a) return;
+    const int len = (int)(b - a);
+    const int used = min(splits, ((len + FA_BN - 1) / FA_BN + tiles_per_split - 1) / tiles_per_split);
+    const float* p = partial + ((i64)seq * q_heads + h) * splits * (d + 2);
+    float m = F32_NEG_INF;
+    for (int z = 0; z < used; ++z) m = fmaxf(m, p[z * (d + 2) + d]);
+    float l = 0.0f;
+    for (int z = 0; z < used; ++z) l += exp2f(p[z * (d + 2) + d] - m) * p[z * (d + 2) + d + 1];
+    const float inv = 1.0f / l;
+    const float* gate = qg + (i64)(b - 1) * qg_stride + (i64)h * 2 * head_dim + head_dim;
+    const i64 dst = ((i64)seq * q_heads + h) * head_dim;
+    for (int col = threadIdx.x; col < head_dim; col += blockDim.x) {
+        float acc = 0.0f;
+        for (int z = 0; z < used; ++z) acc += exp2f(p[z * (d + 2) + d] - m) * p[z * (d + 2) + col];
+        const float y = acc * inv * sigmoid_f(gate[col]);
+        if (out_bf16) {
+            static_cast<__nv_bfloat16*>(out)[dst + col] = __float2bfloat16_rn(y);
+        } else {
+            static_cast<float*>(out)[dst + col] = y;
+        }
+    }
+}

@@ -55,23 +55,38 @@ const GATE_RAW_IN_QG: i32 = 2;
 /// bf16 Q `[rows][q_heads][d]` and K, V `[rows][kv_heads][d]` (head size padded to the kernel's
 /// `d` with zeros), grown to the largest batch seen (the start-up warm-up runs the largest), never
 /// shrunk.
+/// Also the split last-row kernel's partial rows (`[num_seqs][q_heads][splits][d + 2]` f32).
 pub(super) struct FlashScratch {
     q: CudaSlice<bf16>,
     k: CudaSlice<bf16>,
     v: CudaSlice<bf16>,
+    partial: CudaSlice<f32>,
 }
 
 impl Scratch for FlashScratch {
-    /// Values of Q and of K (or V).
-    type Need = (usize, usize);
+    /// Values of Q, of K (or V), and of the partial rows.
+    type Need = (usize, usize, usize);
 
-    fn holds(&self, (q_len, kv_len): (usize, usize)) -> bool {
-        self.q.len() >= q_len && self.k.len() >= kv_len
+    fn holds(&self, (q_len, kv_len, partial_len): Self::Need) -> bool {
+        self.q.len() >= q_len && self.k.len() >= kv_len && self.partial.len() >= partial_len
     }
 
     fn bytes(&self) -> u64 {
-        2 * (self.q.len() + self.k.len() + self.v.len()) as u64
+        2 * (self.q.len() + self.k.len() + self.v.len()) as u64 + 4 * self.partial.len() as u64
     }
+}
+
+/// How the last-row kernel spreads a batch's keys: `(splits, tiles_per_split)` for a batch of
+/// `rows` rows whose last rows make `blocks` (query heads × sequences) blocks on a GPU of `sms`
+/// SMs. When the blocks alone fill two per SM, no split (`(1, _)`); otherwise each block's key
+/// tiles are cut into enough splits to fill them, each split as many tiles as the longest
+/// sequence possible (all `rows`) needs. The host never reads `cu_seqlens` (the launch stays
+/// capturable), so the cut assumes that longest sequence; shorter ones leave splits idle.
+pub(super) fn last_row_split(rows: usize, blocks: usize, sms: usize) -> (usize, usize) {
+    let max_tiles = rows.div_ceil(BN).max(1);
+    let want = (2 * sms.max(1)).div_ceil(blocks.max(1)).clamp(1, max_tiles);
+    let per_split = max_tiles.div_ceil(want);
+    (max_tiles.div_ceil(per_split), per_split)
 }
 
 /// The backend's flash scratch slot.
@@ -86,18 +101,22 @@ pub(super) struct FlashShape {
     pub rows: usize,
     pub tiles_on_y: bool,
     pub last_row: bool,
+    /// Last-row form over key splits (grid z), merged by `flash_last_combine`.
+    pub split: bool,
 }
 
 pub(super) const WIDE: FlashShape = FlashShape {
     rows: BM,
     tiles_on_y: false,
     last_row: false,
+    split: false,
 };
 
 pub(super) const NARROW: FlashShape = FlashShape {
     rows: BM_NARROW,
     tiles_on_y: true,
     last_row: false,
+    split: false,
 };
 
 /// The narrow layout, for `attention_last`.
@@ -106,9 +125,21 @@ pub(super) const LAST_ROW: FlashShape = FlashShape {
     ..NARROW
 };
 
+/// The last-row layout over key splits.
+pub(super) const LAST_SPLIT: FlashShape = FlashShape {
+    split: true,
+    ..LAST_ROW
+};
+
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
+        match (self.last_row && self.split, d) {
+            (true, 64) => return "flash_attention_last_split_d64",
+            (true, 128) => return "flash_attention_last_split_d128",
+            (true, _) => return "flash_attention_last_split_d256",
+            _ => {}
+        }
         match (self.last_row, self.tiles_on_y, d) {
             (true, _, 64) => "flash_attention_last_d64",
             (true, _, 128) => "flash_attention_last_d128",
@@ -203,21 +234,43 @@ impl CudaBackend {
         };
         let q_len = batch.rows * dims.q_heads * d;
         let kv_len = batch.rows * dims.kv_heads * d;
+        let (shape, splits, per_split) = if last {
+            let blocks = dims.q_heads * batch.num_seqs;
+            match last_row_split(batch.rows, blocks, self.device.sm_count) {
+                (1, _) => (LAST_ROW, 1, 0),
+                (splits, per_split) => (LAST_SPLIT, splits, per_split),
+            }
+        } else {
+            (flash_shape(batch.rows, batch.num_seqs), 1, 0)
+        };
+        let partial_len = if shape.split {
+            dims.q_heads * batch.num_seqs * splits * (d + 2)
+        } else {
+            0
+        };
         let stream = &self.device.stream;
-        let mut guard = self
-            .flash_scratch
-            .get(self, OP, (q_len, kv_len), |(q_len, kv_len)| {
-                let alloc = |n: usize| {
-                    stream
-                        .alloc_zeros::<bf16>(n)
-                        .map_err(|e| driver_err("attention bf16 scratch", e))
-                };
-                Ok(FlashScratch {
-                    q: alloc(q_len)?,
-                    k: alloc(kv_len)?,
-                    v: alloc(kv_len)?,
-                })
-            })?;
+        let need = (q_len, kv_len, partial_len);
+        let mut guard =
+            self.flash_scratch
+                .get(self, OP, need, |(q_len, kv_len, partial_len)| {
+                    let alloc = |n: usize| {
+                        stream
+                            .alloc_zeros::<bf16>(n)
+                            .map_err(|e| driver_err("attention bf16 scratch", e))
+                    };
+                    Ok(FlashScratch {
+                        q: alloc(q_len)?,
+                        k: alloc(kv_len)?,
+                        v: alloc(kv_len)?,
+                        // Splits fill at most two blocks per SM beyond the unsplit blocks: sized for
+                        // that at the largest head size, so it need not grow with the batch.
+                        partial: stream
+                            .alloc_zeros::<f32>(
+                                partial_len.max(4 * self.device.sm_count * (256 + 2)),
+                            )
+                            .map_err(|e| driver_err("attention partial rows", e))?,
+                    })
+                })?;
         let scratch = &mut *guard;
         let rows = to_u32(OP, "rows", batch.rows)?;
         let q_heads = to_i32(OP, "q_heads", dims.q_heads)?;
@@ -319,11 +372,6 @@ impl CudaBackend {
                 (&*qkv, dims.stacked_width(), mode)
             }
         };
-        let shape = if last {
-            LAST_ROW
-        } else {
-            flash_shape(batch.rows, batch.num_seqs)
-        };
         let smem = shape.smem_bytes(d);
         let f = self.device.function(shape.kernel(d))?;
         // Above 48 KiB a kernel must opt in. Setting it on every launch costs a host-side driver
@@ -345,9 +393,10 @@ impl CudaBackend {
         }
         let tiles = to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?;
         let heads = to_u32(OP, "q_heads", dims.q_heads)?;
+        let splits_a = to_u32(OP, "key splits", splits)?;
         let cfg = LaunchConfig {
             grid_dim: if shape.tiles_on_y {
-                (heads, tiles, 1)
+                (heads, tiles, splits_a)
             } else {
                 (tiles, heads, 1)
             },
@@ -372,13 +421,50 @@ impl CudaBackend {
             OutBuf::F32(o) => launch.arg(&mut **o),
             OutBuf::Bf16(o) => launch.arg(&mut **o),
         };
+        let per_split_a = to_i32(OP, "tiles per split", per_split)?;
         launch
             .arg(&out_bf16)
             .arg(&q_heads)
             .arg(&kv_heads)
-            .arg(&head_dim);
+            .arg(&head_dim)
+            .arg(&per_split_a)
+            .arg(&mut scratch.partial);
         // SAFETY: argument types match the kernel; it clamps every sequence boundary to `rows`,
-        // which every buffer holds (checked by the caller).
+        // which every buffer holds (checked by the caller); a split launch writes
+        // q_heads·num_seqs·splits partial rows of d + 2 (the scratch holds them).
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
+        if !shape.split {
+            return Ok(());
+        }
+        let f = self.device.function("flash_last_combine")?;
+        let cfg = LaunchConfig {
+            grid_dim: (to_u32(OP, "num_seqs", batch.num_seqs)?, heads, 1),
+            block_dim: (
+                to_u32(OP, "head_dim", dims.head_dim.next_multiple_of(32))?,
+                1,
+                1,
+            ),
+            shared_mem_bytes: 0,
+        };
+        let splits_i = to_i32(OP, "key splits", splits)?;
+        let mut launch = self.device.stream.launch_builder(f);
+        launch
+            .arg(&scratch.partial)
+            .arg(&splits_i)
+            .arg(&per_split_a)
+            .arg(batch.cu_seqlens)
+            .arg(&num_seqs)
+            .arg(&rows)
+            .arg(qg)
+            .arg(&qg_stride);
+        match &mut out {
+            OutBuf::F32(o) => launch.arg(&mut **o),
+            OutBuf::Bf16(o) => launch.arg(&mut **o),
+        };
+        launch.arg(&out_bf16).arg(&q_heads).arg(&head_dim).arg(&d_a);
+        // SAFETY: argument types match the kernel; it reads the partial rows the split launch
+        // wrote for the splits holding key tiles of each sequence (the same count as there) and
+        // writes num_seqs rows of out (held, checked by the caller).
         unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
         Ok(())
     }
@@ -426,6 +512,37 @@ mod tests {
             assert_eq!(WIDE.kernel(d), wide);
             assert_eq!(NARROW.kernel(d), format!("flash_attention_narrow_d{d}"));
             assert_eq!(LAST_ROW.kernel(d), format!("flash_attention_last_d{d}"));
+            assert_eq!(
+                LAST_SPLIT.kernel(d),
+                format!("flash_attention_last_split_d{d}")
+            );
+        }
+    }
+
+    #[test]
+    fn last_rows_split_their_keys_until_two_blocks_per_sm() {
+        // One 712-row question on 132 SMs: 16 heads, 12 key tiles, one tile per split.
+        assert_eq!(last_row_split(712, 16, 132), (12, 1));
+        // 15,446 rows: 17 splits wanted, 242 tiles: 15 per split, 17 splits.
+        assert_eq!(last_row_split(15_446, 16, 132), (17, 15));
+        // One key tile: nothing to split.
+        assert_eq!(last_row_split(64, 16, 132), (1, 1));
+        assert_eq!(last_row_split(1, 16, 132), (1, 1));
+        // Enough sequences to fill the GPU: no split.
+        assert_eq!(last_row_split(128 * 300, 16 * 128, 132).0, 1);
+        assert_eq!(last_row_split(32 * 300, 16 * 32, 132).0, 1);
+        // A few sequences: some splits, every tile of the longest possible sequence covered.
+        for (rows, blocks) in [(2_537, 32), (1_270, 96), (700, 48), (5, 16)] {
+            let (splits, per_split) = last_row_split(rows, blocks, 132);
+            assert!(splits * per_split >= rows.div_ceil(BN), "{rows} rows");
+            assert!(
+                (splits - 1) * per_split < rows.div_ceil(BN),
+                "{rows} rows: an empty split"
+            );
+            assert!(
+                splits * blocks <= 2 * 132 + blocks,
+                "{rows} rows: too many blocks"
+            );
         }
     }
 

@@ -124,6 +124,10 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "flash_attention_last_d64",
             "flash_attention_last_d128",
             "flash_attention_last_d256",
+            "flash_attention_last_split_d64",
+            "flash_attention_last_split_d128",
+            "flash_attention_last_split_d256",
+            "flash_last_combine",
         ],
     },
     KernelSource {
