@@ -129,7 +129,12 @@ __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_
                                                  const u32* __restrict__ cu_seqlens, int num_seqs,
                                                  const float* __restrict__ window_in, int has_window,
                                                  float* __restrict__ out, int channels, int kernel, u32 rows_cap,
-                                                 int l2_channels, float l2_eps) {
+                                                 int l2_channels, float l2_eps, const X* __restrict__ gb,
+                                                 int gb_stride, int gb_offset, const X* __restrict__ ga,
+                                                 int ga_stride, int ga_offset,
+                                                 const __nv_bfloat16* __restrict__ a_log,
+                                                 const __nv_bfloat16* __restrict__ dt_bias,
+                                                 float* __restrict__ beta, float* __restrict__ g, int gate_heads) {
     constexpr int HALO = CONV_MAX_KERNEL - 1;
     constexpr int TILE = CONV_TILE_ROWS + HALO;  // shared rows: HALO before the tile, then the tile
     __shared__ float s_x[TILE][CONV_TILE_CH];
@@ -141,6 +146,16 @@ __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_
     const int tid = threadIdx.x;
     // The tile is one whole head of the L2-normalised channels: its outputs go through s_out.
     const bool l2 = c0 + CONV_TILE_CH <= l2_channels;
+    // With gate_heads, the blocks of the first channel tile also compute the delta rule's gates of
+    // their rows (delta_gates' values, through the same helper): one launch less per layer.
+    if (gate_heads > 0 && blockIdx.y == 0) {
+        for (int i = tid; i < CONV_TILE_ROWS * gate_heads; i += CONV_THREADS) {
+            const i64 t = r0 + i / gate_heads;
+            if (t < (i64)rows_cap)
+                delta_gate_at(gb, gb_stride, gb_offset, ga, ga_stride, ga_offset, a_log, dt_bias, beta, g, t,
+                              i % gate_heads, gate_heads);
+        }
+    }
 
     // Shared row j holds x row r0 - HALO + j (zeros outside [0, rows_cap) or past the channels).
     // Every load of the thread goes out before the first store, so the block waits on memory once.
@@ -235,9 +250,13 @@ __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_
         NAME(const X* __restrict__ x, int x_stride, int x_offset, const __nv_bfloat16* __restrict__ w,        \
              const u32* __restrict__ cu_seqlens, int num_seqs, const float* __restrict__ window_in,           \
              int has_window, float* __restrict__ out, int channels, int kernel, u32 rows_cap, int l2_channels, \
-             float l2_eps) {                                                                                  \
+             float l2_eps, const X* __restrict__ gb, int gb_stride, int gb_offset, const X* __restrict__ ga,   \
+             int ga_stride, int ga_offset, const __nv_bfloat16* __restrict__ a_log,                            \
+             const __nv_bfloat16* __restrict__ dt_bias, float* __restrict__ beta, float* __restrict__ g,       \
+             int gate_heads) {                                                                                \
         conv1d_silu_tile(x, x_stride, x_offset, w, cu_seqlens, num_seqs, window_in, has_window, out,          \
-                         channels, kernel, rows_cap, l2_channels, l2_eps);                                   \
+                         channels, kernel, rows_cap, l2_channels, l2_eps, gb, gb_stride, gb_offset, ga,       \
+                         ga_stride, ga_offset, a_log, dt_bias, beta, g, gate_heads);                          \
     }
 
 CONV_ENTRY(conv1d_silu, float)

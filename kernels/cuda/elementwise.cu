@@ -115,11 +115,8 @@ extern "C" __global__ void swiglu_bf16_from_bf16(const __nv_bfloat16* __restrict
     }
 }
 
-// PyTorch's softplus (beta 1, threshold 20).
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-// beta = sigmoid(b); g = −exp(a_log) · softplus(a + dt_bias), both dense [rows, heads]. b and a rows sit at
-// stride · row + offset (column blocks of the stacked in-projection output; possibly one buffer).
+// beta = sigmoid(b); g = −exp(a_log) · softplus(a + dt_bias), both dense [rows, heads] (one thread per
+// value; `delta_gate_at` in the prelude, which the conv kernel shares).
 template <typename X>
 __device__ __forceinline__ void delta_gates_at(const X* __restrict__ b, int b_stride, int b_offset,
                                                const X* __restrict__ a, int a_stride, int a_offset,
@@ -128,10 +125,8 @@ __device__ __forceinline__ void delta_gates_at(const X* __restrict__ b, int b_st
                                                float* __restrict__ g, int rows, int heads) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * heads) return;
-    const i64 t = i / heads;
-    const int h = (int)(i % heads);
-    beta[i] = sigmoid_f(load_f32(b, t * b_stride + b_offset + h));
-    g[i] = -expf(load_bf16(a_log, h)) * softplus_f(load_f32(a, t * a_stride + a_offset + h) + load_bf16(dt_bias, h));
+    delta_gate_at(b, b_stride, b_offset, a, a_stride, a_offset, a_log, dt_bias, beta, g, i / heads,
+                  (int)(i % heads), heads);
 }
 
 extern "C" __global__ void delta_gates(const float* __restrict__ b, int b_stride, int b_offset,

@@ -184,3 +184,21 @@ __device__ __forceinline__ bool find_tile_warp(const u32* __restrict__ cu_seqlen
     }
     return false;
 }
+
+// PyTorch's softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The Gated DeltaNet gates of row t, head h: beta = sigmoid(b), g = −exp(a_log) · softplus(a + dt_bias),
+// into dense [rows, heads]. b and a rows sit at stride · row + offset (column blocks of the stacked
+// in-projection output; possibly one buffer). One helper for delta_gates and the conv kernel that
+// computes them alongside, so both give the same bits.
+template <typename X>
+__device__ __forceinline__ void delta_gate_at(const X* __restrict__ b, int b_stride, int b_offset,
+                                              const X* __restrict__ a, int a_stride, int a_offset,
+                                              const __nv_bfloat16* __restrict__ a_log,
+                                              const __nv_bfloat16* __restrict__ dt_bias, float* __restrict__ beta,
+                                              float* __restrict__ g, i64 t, int h, int heads) {
+    const i64 i = t * heads + h;
+    beta[i] = sigmoid_f(load_f32(b, t * b_stride + b_offset + h));
+    g[i] = -expf(load_bf16(a_log, h)) * softplus_f(load_f32(a, t * a_stride + a_offset + h) + load_bf16(dt_bias, h));
+}

@@ -127,6 +127,25 @@ impl Strided {
     }
 }
 
+/// The inputs of [`Backend::delta_gates`] (as one argument of the fused
+/// [`Backend::conv1d_silu_l2_gates`]).
+pub struct DeltaGates<'a, Buf> {
+    pub b: &'a Buf,
+    pub b_at: Strided,
+    pub a: &'a Buf,
+    pub a_at: Strided,
+    pub a_log: &'a Buf,
+    pub dt_bias: &'a Buf,
+    pub heads: usize,
+}
+
+impl<Buf> Clone for DeltaGates<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for DeltaGates<'_, Buf> {}
+
 /// Whether a projection's result replaces its output or is added to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Store {
@@ -545,6 +564,36 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()> {
         conv1d_silu_then_l2(self, x, x_at, weight, batch, channels, kernel, l2, eps, out)
+    }
+
+    /// [`Self::conv1d_silu_l2`] and [`Self::delta_gates`] (over the batch's rows) of one Gated
+    /// DeltaNet layer, in one pass where the backend can: the same values, bit for bit, as the two
+    /// calls.
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_silu_l2_gates(
+        &self,
+        x: &Self::Buf,
+        x_at: Strided,
+        weight: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        channels: usize,
+        kernel: usize,
+        (l2, eps): (HeadLayout, f32),
+        out: &mut Self::Buf,
+        gates: DeltaGates<'_, Self::Buf>,
+        (beta, g): (&mut Self::Buf, &mut Self::Buf),
+    ) -> KernelResult<()> {
+        self.conv1d_silu_l2(x, x_at, weight, batch, channels, kernel, l2, eps, out)?;
+        let DeltaGates {
+            b,
+            b_at,
+            a,
+            a_at,
+            a_log,
+            dt_bias,
+            heads,
+        } = gates;
+        self.delta_gates(b, b_at, a, a_at, a_log, dt_bias, batch.rows, heads, beta, g)
     }
 
     /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and

@@ -7,8 +7,8 @@ pub mod cuda;
 pub mod error;
 
 pub use backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, KernelResult, Rope, Store,
-    Strided, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelResult,
+    Rope, Store, Strided, Varlen,
 };
 pub use cpu::CpuBackend;
 pub use error::KernelError;

@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
 use instinct_kernels::{
-    AttentionDims, Backend, DeltaDims, DeltaState, HeadLayout, Rope, Store, Strided, Varlen,
+    AttentionDims, Backend, DeltaDims, DeltaGates, DeltaState, HeadLayout, Rope, Store, Strided,
+    Varlen,
 };
 
 const HIDDEN: usize = 2560;
@@ -144,29 +145,33 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
         row_stride: qkv_w,
         offset: 0,
     };
-    // The forward's form: the q and k heads L2-normalised by the conv kernel.
+    // The forward's form: the q and k heads L2-normalised and the gates computed by the conv
+    // kernel.
     let t = time(gpu, runs, || {
-        gpu.conv1d_silu_l2(
+        let gates = DeltaGates {
+            b: &proj,
+            b_at,
+            a: &proj,
+            a_at,
+            a_log: &a_log,
+            dt_bias: &a_log,
+            heads: hv,
+        };
+        gpu.conv1d_silu_l2_gates(
             &proj,
             qkv_at,
             &conv_w,
             batch(),
             qkv_w,
             4,
-            qk_layout,
-            1e-6,
+            (qk_layout, 1e-6),
             &mut conv,
+            gates,
+            (&mut beta, &mut decay),
         )
         .unwrap()
     });
-    row("conv1d + silu + l2 norm q,k", DELTA_LAYERS, t);
-    let t = time(gpu, runs, || {
-        gpu.delta_gates(
-            &proj, b_at, &proj, a_at, &a_log, &a_log, rows, hv, &mut beta, &mut decay,
-        )
-        .unwrap()
-    });
-    row("delta gates", DELTA_LAYERS, t);
+    row("conv1d + silu + l2 norm q,k + gates", DELTA_LAYERS, t);
     let t = time(gpu, runs.min(5), || {
         let state = DeltaState {
             initial: None,

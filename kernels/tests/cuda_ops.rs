@@ -16,8 +16,8 @@ use common::{
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
-    AttentionDims, Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, KernelError, Rope,
-    Store, Strided, Varlen,
+    AttentionDims, Backend, CpuBackend, DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelError,
+    Rope, Store, Strided, Varlen,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -722,6 +722,109 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                 )
                 .unwrap();
                 assert_close(&got, &want, 1e-5, &what);
+            }
+        }
+    }
+}
+
+/// `conv1d_silu_l2_gates` against `conv1d_silu_l2` then `delta_gates`, bit for bit: one stacked
+/// in-projection row `[qkv | b | a]` as the model has it (bf16 and f32), DeltaNet's layout (the
+/// conv kernel computes the gates) and heads of 64 (the separate kernels), the model's 32 gate
+/// heads and 5; and b, a in a separate buffer of the other type (the separate kernels too).
+#[test]
+#[ignore = "needs a GPU"]
+fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(23);
+    for (k_heads, k_dim, v_width, heads) in [(2, 128, 256, 32), (3, 64, 100, 5)] {
+        let channels = 2 * k_heads * k_dim + v_width;
+        let l2 = HeadLayout {
+            heads: 2 * k_heads,
+            head_dim: k_dim,
+            head_stride: k_dim,
+            row_stride: channels,
+            offset: 0,
+        };
+        let width = channels + 2 * heads;
+        let [x_at, b_at, a_at] = [0, channels, channels + heads].map(|o| Strided::cols(width, o));
+        let (_, w_d) = weight(&gpu, &mut rng, channels * 4, 0.7);
+        let (_, a_log) = weight(&gpu, &mut rng, heads, 2.0);
+        let (_, dt_bias) = weight(&gpu, &mut rng, heads, 5.0);
+        for lens in BATCHES {
+            let cu = cu_of(lens);
+            let rows = *cu.last().unwrap() as usize;
+            let cu_d = indices(&gpu, &cu);
+            let batch = Varlen {
+                cu_seqlens: &cu_d,
+                num_seqs: lens.len(),
+                rows,
+            };
+            // a + dt_bias on both sides of softplus's threshold.
+            let mut stacked = rand_vec(&mut rng, rows * width, 2.0);
+            for t in 0..rows {
+                for x in &mut stacked[a_at.at(t, 0)..a_at.at(t, heads)] {
+                    *x *= 12.0;
+                }
+            }
+            for (bf16_x, separate_gates) in [(false, false), (true, false), (true, true)] {
+                let what = format!(
+                    "heads {k_heads}x{k_dim}, {heads} gate heads, lens {lens:?}, bf16 {bf16_x}, \
+                     gates apart {separate_gates}"
+                );
+                let x_d = activation_as(&gpu, &stacked, 0, bf16_x);
+                let other = activation_as(&gpu, &stacked, 0, !bf16_x);
+                let gates_in = if separate_gates { &other } else { &x_d };
+                let gates = DeltaGates {
+                    b: gates_in,
+                    b_at,
+                    a: gates_in,
+                    a_at,
+                    a_log: &a_log,
+                    dt_bias: &dt_bias,
+                    heads,
+                };
+                let n = rows * heads;
+                let (mut out, mut beta, mut g) = (
+                    gpu.alloc(rows * channels).unwrap(),
+                    gpu.alloc(n).unwrap(),
+                    gpu.alloc(n).unwrap(),
+                );
+                gpu.conv1d_silu_l2_gates(
+                    &x_d,
+                    x_at,
+                    &w_d,
+                    batch,
+                    channels,
+                    4,
+                    (l2, 1e-6),
+                    &mut out,
+                    gates,
+                    (&mut beta, &mut g),
+                )
+                .unwrap();
+                let (mut out2, mut beta2, mut g2) = (
+                    gpu.alloc(rows * channels).unwrap(),
+                    gpu.alloc(n).unwrap(),
+                    gpu.alloc(n).unwrap(),
+                );
+                gpu.conv1d_silu_l2(&x_d, x_at, &w_d, batch, channels, 4, l2, 1e-6, &mut out2)
+                    .unwrap();
+                gpu.delta_gates(
+                    gates_in, b_at, gates_in, a_at, &a_log, &dt_bias, rows, heads, &mut beta2,
+                    &mut g2,
+                )
+                .unwrap();
+                for (name, got, want, len) in [
+                    ("conv", &out, &out2, rows * channels),
+                    ("beta", &beta, &beta2, n),
+                    ("g", &g, &g2, n),
+                ] {
+                    assert_eq!(
+                        bits(&gpu.read(got, len).unwrap()),
+                        bits(&gpu.read(want, len).unwrap()),
+                        "{what}: {name}"
+                    );
+                }
             }
         }
     }

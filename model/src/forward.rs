@@ -10,8 +10,8 @@
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use instinct_kernels::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, HeadLayout, Rope, Store, Strided,
-    Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaState, HeadLayout, Rope, Store,
+    Strided, Varlen,
 };
 
 use crate::config::{LayerKind, TextConfig};
@@ -717,29 +717,27 @@ impl<B: Backend> TextModel<B> {
             &mut ws.mixer_mid,
         )
         .map_err(e)?;
-        be.conv1d_silu_l2(
+        // The conv (+ the q/k L2 norm) and the gates, in one pass where the backend can.
+        let gates = DeltaGates {
+            b: &ws.mixer_mid,
+            b_at,
+            a: &ws.mixer_mid,
+            a_at,
+            a_log: &w.a_log,
+            dt_bias: &w.dt_bias,
+            heads: hv,
+        };
+        be.conv1d_silu_l2_gates(
             &ws.mixer_mid,
             qkv_at,
             &w.conv1d,
             batch,
             qkv,
             d.conv_kernel,
-            d.delta_qk_layout(),
-            L2_NORM_EPS,
+            (d.delta_qk_layout(), L2_NORM_EPS),
             &mut ws.conv,
-        )
-        .map_err(e)?;
-        be.delta_gates(
-            &ws.mixer_mid,
-            b_at,
-            &ws.mixer_mid,
-            a_at,
-            &w.a_log,
-            &w.dt_bias,
-            rows,
-            hv,
-            &mut ws.beta,
-            &mut ws.decay,
+            gates,
+            (&mut ws.beta, &mut ws.decay),
         )
         .map_err(e)?;
         let state = DeltaState {

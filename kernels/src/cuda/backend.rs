@@ -16,8 +16,8 @@ use super::flash::{FlashInputs, FlashScratchSlot};
 use super::tuning::TuningFile;
 use super::upload::Staging;
 use crate::backend::{
-    conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaState,
-    HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
+    conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaGates,
+    DeltaState, HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
 };
 use crate::error::KernelError;
 
@@ -300,6 +300,21 @@ fn push_or_null<'a>(launch: &mut LaunchArgs<'a>, buf: Option<&'a CudaSlice<f32>>
         Some(buf) => launch.arg(buf),
         None => launch.arg(null),
     };
+}
+
+/// The delta rule's gates for the conv kernel to compute alongside: their inputs, then beta and g.
+type GatesOut<'a> = (DeltaGates<'a, CudaBuf>, &'a mut CudaBuf, &'a mut CudaBuf);
+
+/// The channels the conv kernel L2-normalises itself for `l2` (heads that are whole channel
+/// tiles from channel 0 of a dense output), or `None` where the layout needs the separate kernel.
+fn conv_l2_channels(l2: HeadLayout, channels: usize) -> Option<usize> {
+    let l2_channels = l2.heads * l2.head_dim;
+    (l2.head_dim == CONV_TILE_CH
+        && l2.head_stride == l2.head_dim
+        && l2.offset == 0
+        && l2.row_stride == channels
+        && l2_channels <= channels)
+        .then_some(l2_channels)
 }
 
 /// Index of the smallest variant in `held` whose `threads · held` values hold a row of `len`
@@ -1119,6 +1134,7 @@ impl Backend for CudaBackend {
             window_out,
             (0, 0.0),
             out,
+            None,
         )
     }
 
@@ -1136,13 +1152,7 @@ impl Backend for CudaBackend {
     ) -> KernelResult<()> {
         // The conv kernel normalises heads that are whole channel tiles from channel 0 of a dense
         // output; any other layout takes the two kernels.
-        let l2_channels = l2.heads * l2.head_dim;
-        let fused = l2.head_dim == CONV_TILE_CH
-            && l2.head_stride == l2.head_dim
-            && l2.offset == 0
-            && l2.row_stride == channels
-            && l2_channels <= channels;
-        if fused {
+        if let Some(l2_channels) = conv_l2_channels(l2, channels) {
             self.conv(
                 x,
                 x_at,
@@ -1154,11 +1164,57 @@ impl Backend for CudaBackend {
                 None,
                 (l2_channels, eps),
                 out,
+                None,
             )
         } else {
             conv1d_silu_then_l2(
                 self, x, x_at, weight_buf, batch, channels, kernel, l2, eps, out,
             )
+        }
+    }
+
+    fn conv1d_silu_l2_gates(
+        &self,
+        x: &CudaBuf,
+        x_at: Strided,
+        weight_buf: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        channels: usize,
+        kernel: usize,
+        (l2, eps): (HeadLayout, f32),
+        out: &mut CudaBuf,
+        gates: DeltaGates<'_, CudaBuf>,
+        (beta, g): (&mut CudaBuf, &mut CudaBuf),
+    ) -> KernelResult<()> {
+        // One launch where the conv kernel takes the L2 layout and reads b and a as it reads x.
+        let same_type = gates.b.dtype() == x.dtype() && gates.a.dtype() == x.dtype();
+        match conv_l2_channels(l2, channels) {
+            Some(l2_channels) if same_type => self.conv(
+                x,
+                x_at,
+                weight_buf,
+                batch,
+                channels,
+                kernel,
+                None,
+                None,
+                (l2_channels, eps),
+                out,
+                Some((gates, beta, g)),
+            ),
+            _ => {
+                self.conv1d_silu_l2(x, x_at, weight_buf, batch, channels, kernel, l2, eps, out)?;
+                let DeltaGates {
+                    b,
+                    b_at,
+                    a,
+                    a_at,
+                    a_log,
+                    dt_bias,
+                    heads,
+                } = gates;
+                self.delta_gates(b, b_at, a, a_at, a_log, dt_bias, batch.rows, heads, beta, g)
+            }
         }
     }
 
@@ -1689,6 +1745,7 @@ impl CudaBackend {
         window_out: Option<&mut CudaBuf>,
         (l2_channels, l2_eps): (usize, f32),
         out: &mut CudaBuf,
+        gates: Option<GatesOut<'_>>,
     ) -> KernelResult<()> {
         const OP: &str = "conv1d_silu";
         let l2_channels = to_i32(OP, "l2 channels", l2_channels)?;
@@ -1724,6 +1781,49 @@ impl CudaBackend {
         if batch.num_seqs == 0 {
             return Ok(());
         }
+        // The gates' arguments, checked (absent: null pointers and no heads).
+        let mut gate_args = match gates {
+            None => None,
+            Some((gates, beta, g)) => {
+                let n = rows_cap * gates.heads;
+                let b = in_buf(
+                    OP,
+                    "b",
+                    gates.b,
+                    gates.b_at.required_len(rows_cap, gates.heads),
+                )?;
+                let a = in_buf(
+                    OP,
+                    "a",
+                    gates.a,
+                    gates.a_at.required_len(rows_cap, gates.heads),
+                )?;
+                if b.is_bf16() != x.is_bf16() || a.is_bf16() != x.is_bf16() {
+                    return Err(KernelError::invalid(
+                        OP,
+                        "the gates' b and a must have x's type (the conv kernel reads all three)",
+                    ));
+                }
+                let i = |what, v| to_i32(OP, what, v);
+                let ints = [
+                    i("b row stride", gates.b_at.row_stride)?,
+                    i("b offset", gates.b_at.offset)?,
+                    i("a row stride", gates.a_at.row_stride)?,
+                    i("a offset", gates.a_at.offset)?,
+                    i("gate heads", gates.heads)?,
+                ];
+                Some((
+                    b,
+                    a,
+                    ints,
+                    weight(OP, "a_log", gates.a_log, gates.heads)?,
+                    weight(OP, "dt_bias", gates.dt_bias, gates.heads)?,
+                    act_mut(OP, "beta", beta, n)?,
+                    act_mut(OP, "g", g, n)?,
+                ))
+            }
+        };
+        let no_ints = [0i32; 5];
         if rows_cap > 0 {
             let f = self.device.function(conv_kernel)?;
             let mut launch = self.device.stream.launch_builder(f);
@@ -1743,6 +1843,29 @@ impl CudaBackend {
                 .arg(&rows_cap_a)
                 .arg(&l2_channels)
                 .arg(&l2_eps);
+            match &mut gate_args {
+                Some((b, a, ints, a_log, dt_bias, beta, g)) => {
+                    b.push(&mut launch);
+                    launch.arg(&ints[0]).arg(&ints[1]);
+                    a.push(&mut launch);
+                    launch
+                        .arg(&ints[2])
+                        .arg(&ints[3])
+                        .arg(*a_log)
+                        .arg(*dt_bias)
+                        .arg(&mut **beta)
+                        .arg(&mut **g)
+                        .arg(&ints[4]);
+                }
+                None => {
+                    launch.arg(&no_window).arg(&no_ints[0]).arg(&no_ints[1]);
+                    launch.arg(&no_window).arg(&no_ints[2]).arg(&no_ints[3]);
+                    for _ in 0..4 {
+                        launch.arg(&no_window);
+                    }
+                    launch.arg(&no_ints[4]);
+                }
+            }
             // One block per tile of rows x channels (see conv.cu).
             let cfg = LaunchConfig {
                 grid_dim: (

@@ -124,6 +124,10 @@ pub(crate) enum InBuf<'a> {
 }
 
 impl<'a> InBuf<'a> {
+    pub fn is_bf16(&self) -> bool {
+        matches!(self, Self::Bf16(_))
+    }
+
     /// Pushes the slice as the launch's next argument.
     pub fn push(&self, launch: &mut LaunchArgs<'a>) {
         match self {
