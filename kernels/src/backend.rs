@@ -584,16 +584,7 @@ pub trait Backend: Buffers {
         (beta, g): (&mut Self::Buf, &mut Self::Buf),
     ) -> KernelResult<()> {
         self.conv1d_silu_l2(x, x_at, weight, batch, channels, kernel, l2, eps, out)?;
-        let DeltaGates {
-            b,
-            b_at,
-            a,
-            a_at,
-            a_log,
-            dt_bias,
-            heads,
-        } = gates;
-        self.delta_gates(b, b_at, a, a_at, a_log, dt_bias, batch.rows, heads, beta, g)
+        gates_apart(self, gates, batch.rows, (beta, g))
     }
 
     /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and
@@ -818,6 +809,26 @@ pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
     be.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
     be.rope(q, q_layout, positions, rows, rope)?;
     be.rope(k, k_layout, positions, rows, rope)
+}
+
+/// [`Backend::delta_gates`] of `gates` over `rows` rows: the second half of
+/// [`Backend::conv1d_silu_l2_gates`] where a backend does not fuse it.
+pub(crate) fn gates_apart<B: Backend + ?Sized>(
+    be: &B,
+    gates: DeltaGates<'_, B::Buf>,
+    rows: usize,
+    (beta, g): (&mut B::Buf, &mut B::Buf),
+) -> KernelResult<()> {
+    let DeltaGates {
+        b,
+        b_at,
+        a,
+        a_at,
+        a_log,
+        dt_bias,
+        heads,
+    } = gates;
+    be.delta_gates(b, b_at, a, a_at, a_log, dt_bias, rows, heads, beta, g)
 }
 
 /// The largest row count of every bucket that `bucket` (a non-decreasing map from a row count to the

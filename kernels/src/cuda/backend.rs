@@ -16,8 +16,8 @@ use super::flash::{FlashInputs, FlashScratchSlot};
 use super::tuning::TuningFile;
 use super::upload::Staging;
 use crate::backend::{
-    conv1d_silu_then_l2, qk_norm_then_rope, AttentionDims, Backend, Buffers, DeltaDims, DeltaGates,
-    DeltaState, HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
+    conv1d_silu_then_l2, gates_apart, qk_norm_then_rope, AttentionDims, Backend, Buffers,
+    DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
 };
 use crate::error::KernelError;
 
@@ -1204,16 +1204,7 @@ impl Backend for CudaBackend {
             ),
             _ => {
                 self.conv1d_silu_l2(x, x_at, weight_buf, batch, channels, kernel, l2, eps, out)?;
-                let DeltaGates {
-                    b,
-                    b_at,
-                    a,
-                    a_at,
-                    a_log,
-                    dt_bias,
-                    heads,
-                } = gates;
-                self.delta_gates(b, b_at, a, a_at, a_log, dt_bias, batch.rows, heads, beta, g)
+                gates_apart(self, gates, batch.rows, (beta, g))
             }
         }
     }
