@@ -223,7 +223,7 @@ impl CudaBackend {
         batch: Varlen<'_, CudaSlice<u32>>,
         dims: AttentionDims,
         last: bool,
-        out: OutBuf<'_>,
+        mut out: OutBuf<'_>,
     ) -> KernelResult<()> {
         const OP: &str = "attention";
         let Some((_, d)) = flash_variant(dims.head_dim) else {
@@ -281,7 +281,6 @@ impl CudaBackend {
         // the GPU at once (in the epilogue it would wait at the end of the longest blocks); the
         // last-row form takes the sigmoid of its one row itself.
         let gates = i32::from(!last);
-        let mut out = out;
         let (qg, qg_stride, gate_mode) = match inputs {
             FlashInputs::Dense { qg, k, v } => {
                 let OutBuf::F32(gate_out) = &mut out else {
