@@ -139,18 +139,15 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
     return false;
 }
 
-// Where the output gate comes from (`gate_mode`): its sigmoid already in `out` (f32, written there
-// by flash_bf16_inputs), its sigmoid in the gate columns of `qg` (attention_prologue's), or the raw
-// gate in `qg`, whose sigmoid the epilogue takes (the last-row form: one row per sequence).
-#define FA_GATE_SIGMOID_IN_OUT 0
-#define FA_GATE_SIGMOID_IN_QG 1
-#define FA_GATE_RAW_IN_QG 2
+// Where the output gate comes from: with `gate_in_out`, its sigmoid already in `out` (f32, written
+// there by flash_bf16_inputs); else in the gate columns of `qg`: its sigmoid (attention_prologue's),
+// or for LAST (one row per sequence) the raw gate, whose sigmoid the epilogue takes.
 
 // D: the head size the block is laid out for (64, 128 or 256); head_dim <= D, a multiple of 16.
 // WARPS: warps per block (16 query rows each). NARROW: grid (q_heads, tiles) with the warp-parallel
 // tile search, else (tiles, q_heads) with the serial one. qb, kb, vb as `flash_bf16_inputs` (or
 // `attention_prologue`) writes them; qg (f32 rows of qg_stride values, per head the query then the
-// gate) for the output gate, as gate_mode says. out is f32, or bf16 with out_bf16 (the o_proj's
+// gate) for the output gate, as gate_in_out says. out is f32, or bf16 with out_bf16 (the o_proj's
 // input, rounded as the GEMM would round it). LAST: only each sequence's last row (grid (q_heads,
 // num_seqs), block y = sequence; the block takes the sequence's last tile, only the warp holding the
 // last row computes, and out is [num_seqs][q_heads][head_dim]). SPLIT (with LAST): block z takes
@@ -162,7 +159,7 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
 template <int D, int WARPS, bool NARROW, bool LAST, bool SPLIT>
 __device__ __forceinline__ void flash_attention_impl(
     const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
-    const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride, int gate_mode,
+    const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride, int gate_in_out,
     const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, void* __restrict__ out, int out_bf16,
     int q_heads, int kv_heads, int head_dim, int tiles_per_split, float* __restrict__ partial) {
     constexpr int FA_BM = WARPS * 16;      // query rows per block
@@ -381,7 +378,7 @@ __device__ __forceinline__ void flash_attention_impl(
         }
         return;
     }
-    // The gate (see gate_mode). Its values come in batches of GB column groups for both rows,
+    // The gate (see gate_in_out). Its values come in batches of GB column groups for both rows,
     // every load of a batch issued before the first use: one memory wait per batch, not one per
     // value.
     constexpr int GB = 8;
@@ -397,11 +394,9 @@ __device__ __forceinline__ void flash_attention_impl(
         const i64 row = (i64)seq_start + min(r, len - 1);
         const i64 out_row = LAST ? (i64)blockIdx.y : row;
         dst[half] = (out_row * q_heads + h) * head_dim;
-        gate[half] = gate_mode == FA_GATE_SIGMOID_IN_OUT
-                         ? static_cast<const float*>(out) + dst[half]
-                         : qg + row * qg_stride + (i64)h * 2 * head_dim + head_dim;
+        gate[half] = gate_in_out ? static_cast<const float*>(out) + dst[half]
+                                 : qg + row * qg_stride + (i64)h * 2 * head_dim + head_dim;
     }
-    const bool raw_gate = gate_mode == FA_GATE_RAW_IN_QG;
 #pragma unroll
     for (int n0 = 0; n0 < D / 8; n0 += GB) {
         float2 gt[2][GB];
@@ -412,7 +407,7 @@ __device__ __forceinline__ void flash_attention_impl(
                 const int col = (n0 + u) * 8 + tq * 2;
                 gt[half][u] = keep[half] && col < head_dim ? *reinterpret_cast<const float2*>(gate[half] + col)
                                                            : make_float2(0.0f, 0.0f);
-                if (raw_gate) gt[half][u] = make_float2(sigmoid_f(gt[half][u].x), sigmoid_f(gt[half][u].y));
+                if (LAST) gt[half][u] = make_float2(sigmoid_f(gt[half][u].x), sigmoid_f(gt[half][u].y));
             }
         }
 #pragma unroll
@@ -444,11 +439,11 @@ __device__ __forceinline__ void flash_attention_impl(
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) NAME(                     \
         const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
         const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride,        \
-        int gate_mode, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,                \
+        int gate_in_out, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,              \
         void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim,            \
         int tiles_per_split, float* __restrict__ partial) {                                       \
         flash_attention_impl<D, WARPS, NARROW, LAST, SPLIT>(                                      \
-            qb, kb, vb, qg, qg_stride, gate_mode, cu_seqlens, num_seqs, rows, out, out_bf16,      \
+            qb, kb, vb, qg, qg_stride, gate_in_out, cu_seqlens, num_seqs, rows, out, out_bf16,    \
             q_heads, kv_heads, head_dim, tiles_per_split, partial);                               \
     }
 

@@ -409,21 +409,6 @@ pub trait Backend: Buffers {
         y: &mut Self::Buf,
     ) -> KernelResult<()>;
 
-    /// `yᵢ = x Wᵢᵀ` for every `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same
-    /// `x: [rows, in_dim]` (a device backend prepares `x` once for all of them).
-    fn gemm_shared_input(
-        &self,
-        x: &Self::Buf,
-        rows: usize,
-        in_dim: usize,
-        outputs: &mut [(&Self::Buf, usize, &mut Self::Buf)],
-    ) -> KernelResult<()> {
-        for (w, out_dim, y) in outputs.iter_mut() {
-            self.gemm(x, w, rows, in_dim, *out_dim, y)?;
-        }
-        Ok(())
-    }
-
     /// Sizes any scratch the GEMMs need for inputs of up to `values` values now, so that no
     /// forward pass allocates. Backends without scratch do nothing.
     fn reserve_gemm_input(&self, values: usize) -> KernelResult<()> {

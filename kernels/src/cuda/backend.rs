@@ -305,6 +305,82 @@ fn push_or_null<'a>(launch: &mut LaunchArgs<'a>, buf: Option<&'a CudaSlice<f32>>
 /// The delta rule's gates for the conv kernel to compute alongside: their inputs, then beta and g.
 type GatesOut<'a> = (DeltaGates<'a, CudaBuf>, &'a mut CudaBuf, &'a mut CudaBuf);
 
+/// The conv kernel's checked gate arguments (`gb` .. `gate_heads` in conv.cu).
+struct ConvGates<'a> {
+    b: InBuf<'a>,
+    a: InBuf<'a>,
+    /// b's row stride and offset, a's, and the heads.
+    ints: [i32; 5],
+    a_log: &'a CudaSlice<bf16>,
+    dt_bias: &'a CudaSlice<bf16>,
+    beta: &'a mut CudaSlice<f32>,
+    g: &'a mut CudaSlice<f32>,
+}
+
+impl<'a> ConvGates<'a> {
+    /// Checks `gates` for `rows` rows read by a kernel whose x is bf16 (`x_bf16`) or f32.
+    fn new(
+        op: &'static str,
+        (gates, beta, g): GatesOut<'a>,
+        rows: usize,
+        x_bf16: bool,
+    ) -> KernelResult<Self> {
+        let heads = gates.heads;
+        let b = in_buf(op, "b", gates.b, gates.b_at.required_len(rows, heads))?;
+        let a = in_buf(op, "a", gates.a, gates.a_at.required_len(rows, heads))?;
+        if b.is_bf16() != x_bf16 || a.is_bf16() != x_bf16 {
+            return Err(KernelError::invalid(
+                op,
+                "the gates' b and a must have x's type (the conv kernel reads all three)",
+            ));
+        }
+        let i = |what, v| to_i32(op, what, v);
+        Ok(Self {
+            b,
+            a,
+            ints: [
+                i("b row stride", gates.b_at.row_stride)?,
+                i("b offset", gates.b_at.offset)?,
+                i("a row stride", gates.a_at.row_stride)?,
+                i("a offset", gates.a_at.offset)?,
+                i("gate heads", heads)?,
+            ],
+            a_log: weight(op, "a_log", gates.a_log, heads)?,
+            dt_bias: weight(op, "dt_bias", gates.dt_bias, heads)?,
+            beta: act_mut(op, "beta", beta, rows * heads)?,
+            g: act_mut(op, "g", g, rows * heads)?,
+        })
+    }
+
+    /// Pushes the arguments, or (absent) null pointers and zeros: no gate heads, nothing read.
+    fn push<'b>(gates: Option<&'b mut Self>, launch: &mut LaunchArgs<'b>, null: &'b u64) {
+        const ZEROS: [i32; 5] = [0; 5];
+        match gates {
+            Some(c) => {
+                c.b.push(launch);
+                launch.arg(&c.ints[0]).arg(&c.ints[1]);
+                c.a.push(launch);
+                launch
+                    .arg(&c.ints[2])
+                    .arg(&c.ints[3])
+                    .arg(c.a_log)
+                    .arg(c.dt_bias)
+                    .arg(&mut *c.beta)
+                    .arg(&mut *c.g)
+                    .arg(&c.ints[4]);
+            }
+            None => {
+                launch.arg(null).arg(&ZEROS[0]).arg(&ZEROS[1]);
+                launch.arg(null).arg(&ZEROS[2]).arg(&ZEROS[3]);
+                for _ in 0..4 {
+                    launch.arg(null);
+                }
+                launch.arg(&ZEROS[4]);
+            }
+        }
+    }
+}
+
 /// The channels the conv kernel L2-normalises itself for `l2` (heads that are whole channel
 /// tiles from channel 0 of a dense output), or `None` where the layout needs the separate kernel.
 fn conv_l2_channels(l2: HeadLayout, channels: usize) -> Option<usize> {
@@ -762,13 +838,7 @@ impl Backend for CudaBackend {
             }
             OutBuf::Bf16(y) => {
                 if in_dim > 0
-                    && self.blas_gemm(
-                        x,
-                        rows,
-                        in_dim,
-                        &mut [(w, out_dim, OutBuf::Bf16(y))],
-                        store,
-                    )?
+                    && self.blas_gemm(x, rows, in_dim, (w, out_dim, OutBuf::Bf16(y)), store)?
                 {
                     return Ok(());
                 }
@@ -782,44 +852,11 @@ impl Backend for CudaBackend {
             }
         };
         if in_dim > 0
-            && self.blas_gemm(x, rows, in_dim, &mut [(w, out_dim, OutBuf::F32(y))], store)?
+            && self.blas_gemm(x, rows, in_dim, (w, out_dim, OutBuf::F32(&mut *y)), store)?
         {
             return Ok(());
         }
         self.tiled_gemm(x, w, rows, in_dim, out_dim, store, y)
-    }
-
-    fn gemm_shared_input(
-        &self,
-        x: &CudaBuf,
-        rows: usize,
-        in_dim: usize,
-        outputs: &mut [(&CudaBuf, usize, &mut CudaBuf)],
-    ) -> KernelResult<()> {
-        const OP: &str = "gemm";
-        let x = gemm_input(OP, x, rows * in_dim)?;
-        let mut checked = Vec::with_capacity(outputs.len());
-        for (w, out_dim, y) in outputs.iter_mut() {
-            let w = weight(OP, "w", w, *out_dim * in_dim)?;
-            let y = act_mut(OP, "y", y, rows * *out_dim)?;
-            if rows > 0 && *out_dim > 0 {
-                checked.push((w, *out_dim, y));
-            }
-        }
-        let mut outs: Vec<_> = checked
-            .iter_mut()
-            .map(|(w, out_dim, y)| (*w, *out_dim, OutBuf::F32(y)))
-            .collect();
-        if outs.is_empty()
-            || (in_dim > 0 && self.blas_gemm(x, rows, in_dim, &mut outs, Store::Replace)?)
-        {
-            return Ok(());
-        }
-        drop(outs);
-        for (w, out_dim, y) in checked {
-            self.tiled_gemm(x, w, rows, in_dim, out_dim, Store::Replace, y)?;
-        }
-        Ok(())
     }
 
     fn reserve_gemm_input(&self, values: usize) -> KernelResult<()> {
@@ -1426,7 +1463,7 @@ impl Backend for CudaBackend {
                 .arg(&dim_a)
                 .arg(&eps);
             // SAFETY: argument types match the kernel; x holds rows·heads·dim values, z `rows` rows
-            // of heads·dim at its stride, the scratch rows·heads·dim (sized by gemm_many). One
+            // of heads·dim at its stride, the scratch rows·heads·dim (sized by the GEMM). One
             // warp per normalised row.
             unsafe { launch.launch(linear(OP, norm_rows * 32, BLOCK)?) }
                 .map_err(|e| driver_err(OP, e))?;
@@ -1434,13 +1471,9 @@ impl Backend for CudaBackend {
         };
         let input = GemmInput::Convert(convert);
         if in_dim > 0
-            && self.blas.gemm_many(
-                rows,
-                in_dim,
-                &mut [(w, out_dim, OutBuf::F32(y))],
-                store,
-                input,
-            )?
+            && self
+                .blas
+                .gemm(rows, in_dim, (w, out_dim, OutBuf::F32(y)), store, input)?
         {
             return Ok(());
         }
@@ -1482,16 +1515,16 @@ impl Backend for CudaBackend {
             gu.push(&mut launch);
             launch.arg(x_bf16).arg(&rows_a).arg(&inter_a);
             // SAFETY: argument types match the kernel; gate_up holds rows·2·inter values and the
-            // scratch rows·inter (sized by gemm_many).
+            // scratch rows·inter (sized by the GEMM).
             unsafe { launch.launch(swiglu_grid(OP, rows, inter)?) }
                 .map_err(|e| driver_err(OP, e))?;
             Ok(())
         };
         if inter > 0
-            && self.blas.gemm_many(
+            && self.blas.gemm(
                 rows,
                 inter,
-                &mut [(w, out_dim, OutBuf::F32(y))],
+                (w, out_dim, OutBuf::F32(y)),
                 store,
                 GemmInput::Convert(convert),
             )?
@@ -1546,13 +1579,13 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// cuBLASLt GEMMs sharing the input `x`, rounded to bf16 once; `false` if it has no plan.
+    /// A cuBLASLt GEMM (`x` rounded to bf16 on the way if f32); `false` if it has no plan.
     fn blas_gemm(
         &self,
         x: &CudaBuf,
         rows: usize,
         in_dim: usize,
-        outputs: &mut [(&CudaSlice<bf16>, usize, OutBuf<'_>)],
+        output: (&CudaSlice<bf16>, usize, OutBuf<'_>),
         store: Store,
     ) -> KernelResult<bool> {
         match x {
@@ -1560,11 +1593,11 @@ impl CudaBackend {
                 let convert =
                     |x_bf16: &mut CudaSlice<bf16>| self.round_to_bf16(x, rows * in_dim, x_bf16);
                 self.blas
-                    .gemm_many(rows, in_dim, outputs, store, GemmInput::Convert(convert))
+                    .gemm(rows, in_dim, output, store, GemmInput::Convert(convert))
             }
             CudaBuf::Bf16(x) => {
                 let ready = GemmInput::<fn(&mut CudaSlice<bf16>) -> KernelResult<()>>::Ready(x);
-                self.blas.gemm_many(rows, in_dim, outputs, store, ready)
+                self.blas.gemm(rows, in_dim, output, store, ready)
             }
         }
     }
@@ -1763,8 +1796,8 @@ impl CudaBackend {
             .map(|w| act(OP, "window_in", w, win_len))
             .transpose()?;
         let has_window = i32::from(window_in.is_some());
-        // Without a window the kernels never read it: a null pointer stands in.
-        let no_window = 0u64;
+        // Absent inputs (the window, the gates) the kernels never read: a null pointer stands in.
+        let null = 0u64;
         let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
         let channels_a = to_i32(OP, "channels", channels)?;
         let kernel_a = to_i32(OP, "kernel", kernel)?;
@@ -1772,49 +1805,9 @@ impl CudaBackend {
         if batch.num_seqs == 0 {
             return Ok(());
         }
-        // The gates' arguments, checked (absent: null pointers and no heads).
-        let mut gate_args = match gates {
-            None => None,
-            Some((gates, beta, g)) => {
-                let n = rows_cap * gates.heads;
-                let b = in_buf(
-                    OP,
-                    "b",
-                    gates.b,
-                    gates.b_at.required_len(rows_cap, gates.heads),
-                )?;
-                let a = in_buf(
-                    OP,
-                    "a",
-                    gates.a,
-                    gates.a_at.required_len(rows_cap, gates.heads),
-                )?;
-                if b.is_bf16() != x.is_bf16() || a.is_bf16() != x.is_bf16() {
-                    return Err(KernelError::invalid(
-                        OP,
-                        "the gates' b and a must have x's type (the conv kernel reads all three)",
-                    ));
-                }
-                let i = |what, v| to_i32(OP, what, v);
-                let ints = [
-                    i("b row stride", gates.b_at.row_stride)?,
-                    i("b offset", gates.b_at.offset)?,
-                    i("a row stride", gates.a_at.row_stride)?,
-                    i("a offset", gates.a_at.offset)?,
-                    i("gate heads", gates.heads)?,
-                ];
-                Some((
-                    b,
-                    a,
-                    ints,
-                    weight(OP, "a_log", gates.a_log, gates.heads)?,
-                    weight(OP, "dt_bias", gates.dt_bias, gates.heads)?,
-                    act_mut(OP, "beta", beta, n)?,
-                    act_mut(OP, "g", g, n)?,
-                ))
-            }
-        };
-        let no_ints = [0i32; 5];
+        let mut gate_args = gates
+            .map(|gates| ConvGates::new(OP, gates, rows_cap, x.is_bf16()))
+            .transpose()?;
         if rows_cap > 0 {
             let f = self.device.function(conv_kernel)?;
             let mut launch = self.device.stream.launch_builder(f);
@@ -1825,7 +1818,7 @@ impl CudaBackend {
                 .arg(w)
                 .arg(batch.cu_seqlens)
                 .arg(&num_seqs);
-            push_or_null(&mut launch, window_in, &no_window);
+            push_or_null(&mut launch, window_in, &null);
             launch
                 .arg(&has_window)
                 .arg(&mut *out)
@@ -1834,29 +1827,7 @@ impl CudaBackend {
                 .arg(&rows_cap_a)
                 .arg(&l2_channels)
                 .arg(&l2_eps);
-            match &mut gate_args {
-                Some((b, a, ints, a_log, dt_bias, beta, g)) => {
-                    b.push(&mut launch);
-                    launch.arg(&ints[0]).arg(&ints[1]);
-                    a.push(&mut launch);
-                    launch
-                        .arg(&ints[2])
-                        .arg(&ints[3])
-                        .arg(*a_log)
-                        .arg(*dt_bias)
-                        .arg(&mut **beta)
-                        .arg(&mut **g)
-                        .arg(&ints[4]);
-                }
-                None => {
-                    launch.arg(&no_window).arg(&no_ints[0]).arg(&no_ints[1]);
-                    launch.arg(&no_window).arg(&no_ints[2]).arg(&no_ints[3]);
-                    for _ in 0..4 {
-                        launch.arg(&no_window);
-                    }
-                    launch.arg(&no_ints[4]);
-                }
-            }
+            ConvGates::push(gate_args.as_mut(), &mut launch, &null);
             // One block per tile of rows x channels (see conv.cu).
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -1881,7 +1852,7 @@ impl CudaBackend {
                     .arg(&x_offset)
                     .arg(batch.cu_seqlens)
                     .arg(&num_seqs);
-                push_or_null(&mut launch, window_in, &no_window);
+                push_or_null(&mut launch, window_in, &null);
                 launch
                     .arg(&has_window)
                     .arg(window_out)

@@ -216,54 +216,50 @@ impl Blas {
         Ok(state.scratch.as_mut().expect("just set"))
     }
 
-    /// `yᵢ = x Wᵢᵀ` (or `yᵢ += x Wᵢᵀ`, as `store` says: f32 outputs only) for every
-    /// `(Wᵢ, out_dimᵢ, yᵢ)` of `outputs`, all reading the same bf16 `x`: given ready, or written
-    /// once into the scratch by a `Convert` producer (which must write `rows·in_dim` values into
-    /// the slice it gets).
-    /// Returns `false` (and does nothing) when cuBLASLt has no algorithm for one of the shapes (odd
-    /// leading dimensions), so the caller can fall back. Conversion and matmuls run under one lock,
-    /// so concurrent callers never share the scratch buffer.
-    pub fn gemm_many(
+    /// `y = x Wᵀ` (or `y += x Wᵀ`, as `store` says: f32 outputs only), `w: [out_dim, in_dim]`,
+    /// reading a bf16 `x`: given ready, or written into the scratch by a `Convert` producer (which
+    /// must write `rows·in_dim` values into the slice it gets).
+    /// Returns `false` (and does nothing) when cuBLASLt has no algorithm for the shape (odd leading
+    /// dimensions), so the caller can fall back. Conversion and matmul run under one lock, so
+    /// concurrent callers never share the scratch buffer.
+    pub fn gemm(
         &self,
         rows: usize,
         in_dim: usize,
-        outputs: &mut [(&CudaSlice<bf16>, usize, OutBuf<'_>)],
+        (w, out_dim, y): (&CudaSlice<bf16>, usize, OutBuf<'_>),
         store: Store,
         input: GemmInput<'_, impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>>,
     ) -> KernelResult<bool> {
         const OP: &str = "gemm";
         let add = store == Store::Add;
-        let mut state = self.state.lock().expect("blas state");
-        for (_, out_dim, y) in outputs.iter_mut() {
-            let (out_dim, bf16_out) = (*out_dim, y.is_bf16());
-            if add && bf16_out {
-                return Err(KernelError::invalid(
-                    OP,
-                    "only an f32 output can be added to",
-                ));
-            }
-            let key = (rows, in_dim, out_dim, bf16_out, add);
-            if !state.plans.contains_key(&key) {
-                if state.plans.len() >= MAX_PLANS {
-                    state.plans.clear();
-                }
-                let mut plan = self.plan(rows, in_dim, out_dim, bf16_out)?;
-                let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);
-                if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
-                    // The bucket's winner, if cuBLASLt accepts it for this exact shape.
-                    if self.accepts(plan, algo) {
-                        plan.algo = *algo;
-                        plan.tuned = true;
-                    }
-                }
-                state.plans.insert(key, plan);
-            }
-            if state.plans[&key].is_none() {
-                return Ok(false);
-            }
+        let bf16_out = y.is_bf16();
+        if add && bf16_out {
+            return Err(KernelError::invalid(
+                OP,
+                "only an f32 output can be added to",
+            ));
         }
-        let needs_scratch = matches!(input, GemmInput::Convert(_));
-        if needs_scratch {
+        let mut state = self.state.lock().expect("blas state");
+        let key = (rows, in_dim, out_dim, bf16_out, add);
+        if !state.plans.contains_key(&key) {
+            if state.plans.len() >= MAX_PLANS {
+                state.plans.clear();
+            }
+            let mut plan = self.plan(rows, in_dim, out_dim, bf16_out)?;
+            let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);
+            if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
+                // The bucket's winner, if cuBLASLt accepts it for this exact shape.
+                if self.accepts(plan, algo) {
+                    plan.algo = *algo;
+                    plan.tuned = true;
+                }
+            }
+            state.plans.insert(key, plan);
+        }
+        if state.plans[&key].is_none() {
+            return Ok(false);
+        }
+        if matches!(input, GemmInput::Convert(_)) {
             self.scratch(&mut state, rows * in_dim)?;
         }
         let State {
@@ -282,41 +278,38 @@ impl Blas {
         let stream = &self.stream;
         let (x_ptr, _x_rec) = x.device_ptr(stream);
         let (ws_ptr, _ws_rec) = self.workspace.device_ptr(stream);
-        for (w, out_dim, y) in outputs.iter_mut() {
-            let bf16_out = y.is_bf16();
-            let plan = plans
-                .get_mut(&(rows, in_dim, *out_dim, bf16_out, add))
-                .and_then(Option::as_mut)
-                .expect("checked above");
-            let (w_ptr, _w_rec) = w.device_ptr(stream);
-            let (y_ptr, _y_rec) = match y {
-                OutBuf::F32(y) => y.device_ptr_mut(stream),
-                OutBuf::Bf16(y) => y.device_ptr_mut(stream),
-            };
-            let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
-            if !plan.tuned {
-                self.tune(plan, ptrs, rows * *out_dim, store)?;
-                self.tunings.fetch_add(1, Ordering::Relaxed);
-                if tuned.len() >= MAX_PLANS {
-                    tuned.clear();
-                }
-                tuned.insert(
-                    (row_bucket(rows), in_dim, *out_dim, bf16_out, add),
-                    plan.algo,
-                );
-                if let Some(file) = &self.tuning_file {
-                    let words = tuned
-                        .iter()
-                        .map(|(&shape, algo)| (shape, algo.data))
-                        .collect();
-                    // A file that cannot be written costs the next start its timing, nothing else.
-                    let _ = file.store(&words);
-                }
+        let plan = plans
+            .get_mut(&key)
+            .and_then(Option::as_mut)
+            .expect("checked above");
+        let (w_ptr, _w_rec) = w.device_ptr(stream);
+        let (y_ptr, _y_rec) = match y {
+            OutBuf::F32(y) => y.device_ptr_mut(stream),
+            OutBuf::Bf16(y) => y.device_ptr_mut(stream),
+        };
+        let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
+        if !plan.tuned {
+            self.tune(plan, ptrs, rows * out_dim, store)?;
+            self.tunings.fetch_add(1, Ordering::Relaxed);
+            if tuned.len() >= MAX_PLANS {
+                tuned.clear();
             }
-            // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
-            // checked by the caller) and the workspace; all on `stream`.
-            unsafe { self.run(plan, &plan.algo, ptrs, store) }.map_err(|e| blas_err(OP, e))?;
+            tuned.insert(
+                (row_bucket(rows), in_dim, out_dim, bf16_out, add),
+                plan.algo,
+            );
+            if let Some(file) = &self.tuning_file {
+                let words = tuned
+                    .iter()
+                    .map(|(&shape, algo)| (shape, algo.data))
+                    .collect();
+                // A file that cannot be written costs the next start its timing, nothing else.
+                let _ = file.store(&words);
+            }
         }
+        // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
+        // checked by the caller) and the workspace; all on `stream`.
+        unsafe { self.run(plan, &plan.algo, ptrs, store) }.map_err(|e| blas_err(OP, e))?;
         Ok(true)
     }
 
@@ -405,7 +398,7 @@ impl Blas {
         let ptrs = [w, x, y, ws];
         let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
         for algo in &plan.candidates {
-            // SAFETY: as in `gemm_many`: the pointers hold the plan's shapes (the stand-in as many
+            // SAFETY: as in `gemm`: the pointers hold the plan's shapes (the stand-in as many
             // values as y).
             if unsafe { self.run(plan, algo, ptrs, store) }.is_err() {
                 continue;

@@ -47,11 +47,6 @@ const CONVERT_BLOCK: u32 = 256;
 /// Threads per block of `attention_prologue` (one warp per head).
 const PROLOGUE_BLOCK: u32 = 256;
 
-/// `gate_mode` of the flash kernels (`FA_GATE_*` in flash_attention.cu).
-const GATE_SIGMOID_IN_OUT: i32 = 0;
-const GATE_SIGMOID_IN_QG: i32 = 1;
-const GATE_RAW_IN_QG: i32 = 2;
-
 /// bf16 Q `[rows][q_heads][d]` and K, V `[rows][kv_heads][d]` (head size padded to the kernel's
 /// `d` with zeros), grown to the largest batch seen (the start-up warm-up runs the largest), never
 /// shrunk.
@@ -281,7 +276,8 @@ impl CudaBackend {
         // the GPU at once (in the epilogue it would wait at the end of the longest blocks); the
         // last-row form takes the sigmoid of its one row itself.
         let gates = i32::from(!last);
-        let (qg, qg_stride, gate_mode) = match inputs {
+        // Whether the flash kernel finds the gates' sigmoid in `out` (else in qg's gate columns).
+        let (qg, qg_stride, gate_in_out) = match inputs {
             FlashInputs::Dense { qg, k, v } => {
                 let OutBuf::F32(gate_out) = &mut out else {
                     return Err(KernelError::invalid(
@@ -313,12 +309,7 @@ impl CudaBackend {
                 // above) and, with `gates`, of `out` (which holds `rows` rows then).
                 unsafe { launch.launch(linear(OP, items, CONVERT_BLOCK)?) }
                     .map_err(|e| driver_err(OP, e))?;
-                let mode = if last {
-                    GATE_RAW_IN_QG
-                } else {
-                    GATE_SIGMOID_IN_OUT
-                };
-                (qg, 2 * dims.q_heads * dims.head_dim, mode)
+                (qg, 2 * dims.q_heads * dims.head_dim, gates)
             }
             FlashInputs::Stacked {
                 qkv,
@@ -363,12 +354,7 @@ impl CudaBackend {
                 // rows·3 values and the norms head_dim values (checked by the caller); it writes
                 // that many rows of the scratch (sized above) and the gates of qkv in place.
                 unsafe { launch.launch(cfg) }.map_err(|e| driver_err(OP, e))?;
-                let mode = if last {
-                    GATE_RAW_IN_QG
-                } else {
-                    GATE_SIGMOID_IN_QG
-                };
-                (&*qkv, dims.stacked_width(), mode)
+                (&*qkv, dims.stacked_width(), 0)
             }
         };
         let smem = shape.smem_bytes(d);
@@ -412,7 +398,7 @@ impl CudaBackend {
             .arg(&scratch.v)
             .arg(qg)
             .arg(&qg_stride)
-            .arg(&gate_mode)
+            .arg(&gate_in_out)
             .arg(batch.cu_seqlens)
             .arg(&num_seqs)
             .arg(&rows);
