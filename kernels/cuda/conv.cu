@@ -66,8 +66,8 @@ __device__ __forceinline__ void conv_rows(const ConvRows& a, const float (&taps)
             float acc = 0.0f;
 #pragma unroll
             for (int i = 0; i < KW; ++i) acc += taps[i] * in[i];
-            if (a.l2) s_out[j][a.cl] = silu_f(acc);
-            else *dst = silu_f(acc);
+            if (a.l2) s_out[j][a.cl] = silu_fast(acc);
+            else *dst = silu_fast(acc);
         }
         return;
     }
@@ -100,12 +100,12 @@ __device__ __forceinline__ void conv_rows(const ConvRows& a, const float (&taps)
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < KW; ++i) acc += taps[i] * in[i];
-        if (a.l2) s_out[j][a.cl] = silu_f(acc);
-        else *dst = silu_f(acc);
+        if (a.l2) s_out[j][a.cl] = silu_fast(acc);
+        else *dst = silu_fast(acc);
     }
 }
 
-// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]); then, for channels below l2_channels (a
+// out_t[c] = silu(Σ_i w[c][i] · x_{t-kernel+1+i}[c]) (silu_fast); then, for channels below l2_channels (a
 // multiple of CONV_TILE_CH: whole heads of that width, DeltaNet's q and k), each head's L2 norm
 // x / sqrt(Σx² + l2_eps). One block per tile of CONV_TILE_ROWS rows x
 // CONV_TILE_CH channels: the tile and the kernel-1 rows before it are first copied into shared
@@ -114,14 +114,6 @@ __device__ __forceinline__ void conv_rows(const ConvRows& a, const float (&taps)
 // Each row's sequence start is looked up once per block. Inputs before a sequence's start come
 // from the carried window (or are zero); rows past the last sequence are not written; a row before
 // its sequence's start (corrupt boundaries) gets NaN.
-// Four consecutive inputs as f32 (16-byte f32 or 8-byte bf16 loads).
-__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
 
 template <typename X>
 __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_stride, int x_offset,

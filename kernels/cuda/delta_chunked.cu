@@ -80,17 +80,70 @@ __device__ __forceinline__ void dc_frag_a(u32 (&a)[4], const float* x, int ld, i
 // T = (I + A)⁻¹ by 16×16 blocks: the four diagonal blocks by forward substitution, then the block
 // diagonals below them one after the other, T_rs = −T_rr Σ_{s≤q<r} A_rq T_qs.
 
-extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
-    gdr_prepare(const float* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,
-                const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads, int k_dim,
-                int v_dim, float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out,
-                float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
-                __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out,
-                float* __restrict__ gam_out) {
+// Where gdr_prepare reads its tokens. The plain form (gdr_prepare) reads the conv output (f32
+// [rows][q|k|v], q and k already L2-normalised) and the gates β and g ([rows][v_heads]). The
+// projection form (gdr_prepare_conv) reads the stacked in-projection itself (bf16; its q|k|v block
+// at x_stride · row + x_offset, b and a as the gates' helper reads them) and computes the causal
+// conv (DC_KW taps, no carried window) + SiLU, the q and k L2 norms and the gates on the way in,
+// with the helpers and summation orders of the conv kernel (conv.cu): the same bits as the plain
+// form after conv1d_silu_l2_gates, without the conv output's round trip through memory.
+struct GdrSource {
+    const float* qkv;
+    const float* beta;
+    const float* g;
+    const __nv_bfloat16* x;
+    int x_stride;
+    int x_offset;
+    const __nv_bfloat16* conv_w;  // [q|k|v channels][DC_KW]
+    const __nv_bfloat16* gb;
+    int gb_stride;
+    int gb_offset;
+    const __nv_bfloat16* ga;
+    int ga_stride;
+    int ga_offset;
+    const __nv_bfloat16* a_log;
+    const __nv_bfloat16* dt_bias;
+    float l2_eps;
+};
+
+#define DC_KW 4  // conv taps of the projection form
+
+// Two columns (c, c + 1; c even, the row layout even) of a bf16 row, as a packed pair.
+__device__ __forceinline__ u32 dc_pair_bits(const __nv_bfloat16* p) { return *reinterpret_cast<const u32*>(p); }
+__device__ __forceinline__ float2 dc_unpack(u32 bits) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+}
+
+// Conv + SiLU of two adjacent channels (taps t[0], t[1]) at PER consecutive rows from the packed
+// input window w (rows r − DC_KW + 1 .. r + PER − 1; zeros before the sequence), as conv_rows sums:
+// over the taps in order from zero, the oldest input first, then silu_fast. Rows at or past n give
+// zeros.
+template <int PER>
+__device__ __forceinline__ void dc_conv_rows(const u32 (&w)[PER + DC_KW - 1], const float (&t)[2][DC_KW], int r,
+                                             int n, float2 (&out)[PER]) {
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+        float ax = 0.0f, ay = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DC_KW; ++i) {
+            const float2 in = dc_unpack(w[m + i]);
+            ax += t[0][i] * in.x;
+            ay += t[1][i] * in.y;
+        }
+        out[m] = r + m < n ? make_float2(silu_fast(ax), silu_fast(ay)) : make_float2(0.0f, 0.0f);
+    }
+}
+
+template <bool CONV>
+__device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32* __restrict__ cu_seqlens,
+                                                 int num_seqs, int k_heads, int v_heads, int k_dim, int v_dim,
+                                                 float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out,
+                                                 float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
+                                                 __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out,
+                                                 float* __restrict__ gam_out) {
     constexpr int CH = DC_CHUNK;
     constexpr int DK = DC_DK;
-    constexpr int ROWS_PER_PASS = DC_THREADS / (DK / 2);  // tile rows one pass of all threads covers
-    constexpr int PER_THREAD = CH / ROWS_PER_PASS;        // column pairs per thread
+    constexpr int PER_THREAD = CH / (DC_THREADS / (DK / 2));  // rows per thread in the elementwise passes
     float* const Ks = reinterpret_cast<float*>(dc_smem);  // [CH][DC_LD]: k, then β e^γ k
     float* const Qs = Ks + CH * DC_LD;                    // [CH][DC_LD]: scaled q, then β v
     float* const As = Qs + CH * DC_LD;                    // [CH][DC_AP]: A (strictly lower)
@@ -120,21 +173,85 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     const i64 q_at = (i64)kh * k_dim;
     const i64 k_at = (i64)k_heads * k_dim + (i64)kh * k_dim;
     const i64 v_at = 2 * (i64)k_heads * k_dim + (i64)h * v_dim;
-    // Thread tid owns columns ec, ec + 1 (ec = 2 (tid % 64)) of rows tid / 64 + 8m in every
-    // elementwise pass.
+    // Thread tid owns columns ec, ec + 1 (ec = 2 (tid % 64)) of rows er0 .. er0 + PER_THREAD − 1
+    // (er0 = PER_THREAD (tid / 64)) in every elementwise pass: consecutive rows, so the projection
+    // form's conv slides one input window over them.
     const int ec = 2 * (tid % (DK / 2));
-    const int er = tid / (DK / 2);
+    const int er0 = PER_THREAD * (tid / (DK / 2));
+    constexpr int WIN = PER_THREAD + DC_KW - 1;  // conv inputs of the thread's rows
+    const int first = tile * CH;                 // sequence position of the chunk's row 0
+    // The packed input window of channels c, c + 1 (the projection form): zeros before the
+    // sequence, past n and past the heads.
+    auto load_window = [&](u32 (&w)[WIN], i64 c, bool in_head) {
+#pragma unroll
+        for (int j = 0; j < WIN; ++j) {
+            const int i = er0 - (DC_KW - 1) + j;
+            const bool ok = in_head && i < n && first + i >= 0;
+            w[j] = ok ? dc_pair_bits(src.x + ((i64)c0 + i) * src.x_stride + src.x_offset + c) : 0u;
+        }
+    };
+    static_assert(DC_KW == 4, "a channel's taps load as one 8-byte vector");
+    auto load_taps = [&](float (&t)[2][DC_KW], i64 c, bool in_head) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float4 w4 = in_head ? load4(src.conv_w + (c + e) * DC_KW) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            t[e][0] = w4.x;
+            t[e][1] = w4.y;
+            t[e][2] = w4.z;
+            t[e][3] = w4.w;
+        }
+    };
 
     // ---- 1. Stage q (scaled) and k; g, β. All loads are issued before any store, so their
     // latencies overlap. Zeros past n and past the heads. v is loaded later (`load_v`). Pairs load
-    // as float2 when the row layout keeps them 8-byte aligned (even widths).
+    // as float2 when the row layout keeps them 8-byte aligned (even widths). The projection form
+    // stages conv + SiLU and L2-normalises (and scales q) in shared memory afterwards.
     const bool pairs = ((width | k_dim | v_dim) & 1) == 0;
-    {
+    if (CONV) {
+        const bool in_head = ec < k_dim;  // k_dim is even here: ec + 1 < k_dim too
+        u32 wq[WIN], wk[WIN];
+        load_window(wq, q_at + ec, in_head);
+        load_window(wk, k_at + ec, in_head);
+        float tq[2][DC_KW], tk[2][DC_KW];
+        load_taps(tq, q_at + ec, in_head);
+        load_taps(tk, k_at + ec, in_head);
+        float2 qv[PER_THREAD], kv[PER_THREAD];
+        dc_conv_rows<PER_THREAD>(wq, tq, er0, n, qv);
+        dc_conv_rows<PER_THREAD>(wk, tk, er0, n, kv);
+#pragma unroll
+        for (int m = 0; m < PER_THREAD; ++m) {
+            *reinterpret_cast<float2*>(Qs + (er0 + m) * DC_LD + ec) = qv[m];
+            *reinterpret_cast<float2*>(Ks + (er0 + m) * DC_LD + ec) = kv[m];
+        }
+        if (tid < CH) {
+            float2 bg = make_float2(0.0f, 0.0f);
+            if (tid < n)
+                bg = delta_gate_pair(src.gb, src.gb_stride, src.gb_offset, src.ga, src.ga_stride, src.ga_offset,
+                                     src.a_log, src.dt_bias, (i64)c0 + tid, h);
+            bet[tid] = bg.x;
+            graw[tid] = bg.y;
+        }
+        __syncthreads();
+        // Each row's q and k head L2-normalised (q then scaled) by one warp, lane holding columns
+        // lane + 32e as the conv kernel's L2 pass does, so the sums and the bits are its.
+        for (int r = warp; r < 2 * CH; r += DC_THREADS / 32) {
+            const int i = r % CH;
+            if (i >= n) continue;
+            const bool is_q = r < CH;
+            float* row = (is_q ? Qs : Ks) + i * DC_LD;
+            float v[DK / 32];
+#pragma unroll
+            for (int e = 0; e < DK / 32; ++e) v[e] = row[lane + 32 * e];
+            const float inv = l2_inv_held<DK / 32>(v, lane, k_dim, src.l2_eps);
+#pragma unroll
+            for (int e = 0; e < DK / 32; ++e) row[lane + 32 * e] = is_q ? (v[e] * inv) * scale : v[e] * inv;
+        }
+    } else {
         float2 qv[PER_THREAD], kv[PER_THREAD];
 #pragma unroll
         for (int m = 0; m < PER_THREAD; ++m) {
-            const int i = er + m * ROWS_PER_PASS;
-            const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
+            const int i = er0 + m;
+            const float* row = src.qkv + (i64)(c0 + min(i, n - 1)) * width;
             const bool ok = i < n;
             if (pairs) {
                 const bool in = ok && ec < k_dim;
@@ -151,13 +268,13 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
         }
 #pragma unroll
         for (int m = 0; m < PER_THREAD; ++m) {
-            const int i = er + m * ROWS_PER_PASS;
+            const int i = er0 + m;
             *reinterpret_cast<float2*>(Qs + i * DC_LD + ec) = qv[m];
             *reinterpret_cast<float2*>(Ks + i * DC_LD + ec) = kv[m];
         }
         if (tid < CH) {
-            graw[tid] = tid < n ? g[(i64)(c0 + tid) * v_heads + h] : 0.0f;
-            bet[tid] = tid < n ? beta[(i64)(c0 + tid) * v_heads + h] : 0.0f;
+            graw[tid] = tid < n ? src.g[(i64)(c0 + tid) * v_heads + h] : 0.0f;
+            bet[tid] = tid < n ? src.beta[(i64)(c0 + tid) * v_heads + h] : 0.0f;
         }
     }
     __syncthreads();
@@ -186,20 +303,34 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     __syncthreads();
 
     // v for step 4, loaded once the products of step 3 are done (held from step 1 it would spill
-    // registers), so its latency overlaps the epilogue of step 3 and the diagonal inversions.
+    // registers), so its latency overlaps the epilogue of step 3 and the diagonal inversions. The
+    // projection form loads its packed input window here and convolves it in step 4 (`finish_v`).
     float2 vr[PER_THREAD];
+    u32 wv[WIN];
     auto load_v = [&]() {
+        if (CONV) {
+            load_window(wv, v_at + ec, ec < v_dim);
+        } else {
 #pragma unroll
-        for (int m = 0; m < PER_THREAD; ++m) {
-            const int i = er + m * ROWS_PER_PASS;
-            const float* row = qkv + (i64)(c0 + min(i, n - 1)) * width;
-            const bool ok = i < n;
-            if (pairs) {
-                vr[m] = ok && ec < v_dim ? *reinterpret_cast<const float2*>(row + v_at + ec) : make_float2(0.0f, 0.0f);
-            } else {
-                vr[m].x = ok && ec < v_dim ? row[v_at + ec] : 0.0f;
-                vr[m].y = ok && ec + 1 < v_dim ? row[v_at + ec + 1] : 0.0f;
+            for (int m = 0; m < PER_THREAD; ++m) {
+                const int i = er0 + m;
+                const float* row = src.qkv + (i64)(c0 + min(i, n - 1)) * width;
+                const bool ok = i < n;
+                if (pairs) {
+                    vr[m] = ok && ec < v_dim ? *reinterpret_cast<const float2*>(row + v_at + ec)
+                                             : make_float2(0.0f, 0.0f);
+                } else {
+                    vr[m].x = ok && ec < v_dim ? row[v_at + ec] : 0.0f;
+                    vr[m].y = ok && ec + 1 < v_dim ? row[v_at + ec + 1] : 0.0f;
+                }
             }
+        }
+    };
+    auto finish_v = [&]() {
+        if (CONV) {
+            float tv[2][DC_KW];
+            load_taps(tv, v_at + ec, ec < v_dim);
+            dc_conv_rows<PER_THREAD>(wv, tv, er0, n, vr);
         }
     };
 
@@ -288,9 +419,10 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
     // ---- 4. Write e^γ·scale·q, e^{γ_last−γ}·k and γ; turn the tiles into the right operands of
     // W and U (β e^γ k in place of k, β v in place of q).
     {
+        finish_v();
 #pragma unroll
         for (int m = 0; m < PER_THREAD; ++m) {
-            const int i = er + m * ROWS_PER_PASS;
+            const int i = er0 + m;
             float2* qp = reinterpret_cast<float2*>(Qs + i * DC_LD + ec);
             float2* kp = reinterpret_cast<float2*>(Ks + i * DC_LD + ec);
             const float2 qv = *qp;
@@ -389,6 +521,40 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
             }
         }
     }
+}
+
+// The plain form: the conv output and the gates.
+extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
+    gdr_prepare(const float* __restrict__ qkv, const float* __restrict__ beta, const float* __restrict__ g,
+                const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads, int k_dim,
+                int v_dim, float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out,
+                float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
+                __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out,
+                float* __restrict__ gam_out) {
+    GdrSource src{};
+    src.qkv = qkv;
+    src.beta = beta;
+    src.g = g;
+    gdr_prepare_body<false>(src, cu_seqlens, num_seqs, k_heads, v_heads, k_dim, v_dim, scale, rows_cap, w_out,
+                            u_out, q_out, k_out, p_out, gam_out);
+}
+
+// The projection form. The caller checked that x's row stride and offset and k_dim, v_dim are even
+// (the pair loads) and that the conv has DC_KW taps.
+extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
+    gdr_prepare_conv(const __nv_bfloat16* __restrict__ x, int x_stride, int x_offset,
+                     const __nv_bfloat16* __restrict__ conv_w, const __nv_bfloat16* __restrict__ gb, int gb_stride,
+                     int gb_offset, const __nv_bfloat16* __restrict__ ga, int ga_stride, int ga_offset,
+                     const __nv_bfloat16* __restrict__ a_log, const __nv_bfloat16* __restrict__ dt_bias,
+                     float l2_eps, const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads,
+                     int k_dim, int v_dim, float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out,
+                     float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
+                     __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out,
+                     float* __restrict__ gam_out) {
+    const GdrSource src{nullptr, nullptr, nullptr, x,  x_stride, x_offset, conv_w, gb,     gb_stride,
+                        gb_offset, ga,     ga_stride, ga_offset, a_log, dt_bias,  l2_eps};
+    gdr_prepare_body<true>(src, cu_seqlens, num_seqs, k_heads, v_heads, k_dim, v_dim, scale, rows_cap, w_out,
+                           u_out, q_out, k_out, p_out, gam_out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ extern "C" __global__ void qk_norm_rope(float* qx, const __nv_bfloat16* qw, int 
 //    [rows][q_heads][d];
 //  - each k head: the same without the scale, into kb [rows][kv_heads][d];
 //  - each v head: as bf16 into vb [rows][kv_heads][d];
-//  - with `gates`, each gate's sigmoid in place of the gate (the flash kernel reads it there).
+//  - with `gates`, each gate's sigmoid in place of the gate (the flash kernel reads it there);
+//  - with `last_only` (for the last-row kernels), q heads of each sequence's last row only.
 // Columns from head_dim to d of qb, kb, vb are zeros. One warp per (row, item), a row's items being
 // its q heads, k heads, v heads and (with `gates`) gates; head_dim floats of dynamic shared memory
 // per warp. head_dim is a multiple of 16 (so every 8-value part is wholly in or out).
@@ -83,7 +84,8 @@ extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_s
                                               const u32* __restrict__ positions, const RopeTable table, int half,
                                               int rows, float eps, float scale, __nv_bfloat16* __restrict__ qb,
                                               __nv_bfloat16* __restrict__ kb, __nv_bfloat16* __restrict__ vb,
-                                              int gates) {
+                                              int gates, const u32* __restrict__ cu_seqlens, int num_seqs,
+                                              int last_only) {
     extern __shared__ __align__(16) float ap_heads[];
     const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -91,6 +93,11 @@ extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_s
     if (item >= (i64)rows * items) return;  // uniform over the warp
     const i64 t = item / items;
     const int it = (int)(item % items);
+    // With last_only, only each sequence's last row has queries anyone reads.
+    if (last_only && it < q_heads) {
+        const int s = sequence_of_row(cu_seqlens, num_seqs, (u32)t);
+        if (s < 0 || (u32)t + 1 != cu_seqlens[s + 1]) return;
+    }
     float* row = qkv + t * row_stride;
     const int k_at = 2 * q_heads * head_dim;
     if (it >= q_heads + 2 * kv_heads) {

@@ -287,6 +287,18 @@ impl DeltaDims {
     pub fn state_len(&self) -> usize {
         self.v_heads * self.k_dim * self.v_dim
     }
+
+    /// The q and k blocks of a dense `qkv` row, as `2·k_heads` heads of `k_dim` (the heads a Gated
+    /// DeltaNet layer L2-normalises after its conv).
+    pub fn qk_layout(&self) -> HeadLayout {
+        HeadLayout {
+            heads: 2 * self.k_heads,
+            head_dim: self.k_dim,
+            head_stride: self.k_dim,
+            row_stride: self.qkv_width(),
+            offset: 0,
+        }
+    }
 }
 
 /// Recurrent state passed into and out of [`Backend::gated_delta_rule_chunked`] and
@@ -602,6 +614,39 @@ pub trait Backend: Buffers {
         state: DeltaState<'_, Self>,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+
+    /// A Gated DeltaNet layer's core on its stacked input projection `x`:
+    /// [`Self::conv1d_silu_l2_gates`] (the conv + SiLU over the q|k|v block at `x_at`, with `kernel`
+    /// taps and no carried window; q and k L2-normalised per head ([`DeltaDims::qk_layout`],
+    /// `l2_eps`); the gates) into the scratch `conv`, `beta`, `g`, then
+    /// [`Self::gated_delta_rule_chunked`] into `out`. A backend that reads the projection in the
+    /// delta rule itself (CUDA) may leave the scratch untouched; the result is the same.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net_core(
+        &self,
+        (x, x_at): (&Self::Buf, Strided),
+        (conv_weight, kernel, l2_eps): (&Self::Buf, usize, f32),
+        gates: DeltaGates<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        (conv, beta, g): (&mut Self::Buf, &mut Self::Buf, &mut Self::Buf),
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.conv1d_silu_l2_gates(
+            x,
+            x_at,
+            conv_weight,
+            batch,
+            dims.qkv_width(),
+            kernel,
+            (dims.qk_layout(), l2_eps),
+            conv,
+            gates,
+            (beta, g),
+        )?;
+        self.gated_delta_rule_chunked(conv, beta, g, batch, dims, state, out)
+    }
 
     /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.
     fn gated_delta_rule_recurrent(

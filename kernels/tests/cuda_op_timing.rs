@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
 use instinct_kernels::{
-    AttentionDims, Backend, DeltaDims, DeltaGates, DeltaState, HeadLayout, Rope, Store, Strided,
-    Varlen,
+    AttentionDims, Backend, DeltaDims, DeltaGates, DeltaState, Rope, Store, Strided, Varlen,
 };
 
 const HIDDEN: usize = 2560;
@@ -138,16 +137,9 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     row("deltanet in_proj (stacked GEMM)", DELTA_LAYERS, t);
     // Small values in every block: the gates and gated norm below read them.
     gpu.write(&mut proj, &vec![0.1; rows * in_w]).unwrap();
-    let qk_layout = HeadLayout {
-        heads: 2 * DELTA.k_heads,
-        head_dim: DELTA.k_dim,
-        head_stride: DELTA.k_dim,
-        row_stride: qkv_w,
-        offset: 0,
-    };
-    // The forward's form: the q and k heads L2-normalised and the gates computed by the conv
-    // kernel.
-    let t = time(gpu, runs, || {
+    // The forward's form: the conv, the q/k L2 norms, the gates and the chunked rule in one op
+    // (the rule's first kernel reads the projection).
+    let t = time(gpu, runs.min(5), || {
         let gates = DeltaGates {
             b: &proj,
             b_at,
@@ -157,30 +149,23 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
             dt_bias: &a_log,
             heads: hv,
         };
-        gpu.conv1d_silu_l2_gates(
-            &proj,
-            qkv_at,
-            &conv_w,
-            batch(),
-            qkv_w,
-            4,
-            (qk_layout, 1e-6),
-            &mut conv,
-            gates,
-            (&mut beta, &mut decay),
-        )
-        .unwrap()
-    });
-    row("conv1d + silu + l2 norm q,k + gates", DELTA_LAYERS, t);
-    let t = time(gpu, runs.min(5), || {
         let state = DeltaState {
             initial: None,
             final_out: None,
         };
-        gpu.gated_delta_rule_chunked(&conv, &beta, &decay, batch(), DELTA, state, &mut core)
-            .unwrap()
+        gpu.delta_net_core(
+            (&proj, qkv_at),
+            (&conv_w, 4, 1e-6),
+            gates,
+            batch(),
+            DELTA,
+            state,
+            (&mut conv, &mut beta, &mut decay),
+            &mut core,
+        )
+        .unwrap()
     });
-    row("gated delta rule (chunked)", DELTA_LAYERS, t);
+    row("conv + gates + gated delta rule", DELTA_LAYERS, t);
     let t = time(gpu, runs, || {
         gpu.gated_rms_norm_gemm(
             &mut core,

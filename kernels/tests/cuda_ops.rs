@@ -830,6 +830,203 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
     }
 }
 
+/// `delta_net_core` on a stacked bf16 projection (q|k|v, then z, b, a, as the model lays it out)
+/// against its two ops one after the other: the fused first kernel (`gdr_prepare_conv`) must give
+/// the same output bits, and every shape it does not take must fall back to the same answer.
+#[test]
+#[ignore = "needs a GPU"]
+fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(29);
+    let real = DeltaDims {
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+    };
+    let narrow = DeltaDims {
+        k_heads: 2,
+        v_heads: 4,
+        k_dim: 64,
+        v_dim: 96,
+    };
+    // (dims, conv taps, extra offset of the q|k|v block): real shape; narrow heads; an odd offset
+    // and a 3-tap conv (both the ops apart).
+    for (dims, taps, pad) in [(real, 4, 0), (narrow, 4, 0), (narrow, 4, 1), (narrow, 3, 0)] {
+        let channels = dims.qkv_width();
+        let heads = dims.v_heads;
+        let width = pad + channels + dims.v_heads * dims.v_dim + 2 * heads;
+        let x_at = Strided::cols(width, pad);
+        let [b_at, a_at] = [width - 2 * heads, width - heads].map(|o| Strided::cols(width, o));
+        let (w_host, w_d) = weight(&gpu, &mut rng, channels * taps, 0.7);
+        let (a_log_host, a_log) = weight(&gpu, &mut rng, heads, 1.0);
+        let (dt_host, dt_bias) = weight(&gpu, &mut rng, heads, 2.0);
+        let batches: &[&[usize]] = &[&[1], &[712], &[1, 64, 3, 129], &[200, 1, 65, 2]];
+        for lens in batches {
+            let what = format!("{dims:?}, {taps} taps, offset {pad}, lens {lens:?}");
+            let cu = cu_of(lens);
+            let rows = *cu.last().unwrap() as usize;
+            let cu_d = indices(&gpu, &cu);
+            let batch = Varlen {
+                cu_seqlens: &cu_d,
+                num_seqs: lens.len(),
+                rows,
+            };
+            let stacked = bf16_round(&rand_vec(&mut rng, rows * width, 1.5));
+            let x_d = activation_as(&gpu, &stacked, 0, true);
+            let gates = DeltaGates {
+                b: &x_d,
+                b_at,
+                a: &x_d,
+                a_at,
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+                heads,
+            };
+            let scratch = |gpu: &CudaBackend| {
+                (
+                    gpu.alloc(rows * channels).unwrap(),
+                    gpu.alloc(rows * heads).unwrap(),
+                    gpu.alloc(rows * heads).unwrap(),
+                )
+            };
+            let no_state = || DeltaState {
+                initial: None,
+                final_out: None,
+            };
+            let out_len = rows * heads * dims.v_dim;
+            let (mut conv, mut beta, mut g) = scratch(&gpu);
+            let mut fused = gpu.alloc(out_len).unwrap();
+            gpu.delta_net_core(
+                (&x_d, x_at),
+                (&w_d, taps, 1e-6),
+                gates,
+                batch,
+                dims,
+                no_state(),
+                (&mut conv, &mut beta, &mut g),
+                &mut fused,
+            )
+            .unwrap();
+            let (mut conv2, mut beta2, mut g2) = scratch(&gpu);
+            let mut apart = gpu.alloc(out_len).unwrap();
+            gpu.conv1d_silu_l2_gates(
+                &x_d,
+                x_at,
+                &w_d,
+                batch,
+                channels,
+                taps,
+                (dims.qk_layout(), 1e-6),
+                &mut conv2,
+                gates,
+                (&mut beta2, &mut g2),
+            )
+            .unwrap();
+            gpu.gated_delta_rule_chunked(&conv2, &beta2, &g2, batch, dims, no_state(), &mut apart)
+                .unwrap();
+            let got = gpu.read(&fused, out_len).unwrap();
+            assert_eq!(
+                bits(&got),
+                bits(&gpu.read(&apart, out_len).unwrap()),
+                "{what}"
+            );
+
+            // And near the CPU reference of the same ops (bf16 products on the GPU).
+            if rows <= 400 {
+                let (cb, cw, ca, cd) = (
+                    cpu.upload(&stacked).unwrap(),
+                    cpu.upload(&w_host).unwrap(),
+                    cpu.upload(&a_log_host).unwrap(),
+                    cpu.upload(&dt_host).unwrap(),
+                );
+                let cbatch = Varlen {
+                    cu_seqlens: &cu,
+                    num_seqs: lens.len(),
+                    rows,
+                };
+                let cgates = DeltaGates {
+                    b: &cb,
+                    b_at,
+                    a: &cb,
+                    a_at,
+                    a_log: &ca,
+                    dt_bias: &cd,
+                    heads,
+                };
+                let (mut c1, mut c2, mut c3, mut cout) = (
+                    cpu.alloc(rows * channels).unwrap(),
+                    cpu.alloc(rows * heads).unwrap(),
+                    cpu.alloc(rows * heads).unwrap(),
+                    cpu.alloc(out_len).unwrap(),
+                );
+                cpu.delta_net_core(
+                    (&cb, x_at),
+                    (&cw, taps, 1e-6),
+                    cgates,
+                    cbatch,
+                    dims,
+                    DeltaState {
+                        initial: None,
+                        final_out: None,
+                    },
+                    (&mut c1, &mut c2, &mut c3),
+                    &mut cout,
+                )
+                .unwrap();
+                let want = cpu.read(&cout, out_len).unwrap();
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+                    .fold(0.0f32, f32::max);
+                assert!(worst < 2e-2, "{what}: {worst} from the CPU");
+            }
+        }
+    }
+    // A projection too short for the batch is an error naming it, not a read past its end.
+    let dims = narrow;
+    let width = dims.qkv_width() + dims.v_heads * dims.v_dim + 2 * dims.v_heads;
+    let cu_d = indices(&gpu, &[0, 10]);
+    let short = activation_as(&gpu, &vec![0.0; 9 * width], 0, true);
+    let (_, w_d) = weight(&gpu, &mut rng, dims.qkv_width() * 4, 0.7);
+    let (_, ab) = weight(&gpu, &mut rng, dims.v_heads, 1.0);
+    let h = dims.v_heads;
+    let err = gpu
+        .delta_net_core(
+            (&short, Strided::cols(width, 0)),
+            (&w_d, 4, 1e-6),
+            DeltaGates {
+                b: &short,
+                b_at: Strided::cols(width, width - 2 * h),
+                a: &short,
+                a_at: Strided::cols(width, width - h),
+                a_log: &ab,
+                dt_bias: &ab,
+                heads: h,
+            },
+            Varlen {
+                cu_seqlens: &cu_d,
+                num_seqs: 1,
+                rows: 10,
+            },
+            dims,
+            DeltaState {
+                initial: None,
+                final_out: None,
+            },
+            (
+                &mut gpu.alloc(10 * dims.qkv_width()).unwrap(),
+                &mut gpu.alloc(10 * h).unwrap(),
+                &mut gpu.alloc(10 * h).unwrap(),
+            ),
+            &mut gpu.alloc(10 * h * dims.v_dim).unwrap(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("rows"), "{err}");
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn delta_gates_match_cpu_across_the_softplus_threshold() {

@@ -10,8 +10,8 @@
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use instinct_kernels::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaState, HeadLayout, Rope, Store,
-    Strided, Varlen,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaState, Rope, Store, Strided,
+    Varlen,
 };
 
 use crate::config::{LayerKind, TextConfig};
@@ -172,18 +172,6 @@ impl Dims {
             Strided::cols(row, qkv + vw),
             Strided::cols(row, qkv + vw + self.delta.v_heads),
         ]
-    }
-
-    /// The q and k blocks of a DeltaNet conv output row, as `2·k_heads` heads.
-    fn delta_qk_layout(&self) -> HeadLayout {
-        let dk = self.delta.k_dim;
-        HeadLayout {
-            heads: 2 * self.delta.k_heads,
-            head_dim: dk,
-            head_stride: dk,
-            row_stride: self.delta.qkv_width(),
-            offset: 0,
-        }
     }
 }
 
@@ -705,7 +693,7 @@ impl<B: Backend> TextModel<B> {
             num_seqs: n,
             rows,
         };
-        let (h, qkv, hv) = (d.hidden, d.delta.qkv_width(), d.delta.v_heads);
+        let (h, hv) = (d.hidden, d.delta.v_heads);
         let [qkv_at, z_at, b_at, a_at] = d.delta_in_blocks();
         // One GEMM for the four input projections; the ops below read their column blocks in place.
         be.gemm(
@@ -717,7 +705,8 @@ impl<B: Backend> TextModel<B> {
             &mut ws.mixer_mid,
         )
         .map_err(e)?;
-        // The conv (+ the q/k L2 norm) and the gates, in one pass where the backend can.
+        // The conv (+ the q/k L2 norm), the gates and the delta rule; `conv`, `beta` and `decay`
+        // are scratch for backends that run them as separate passes.
         let gates = DeltaGates {
             b: &ws.mixer_mid,
             b_at,
@@ -727,30 +716,18 @@ impl<B: Backend> TextModel<B> {
             dt_bias: &w.dt_bias,
             heads: hv,
         };
-        be.conv1d_silu_l2_gates(
-            &ws.mixer_mid,
-            qkv_at,
-            &w.conv1d,
-            batch,
-            qkv,
-            d.conv_kernel,
-            (d.delta_qk_layout(), L2_NORM_EPS),
-            &mut ws.conv,
-            gates,
-            (&mut ws.beta, &mut ws.decay),
-        )
-        .map_err(e)?;
         let state = DeltaState {
             initial: None,
             final_out: None,
         };
-        be.gated_delta_rule_chunked(
-            &ws.conv,
-            &ws.beta,
-            &ws.decay,
+        be.delta_net_core(
+            (&ws.mixer_mid, qkv_at),
+            (&w.conv1d, d.conv_kernel, L2_NORM_EPS),
+            gates,
             batch,
             d.delta,
             state,
+            (&mut ws.conv, &mut ws.beta, &mut ws.decay),
             &mut ws.core,
         )
         .map_err(e)?;

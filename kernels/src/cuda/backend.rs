@@ -8,9 +8,9 @@ use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, LaunchArgs, LaunchConfi
 use half::bf16;
 
 use super::blas::{row_bucket, Blas, GemmInput};
-use super::buffers::{act, act_mut, idx, in_buf, out_buf, weight, CudaBuf, InBuf, OutBuf};
+use super::buffers::{act, act_mut, idx, in_buf, out_buf, weight, CudaBuf, DType, InBuf, OutBuf};
 use super::compile::GpuArch;
-use super::delta_chunked::DeltaScratchSlot;
+use super::delta_chunked::{DeltaProjection, DeltaScratchSlot, PROJECTION_CONV_TAPS};
 use super::device::{driver_err, CudaOptions, Device};
 use super::flash::{FlashInputs, FlashScratchSlot};
 use super::tuning::TuningFile;
@@ -305,23 +305,22 @@ fn push_or_null<'a>(launch: &mut LaunchArgs<'a>, buf: Option<&'a CudaSlice<f32>>
 /// The delta rule's gates for the conv kernel to compute alongside: their inputs, then beta and g.
 type GatesOut<'a> = (DeltaGates<'a, CudaBuf>, &'a mut CudaBuf, &'a mut CudaBuf);
 
-/// The conv kernel's checked gate arguments (`gb` .. `gate_heads` in conv.cu).
-struct ConvGates<'a> {
+/// The checked inputs of the gates as the conv kernel and `gdr_prepare_conv` read them (`gb` ..
+/// `dt_bias`).
+pub(super) struct GateInputs<'a> {
     b: InBuf<'a>,
     a: InBuf<'a>,
     /// b's row stride and offset, a's, and the heads.
     ints: [i32; 5],
     a_log: &'a CudaSlice<bf16>,
     dt_bias: &'a CudaSlice<bf16>,
-    beta: &'a mut CudaSlice<f32>,
-    g: &'a mut CudaSlice<f32>,
 }
 
-impl<'a> ConvGates<'a> {
+impl<'a> GateInputs<'a> {
     /// Checks `gates` for `rows` rows read by a kernel whose x is bf16 (`x_bf16`) or f32.
-    fn new(
+    pub(super) fn new(
         op: &'static str,
-        (gates, beta, g): GatesOut<'a>,
+        gates: &DeltaGates<'a, CudaBuf>,
         rows: usize,
         x_bf16: bool,
     ) -> KernelResult<Self> {
@@ -331,7 +330,7 @@ impl<'a> ConvGates<'a> {
         if b.is_bf16() != x_bf16 || a.is_bf16() != x_bf16 {
             return Err(KernelError::invalid(
                 op,
-                "the gates' b and a must have x's type (the conv kernel reads all three)",
+                "the gates' b and a must have x's type (the kernel reads all three)",
             ));
         }
         let i = |what, v| to_i32(op, what, v);
@@ -347,6 +346,40 @@ impl<'a> ConvGates<'a> {
             ],
             a_log: weight(op, "a_log", gates.a_log, heads)?,
             dt_bias: weight(op, "dt_bias", gates.dt_bias, heads)?,
+        })
+    }
+
+    /// Pushes `gb, gb_stride, gb_offset, ga, ga_stride, ga_offset, a_log, dt_bias`.
+    pub(super) fn push<'b>(&'b self, launch: &mut LaunchArgs<'b>) {
+        self.b.push(launch);
+        launch.arg(&self.ints[0]).arg(&self.ints[1]);
+        self.a.push(launch);
+        launch
+            .arg(&self.ints[2])
+            .arg(&self.ints[3])
+            .arg(self.a_log)
+            .arg(self.dt_bias);
+    }
+}
+
+/// The conv kernel's checked gate arguments (`gb` .. `gate_heads` in conv.cu).
+struct ConvGates<'a> {
+    inputs: GateInputs<'a>,
+    beta: &'a mut CudaSlice<f32>,
+    g: &'a mut CudaSlice<f32>,
+}
+
+impl<'a> ConvGates<'a> {
+    /// Checks `gates` for `rows` rows read by a kernel whose x is bf16 (`x_bf16`) or f32.
+    fn new(
+        op: &'static str,
+        (gates, beta, g): GatesOut<'a>,
+        rows: usize,
+        x_bf16: bool,
+    ) -> KernelResult<Self> {
+        let heads = gates.heads;
+        Ok(Self {
+            inputs: GateInputs::new(op, &gates, rows, x_bf16)?,
             beta: act_mut(op, "beta", beta, rows * heads)?,
             g: act_mut(op, "g", g, rows * heads)?,
         })
@@ -357,17 +390,11 @@ impl<'a> ConvGates<'a> {
         const ZEROS: [i32; 5] = [0; 5];
         match gates {
             Some(c) => {
-                c.b.push(launch);
-                launch.arg(&c.ints[0]).arg(&c.ints[1]);
-                c.a.push(launch);
+                c.inputs.push(launch);
                 launch
-                    .arg(&c.ints[2])
-                    .arg(&c.ints[3])
-                    .arg(c.a_log)
-                    .arg(c.dt_bias)
                     .arg(&mut *c.beta)
                     .arg(&mut *c.g)
-                    .arg(&c.ints[4]);
+                    .arg(&c.inputs.ints[4]);
             }
             None => {
                 launch.arg(null).arg(&ZEROS[0]).arg(&ZEROS[1]);
@@ -1332,10 +1359,76 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         if self.delta_chunked_supports(dims) {
-            self.delta_rule_chunked(qkv, beta, g, batch, dims, state, out)
+            self.delta_rule_chunked(qkv, beta, g, batch, dims, state, out, None)
         } else {
             self.delta_rule(qkv, beta, g, batch, dims, state, out)
         }
+    }
+
+    /// The chunked rule's first kernel reads the bf16 projection and does the conv, the L2 norms and
+    /// the gates itself (`gdr_prepare_conv`, the same bits) where the shapes allow; else the ops
+    /// one after the other.
+    fn delta_net_core(
+        &self,
+        (x, x_at): (&CudaBuf, Strided),
+        (conv_weight, kernel, l2_eps): (&CudaBuf, usize, f32),
+        gates: DeltaGates<'_, CudaBuf>,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        (conv, beta, g): (&mut CudaBuf, &mut CudaBuf, &mut CudaBuf),
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        const OP: &str = "delta_net_core";
+        let even = |v: usize| v.is_multiple_of(2);
+        let fused = kernel == PROJECTION_CONV_TAPS
+            && [x, gates.b, gates.a]
+                .into_iter()
+                .all(|b| b.dtype() == DType::Bf16)
+            && gates.heads == dims.v_heads
+            && [x_at.row_stride, x_at.offset, dims.k_dim, dims.v_dim]
+                .into_iter()
+                .all(even)
+            && self.delta_chunked_supports(dims);
+        if !fused {
+            self.conv1d_silu_l2_gates(
+                x,
+                x_at,
+                conv_weight,
+                batch,
+                dims.qkv_width(),
+                kernel,
+                (dims.qk_layout(), l2_eps),
+                conv,
+                gates,
+                (beta, g),
+            )?;
+            return self.gated_delta_rule_chunked(conv, beta, g, batch, dims, state, out);
+        }
+        let width = dims.qkv_width();
+        let CudaBuf::Bf16(x) = x else {
+            unreachable!("checked bf16 above")
+        };
+        if x_at.rows_in(x.len(), width) < batch.rows {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "x holds {} rows of the q|k|v block, the batch has {}",
+                    x_at.rows_in(x.len(), width),
+                    batch.rows
+                ),
+            ));
+        }
+        let proj = DeltaProjection {
+            x,
+            x_stride: to_i32(OP, "x row stride", x_at.row_stride)?,
+            x_offset: to_i32(OP, "x offset", x_at.offset)?,
+            conv_weight: weight(OP, "conv weight", conv_weight, width * kernel)?,
+            gates: GateInputs::new(OP, &gates, batch.rows, true)?,
+            l2_eps,
+        };
+        // The scratch is the plain form's input; here it only stands in for absent states.
+        self.delta_rule_chunked(conv, beta, g, batch, dims, state, out, Some(proj))
     }
 
     fn gated_delta_rule_recurrent(

@@ -2,6 +2,9 @@
 //! chunk's state-independent quantities at once (products on TF32 tensor cores, the triangular
 //! inverse in f32), `gdr_state_pass` walks each sequence's
 //! chunks in order doing only the state products, on bf16 tensor cores with f32 accumulation.
+//! `gdr_prepare_conv` is the first kernel reading a Gated DeltaNet layer's bf16 input projection
+//! instead of its conv output: it does the conv, the q/k L2 norms and the gates on the way in
+//! ([`crate::Backend::delta_net_core`]).
 //!
 //! Earlier designs, measured on the H200 and dropped: one f32 SIMT kernel walking the chunks and
 //! recomputing everything per slice of value columns (8.2 ms per layer at 15,446 tokens, 12.2 at
@@ -13,12 +16,27 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::backend::{to_i32, to_u32, CudaBackend, DeltaArgs};
+use super::backend::{to_i32, to_u32, CudaBackend, DeltaArgs, GateInputs};
 use super::buffers::CudaBuf;
 use super::device::driver_err;
 use super::scratch::{GrownScratch, Scratch};
 use crate::backend::{DeltaDims, DeltaState, KernelResult, Varlen};
 use crate::error::KernelError;
+
+/// Conv taps `gdr_prepare_conv` computes (`DC_KW`); other widths run the conv kernel.
+pub(super) const PROJECTION_CONV_TAPS: usize = 4;
+
+/// What `gdr_prepare_conv` reads instead of the conv output and the gates: the q|k|v block of the
+/// stacked in-projection (row stride and offset even, as its pair loads need), the conv weight
+/// `[q|k|v channels][PROJECTION_CONV_TAPS]`, the gates' inputs and the L2 norm's epsilon.
+pub(super) struct DeltaProjection<'a> {
+    pub x: &'a CudaSlice<bf16>,
+    pub x_stride: i32,
+    pub x_offset: i32,
+    pub conv_weight: &'a CudaSlice<bf16>,
+    pub gates: GateInputs<'a>,
+    pub l2_eps: f32,
+}
 
 /// Tokens per chunk (`DC_CHUNK`).
 const CHUNK: usize = 64;
@@ -141,7 +159,9 @@ impl CudaBackend {
     }
 
     /// The gated delta rule by 64-token chunks; the caller checked
-    /// [`Self::delta_chunked_supports`].
+    /// [`Self::delta_chunked_supports`]. With `proj`, the first kernel reads the projection
+    /// (`gdr_prepare_conv`) and `qkv`, `beta` and `g` are only checked (they stand in for absent
+    /// states).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn delta_rule_chunked(
         &self,
@@ -152,6 +172,7 @@ impl CudaBackend {
         dims: DeltaDims,
         state: DeltaState<'_, Self>,
         out: &mut CudaBuf,
+        proj: Option<DeltaProjection<'_>>,
     ) -> KernelResult<()> {
         const OP: &str = "gated_delta_rule_chunked";
         let DeltaDims {
@@ -192,7 +213,11 @@ impl CudaBackend {
         // 1. Every chunk at once. Chunk slots: Σ ceil(len / 64) ≤ ceil(rows / 64) + num_seqs.
         if rows > 0 {
             let slots = rows.div_ceil(CHUNK) + batch.num_seqs;
-            self.opt_in_smem(OP, "gdr_prepare", PREPARE_SMEM)?;
+            let kernel = match proj {
+                Some(_) => "gdr_prepare_conv",
+                None => "gdr_prepare",
+            };
+            self.opt_in_smem(OP, kernel, PREPARE_SMEM)?;
             let cfg = LaunchConfig {
                 grid_dim: (
                     to_u32(OP, "chunk slots", slots)?,
@@ -202,12 +227,23 @@ impl CudaBackend {
                 block_dim: (PREPARE_THREADS, 1, 1),
                 shared_mem_bytes: to_u32(OP, "shared memory", PREPARE_SMEM)?,
             };
-            let f = self.device.function("gdr_prepare")?;
+            let f = self.device.function(kernel)?;
             let mut launch = self.device.stream.launch_builder(f);
+            match &proj {
+                Some(p) => {
+                    launch
+                        .arg(p.x)
+                        .arg(&p.x_stride)
+                        .arg(&p.x_offset)
+                        .arg(p.conv_weight);
+                    p.gates.push(&mut launch);
+                    launch.arg(&p.l2_eps);
+                }
+                None => {
+                    launch.arg(args.qkv).arg(args.beta).arg(args.g);
+                }
+            }
             launch
-                .arg(args.qkv)
-                .arg(args.beta)
-                .arg(args.g)
                 .arg(args.cu_seqlens)
                 .arg(&num_seqs_a)
                 .arg(&k_heads_a)

@@ -322,6 +322,9 @@ impl CudaBackend {
                 let row_stride = to_i32(OP, "stacked row", dims.stacked_width())?;
                 let half = to_i32(OP, "rotary pairs", rope.1)?;
                 let rows_i = to_i32(OP, "rows", batch.rows)?;
+                let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+                // The last-row kernel reads the queries of each sequence's last row only.
+                let last_only = i32::from(last);
                 let mut launch = self.device.stream.launch_builder(f);
                 launch
                     .arg(&mut *qkv)
@@ -341,7 +344,10 @@ impl CudaBackend {
                     .arg(&mut scratch.q)
                     .arg(&mut scratch.k)
                     .arg(&mut scratch.v)
-                    .arg(&gates);
+                    .arg(&gates)
+                    .arg(batch.cu_seqlens)
+                    .arg(&num_seqs)
+                    .arg(&last_only);
                 let gate_heads = if last { 0 } else { dims.q_heads };
                 let warps = batch.rows * (dims.q_heads + 2 * dims.kv_heads + gate_heads);
                 let mut cfg = linear(OP, warps * 32, PROLOGUE_BLOCK)?;

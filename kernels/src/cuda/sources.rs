@@ -138,6 +138,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "delta_chunked.cu",
         code: include_str!("../../cuda/delta_chunked.cu"),
-        functions: &["gdr_prepare", "gdr_state_pass_v32", "gdr_state_pass_v64"],
+        functions: &[
+            "gdr_prepare",
+            "gdr_prepare_conv",
+            "gdr_state_pass_v32",
+            "gdr_state_pass_v64",
+        ],
     },
 ];
