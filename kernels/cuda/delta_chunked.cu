@@ -11,8 +11,10 @@
 // decay.
 //
 // Two kernels, because only the last three lines depend on the state:
-//  1. gdr_prepare: one block per (chunk, value head), all chunks of the batch at once. Computes
-//     γ, A, P, T, W, U (the products on TF32 tensor cores, the triangular inverse in f32) and the
+//  1. gdr_prepare (or gdr_prepare_conv, which reads the in-projection and does the conv, the q/k
+//     L2 norms and the gates first): one block per (chunk, value head), all chunks of the batch at
+//     once. Computes γ, A, P, T, W, U (the products on TF32 tensor cores, the triangular inverse in
+//     f32) and the
 //     pre-scaled e^γ·scale·q and e^{γ_last−γ}·k, and writes them to scratch laid out like the
 //     tokens ([rows][v_heads][..]), so the second kernel finds a chunk's data at its rows.
 //  2. gdr_state_pass: one block per (sequence, value head, slice of SV value columns) walks its

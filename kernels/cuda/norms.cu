@@ -169,7 +169,8 @@ __device__ void gated_rms_norm_bf16_row(const float* __restrict__ x, const Z* __
     __nv_bfloat16* o = out + row * dim;
     // A 128-wide head (the model's) with x, z and out aligned for it: four consecutive values per
     // lane, one vector load or store each (the scalar form below leaves bandwidth unused).
-    if (dim == 4 * 32 && (((size_t)xr & 15) | ((size_t)zr & (4 * sizeof(Z) - 1)) | ((size_t)w & 7) | ((size_t)o & 7)) == 0) {
+    const size_t misaligned = ((size_t)xr & 15) | ((size_t)zr & (4 * sizeof(Z) - 1)) | ((size_t)w & 7) | ((size_t)o & 7);
+    if (dim == 4 * 32 && misaligned == 0) {
         const float4 xv = load4(xr + 4 * lane);
         const float4 zv = load4(zr + 4 * lane);
         const float4 wv = load4(w + 4 * lane);

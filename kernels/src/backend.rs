@@ -633,19 +633,17 @@ pub trait Backend: Buffers {
         (conv, beta, g): (&mut Self::Buf, &mut Self::Buf, &mut Self::Buf),
         out: &mut Self::Buf,
     ) -> KernelResult<()> {
-        self.conv1d_silu_l2_gates(
-            x,
-            x_at,
-            conv_weight,
-            batch,
-            dims.qkv_width(),
-            kernel,
-            (dims.qk_layout(), l2_eps),
-            conv,
+        delta_net_core_apart(
+            self,
+            (x, x_at),
+            (conv_weight, kernel, l2_eps),
             gates,
-            (beta, g),
-        )?;
-        self.gated_delta_rule_chunked(conv, beta, g, batch, dims, state, out)
+            batch,
+            dims,
+            state,
+            (conv, beta, g),
+            out,
+        )
     }
 
     /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.
@@ -859,6 +857,35 @@ pub(crate) fn gates_apart<B: Backend + ?Sized>(
         heads,
     } = gates;
     be.delta_gates(b, b_at, a, a_at, a_log, dt_bias, rows, heads, beta, g)
+}
+
+/// [`Backend::delta_net_core`] as its two ops: the trait's default, and a fusing backend's path for
+/// shapes its kernel does not take.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn delta_net_core_apart<B: Backend + ?Sized>(
+    be: &B,
+    (x, x_at): (&B::Buf, Strided),
+    (conv_weight, kernel, l2_eps): (&B::Buf, usize, f32),
+    gates: DeltaGates<'_, B::Buf>,
+    batch: Varlen<'_, B::Idx>,
+    dims: DeltaDims,
+    state: DeltaState<'_, B>,
+    (conv, beta, g): (&mut B::Buf, &mut B::Buf, &mut B::Buf),
+    out: &mut B::Buf,
+) -> KernelResult<()> {
+    be.conv1d_silu_l2_gates(
+        x,
+        x_at,
+        conv_weight,
+        batch,
+        dims.qkv_width(),
+        kernel,
+        (dims.qk_layout(), l2_eps),
+        conv,
+        gates,
+        (beta, g),
+    )?;
+    be.gated_delta_rule_chunked(conv, beta, g, batch, dims, state, out)
 }
 
 /// The largest row count of every bucket that `bucket` (a non-decreasing map from a row count to the

@@ -16,8 +16,9 @@ use super::flash::{FlashInputs, FlashScratchSlot};
 use super::tuning::TuningFile;
 use super::upload::Staging;
 use crate::backend::{
-    conv1d_silu_then_l2, gates_apart, qk_norm_then_rope, AttentionDims, Backend, Buffers,
-    DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelResult, Rope, Store, Strided, Varlen,
+    conv1d_silu_then_l2, delta_net_core_apart, gates_apart, qk_norm_then_rope, AttentionDims,
+    Backend, Buffers, DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelResult, Rope, Store,
+    Strided, Varlen,
 };
 use crate::error::KernelError;
 
@@ -1391,19 +1392,17 @@ impl Backend for CudaBackend {
                 .all(even)
             && self.delta_chunked_supports(dims);
         if !fused {
-            self.conv1d_silu_l2_gates(
-                x,
-                x_at,
-                conv_weight,
-                batch,
-                dims.qkv_width(),
-                kernel,
-                (dims.qk_layout(), l2_eps),
-                conv,
+            return delta_net_core_apart(
+                self,
+                (x, x_at),
+                (conv_weight, kernel, l2_eps),
                 gates,
-                (beta, g),
-            )?;
-            return self.gated_delta_rule_chunked(conv, beta, g, batch, dims, state, out);
+                batch,
+                dims,
+                state,
+                (conv, beta, g),
+                out,
+            );
         }
         let width = dims.qkv_width();
         let CudaBuf::Bf16(x) = x else {
