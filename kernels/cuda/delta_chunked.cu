@@ -14,9 +14,8 @@
 //  1. gdr_prepare (or gdr_prepare_conv, which reads the in-projection and does the conv, the q/k
 //     L2 norms and the gates first): one block per (chunk, value head), all chunks of the batch at
 //     once. Computes γ, A, P, T, W, U (the products on TF32 tensor cores, the triangular inverse in
-//     f32) and the
-//     pre-scaled e^γ·scale·q and e^{γ_last−γ}·k, and writes them to scratch laid out like the
-//     tokens ([rows][v_heads][..]), so the second kernel finds a chunk's data at its rows.
+//     f32) and the pre-scaled e^γ·scale·q and e^{γ_last−γ}·k, and writes them to scratch laid out
+//     like the tokens ([rows][v_heads][..]), so the second kernel finds a chunk's data at its rows.
 //  2. gdr_state_pass: one block per (sequence, value head, slice of SV value columns) walks its
 //     sequence's chunks in order. Per chunk it only does the four state products (V' = U − W S0,
 //     e^γ q S0 + P V', and the state update), on bf16 tensor cores (mma.sync m16n8k16) with f32
@@ -112,9 +111,6 @@ struct GdrSource {
 
 // Two columns (c, c + 1; c even, the row layout even) of a bf16 row, as a packed pair.
 __device__ __forceinline__ u32 dc_pair_bits(const __nv_bfloat16* p) { return *reinterpret_cast<const u32*>(p); }
-__device__ __forceinline__ float2 dc_unpack(u32 bits) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
-}
 
 // Conv + SiLU of two adjacent channels (taps t[0], t[1]) at PER consecutive rows from the packed
 // input window w (rows r − DC_KW + 1 .. r + PER − 1; zeros before the sequence), as conv_rows sums:
@@ -128,7 +124,7 @@ __device__ __forceinline__ void dc_conv_rows(const u32 (&w)[PER + DC_KW - 1], co
         float ax = 0.0f, ay = 0.0f;
 #pragma unroll
         for (int i = 0; i < DC_KW; ++i) {
-            const float2 in = dc_unpack(w[m + i]);
+            const float2 in = unpack_bf16x2(w[m + i]);
             ax += t[0][i] * in.x;
             ay += t[1][i] * in.y;
         }

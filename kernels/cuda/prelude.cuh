@@ -146,12 +146,17 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const u32*>(&v);
 }
 
+// pack_bf16x2 undone: the low half first.
+__device__ __forceinline__ float2 unpack_bf16x2(u32 bits) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+}
+
 // Four consecutive values as f32 (one 16-byte f32 or 8-byte bf16 load; p aligned to it).
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    const float2 lo = unpack_bf16x2(u.x);
+    const float2 hi = unpack_bf16x2(u.y);
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 

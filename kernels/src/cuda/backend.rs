@@ -1408,12 +1408,12 @@ impl Backend for CudaBackend {
         let CudaBuf::Bf16(x) = x else {
             unreachable!("checked bf16 above")
         };
-        if x_at.rows_in(x.len(), width) < batch.rows {
+        let x_rows = x_at.rows_in(x.len(), width);
+        if x_rows < batch.rows {
             return Err(KernelError::invalid(
                 OP,
                 format!(
-                    "x holds {} rows of the q|k|v block, the batch has {}",
-                    x_at.rows_in(x.len(), width),
+                    "x holds {x_rows} rows of the q|k|v block, the batch has {}",
                     batch.rows
                 ),
             ));

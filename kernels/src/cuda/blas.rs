@@ -241,12 +241,13 @@ impl Blas {
         }
         let mut state = self.state.lock().expect("blas state");
         let key = (rows, in_dim, out_dim, bf16_out, add);
+        // The tuning's key: the same shape with its rows' bucket.
+        let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);
         if !state.plans.contains_key(&key) {
             if state.plans.len() >= MAX_PLANS {
                 state.plans.clear();
             }
             let mut plan = self.plan(rows, in_dim, out_dim, bf16_out)?;
-            let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);
             if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
                 // The bucket's winner, if cuBLASLt accepts it for this exact shape.
                 if self.accepts(plan, algo) {
@@ -294,10 +295,7 @@ impl Blas {
             if tuned.len() >= MAX_PLANS {
                 tuned.clear();
             }
-            tuned.insert(
-                (row_bucket(rows), in_dim, out_dim, bf16_out, add),
-                plan.algo,
-            );
+            tuned.insert(bucket, plan.algo);
             if let Some(file) = &self.tuning_file {
                 let words = tuned
                     .iter()
