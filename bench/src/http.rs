@@ -552,7 +552,50 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use hyper::service::service_fn;
+    use hyper::Response;
+    use hyper_util::rt::TokioIo;
+
     use super::*;
+
+    /// The timed requests of a row go over one connection: none is opened per request.
+    #[test]
+    fn requests_share_one_kept_alive_connection() {
+        let server = tokio::runtime::Runtime::new().unwrap();
+        let listener = server
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        server.spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let answer = service_fn(|_| async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), answer)
+                        .await;
+                });
+            }
+        });
+        let client = Client::new(&format!("http://{addr}")).unwrap();
+        client.wait_ready(Duration::from_secs(5)).unwrap();
+        for _ in 0..5 {
+            let body = Some(Bytes::from_static(b"{}"));
+            let reply = client.send(Method::POST, "/v1/systemone", body).unwrap();
+            assert_eq!(reply.status, StatusCode::OK);
+            assert_eq!(&reply.body[..], b"{}");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn server_timing_parses() {
