@@ -6,8 +6,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use instinct::bench::{prompts_digest, BenchArgs, Row, RowKind, PROMPTS_FORMAT};
+use instinct::bench::BenchArgs;
 use instinct::cli::{Cli, Command};
+use instinct_bench::{prompts_digest, Row, RowKind, PROMPTS_FORMAT};
 use serde_json::{json, Value};
 
 fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {

@@ -1,5 +1,6 @@
-//! A real Prometheus server (Debian's `prometheus`, installed by `.ci/run`) scrapes a running
-//! instinct under load; the p99 latency and the rejection count are read back through PromQL.
+//! A real Prometheus server (Debian's `prometheus`, installed by `tools/install-test-deps.sh`)
+//! scrapes a running instinct under load; the p99 latency and the rejection count are read back
+//! through PromQL.
 
 mod common;
 
@@ -92,7 +93,7 @@ async fn prometheus_reads_p99_and_rejections_through_promql() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot start `{binary}` ({e}): install Debian's `prometheus` package (.ci/run does)")
+            panic!("cannot start `{binary}` ({e}): install Debian's `prometheus` package (tools/install-test-deps.sh does)")
         });
     let _prom = Killer(child);
     let prom: std::net::SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();

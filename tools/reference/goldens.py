@@ -7,15 +7,11 @@ against Qwen3_5ForConditionalGeneration. Run after make_tiny.py and tiny_adapter
 """
 
 import json
-import platform
 import sys
 import time
-from pathlib import Path
 
-import peft
 import tokenizers
 import torch
-import transformers
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration
 
@@ -26,10 +22,10 @@ from tiny_common import (
     TINY_DIR,
     assert_reference_kernels_absent,
     chat_messages,
+    goldens_provenance,
     letter_readout,
     named_golden_prompts,
     render_chat,
-    sha256_of,
     use_strict_fp32,
 )
 
@@ -123,19 +119,14 @@ def main() -> None:
         case["text_adapter"] = as_record(adapter_results[name])
         cases.append(case)
 
-    script_dir = Path(__file__).resolve().parent
     checkpoint_files = sorted(TINY_DIR.glob("*.safetensors")) + sorted(TEXT_ADAPTER_DIR.glob("*"))
     goldens = {
-        "description": "fp32 CPU reference outputs of the tiny Qwen3.5 checkpoint, written by goldens.py",
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "peft": peft.__version__,
-            "tokenizers": tokenizers.__version__,
-        },
-        "scripts_sha256": {name: sha256_of(script_dir / name) for name in SCRIPTS},
-        "checkpoint_sha256": {str(p.relative_to(TINY_DIR)): sha256_of(p) for p in checkpoint_files},
+        **goldens_provenance(
+            "fp32 CPU reference outputs of the tiny Qwen3.5 checkpoint, written by goldens.py",
+            SCRIPTS,
+            checkpoint_files,
+            tokenizers=tokenizers.__version__,
+        ),
         "settings": {
             "dtype": "float32",
             "device": "cpu",

@@ -19,6 +19,8 @@ from transformers import AutoTokenizer, Qwen3_5Config, Qwen3_5ForConditionalGene
 
 from tiny_common import (
     LETTER_IDS,
+    QWEN35_TEXT_ARCHITECTURE,
+    QWEN35_VISION_ARCHITECTURE,
     SPECIAL_IDS,
     TINY_DIR,
     VOCAB_ROWS,
@@ -26,6 +28,8 @@ from tiny_common import (
     chat_messages,
     letter_readout,
     named_golden_prompts,
+    qwen35_config,
+    qwen35_rope,
     use_strict_fp32,
 )
 from tiny_tokenizer import write_tokenizer
@@ -48,58 +52,28 @@ TEXT_CONFIG = {
     "num_attention_heads": 8,
     "num_key_value_heads": 2,
     "head_dim": 64,
-    "attn_output_gate": True,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 32,
     "linear_value_head_dim": 32,
-    "linear_conv_kernel_dim": 4,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 262144,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10_000_000.0,
-        "partial_rotary_factor": 0.25,
-        # rotary dim = 64 * 0.25 = 16, i.e. 8 frequencies split T/H/W like the real [11, 11, 10].
-        "mrope_section": [3, 3, 2],
-        "mrope_interleaved": True,
-    },
-    "attention_bias": False,
-    "tie_word_embeddings": True,
+    # rotary dim = 64 * 0.25 = 16, i.e. 8 frequencies split T/H/W like the real [11, 11, 10].
+    "rope_parameters": qwen35_rope([3, 3, 2]),
     "eos_token_id": SPECIAL_IDS["<|endoftext|>"],
-    "mamba_ssm_dtype": "float32",
-    "mtp_num_hidden_layers": 0,
-    "dtype": "bfloat16",
+    **QWEN35_TEXT_ARCHITECTURE,
 }
 VISION_CONFIG = {
     "depth": 2,
     "hidden_size": 32,
     "num_heads": 2,
     "intermediate_size": 64,
-    "hidden_act": "gelu_pytorch_tanh",
-    "in_channels": 3,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "spatial_merge_size": 2,
     "out_hidden_size": HIDDEN,
     "num_position_embeddings": 64,
-    "deepstack_visual_indexes": [],
+    **QWEN35_VISION_ARCHITECTURE,
 }
 
 
 def tiny_config() -> Qwen3_5Config:
-    config = Qwen3_5Config(
-        text_config=TEXT_CONFIG,
-        vision_config=VISION_CONFIG,
-        image_token_id=SPECIAL_IDS["<|image_pad|>"],
-        video_token_id=SPECIAL_IDS["<|video_pad|>"],
-        vision_start_token_id=SPECIAL_IDS["<|vision_start|>"],
-        vision_end_token_id=SPECIAL_IDS["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    config.eos_token_id = SPECIAL_IDS["<|endoftext|>"]
-    return config
+    return qwen35_config(TEXT_CONFIG, VISION_CONFIG, SPECIAL_IDS)
 
 
 def random_value(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:

@@ -30,7 +30,16 @@ def _allow_tiny_modules_without_tokenizer_packages() -> None:
 
 _allow_tiny_modules_without_tokenizer_packages()
 
-from tiny_common import LETTER_IDS, REPO_ROOT, SPECIAL_TOKENS, top_two_margin  # noqa: E402
+from tiny_common import (  # noqa: E402
+    LETTER_IDS,
+    QWEN35_TEXT_ARCHITECTURE,
+    QWEN35_VISION_ARCHITECTURE,
+    REPO_ROOT,
+    SPECIAL_TOKENS,
+    qwen35_config,
+    qwen35_rope,
+    top_two_margin,
+)
 
 # Real Qwen3.5 ids: the 33 special tokens start at 248044; embedding rows are padded to 248,320.
 FIRST_SPECIAL_ID = 248044
@@ -53,50 +62,27 @@ REAL_TEXT_CONFIG = {
     "num_attention_heads": 16,
     "num_key_value_heads": 4,
     "head_dim": 256,
-    "attn_output_gate": True,
     "linear_num_key_heads": 16,
     "linear_num_value_heads": 32,
     "linear_key_head_dim": 128,
     "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 262144,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10_000_000.0,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [11, 11, 10],
-        "mrope_interleaved": True,
-    },
-    "attention_bias": False,
-    "tie_word_embeddings": True,
+    "rope_parameters": qwen35_rope([11, 11, 10]),
     "eos_token_id": REAL_SPECIAL_IDS["<|endoftext|>"],
-    "mamba_ssm_dtype": "float32",
-    # The real snapshot has one MTP layer; transformers neither builds nor loads it, so it is left out.
-    "mtp_num_hidden_layers": 0,
-    "dtype": "bfloat16",
+    **QWEN35_TEXT_ARCHITECTURE,
 }
 REAL_VISION_CONFIG = {
     "depth": 24,
     "hidden_size": 1024,
     "num_heads": 16,
     "intermediate_size": 4096,
-    "hidden_act": "gelu_pytorch_tanh",
-    "in_channels": 3,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "spatial_merge_size": 2,
     "out_hidden_size": 2560,
     "num_position_embeddings": 2304,
-    "deepstack_visual_indexes": [],
+    **QWEN35_VISION_ARCHITECTURE,
 }
 
 
 def real_config(small: bool):
     """Qwen3.5-4B's config, or (small) make_tiny's sizes with the real vocabulary and special ids."""
-    from transformers import Qwen3_5Config
-
     if small:
         from make_tiny import TEXT_CONFIG, VISION_CONFIG
 
@@ -104,17 +90,7 @@ def real_config(small: bool):
         vision = dict(VISION_CONFIG)
     else:
         text, vision = dict(REAL_TEXT_CONFIG), dict(REAL_VISION_CONFIG)
-    config = Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=REAL_SPECIAL_IDS["<|image_pad|>"],
-        video_token_id=REAL_SPECIAL_IDS["<|video_pad|>"],
-        vision_start_token_id=REAL_SPECIAL_IDS["<|vision_start|>"],
-        vision_end_token_id=REAL_SPECIAL_IDS["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    config.eos_token_id = REAL_SPECIAL_IDS["<|endoftext|>"]
-    return config
+    return qwen35_config(text, vision, REAL_SPECIAL_IDS)
 
 
 def load_fixtures() -> dict:

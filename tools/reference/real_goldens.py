@@ -14,7 +14,6 @@ import argparse
 import gc
 import importlib.util
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from real_common import (  # noqa: E402
     prompt_of_length,
     top_two_margin,
 )
-from tiny_common import use_strict_fp32  # noqa: E402
+from tiny_common import reference_versions, use_strict_fp32  # noqa: E402
 
 # (name, fixture index the body comes from, length, option counts). --small shortens the long ones.
 LENGTH_PROMPTS = [
@@ -183,20 +182,12 @@ def main() -> None:
         })
 
     max_difference = max(differences)
-    import peft
-    import transformers
-
     report = {
         "description": "real-shape checkpoint: fp32 and bf16 transformers references with the text adapter",
         "model": str(args.model),
         "small": args.small,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "peft": peft.__version__,
-        },
+        "versions": reference_versions(),
         "settings": {
             "fp32": "fp32 weights (A_log and gated-norm weight at full F32), TF32 off, eager attention",
             "bf16": "bf16 weights (from_pretrained dtype=bf16 rounds the F32 tensors), eager attention",

@@ -2,6 +2,7 @@
 
 import hashlib
 import importlib.util
+import platform
 import random
 from pathlib import Path
 
@@ -98,6 +99,87 @@ def use_strict_fp32() -> None:
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# Qwen3.5's architecture apart from its sizes, its ids and its M-RoPE split: the tiny checkpoint
+# (make_tiny.py) has the real-shape one's (real_common.py).
+QWEN35_TEXT_ARCHITECTURE = {
+    "attn_output_gate": True,
+    "linear_conv_kernel_dim": 4,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+    "mamba_ssm_dtype": "float32",
+    # The real snapshot has one MTP layer; transformers neither builds nor loads it, so it is left out.
+    "mtp_num_hidden_layers": 0,
+    "dtype": "bfloat16",
+}
+QWEN35_VISION_ARCHITECTURE = {
+    "hidden_act": "gelu_pytorch_tanh",
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "deepstack_visual_indexes": [],
+}
+
+
+def qwen35_rope(mrope_section: list[int]) -> dict:
+    """Qwen3.5's interleaved M-RoPE on a quarter of each head, its frequencies split T/H/W as mrope_section."""
+    return {
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": mrope_section,
+        "mrope_interleaved": True,
+    }
+
+
+def qwen35_config(text_config: dict, vision_config: dict, special_ids: dict[str, int]):
+    """A Qwen3_5Config of these text and vision parts, its image, video and end-of-text ids from special_ids.
+
+    make_tiny.py (tiny ids) and real_common.py (real ids) build their checkpoints' configs with it.
+    """
+    from transformers import Qwen3_5Config
+
+    config = Qwen3_5Config(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=special_ids["<|image_pad|>"],
+        video_token_id=special_ids["<|video_pad|>"],
+        vision_start_token_id=special_ids["<|vision_start|>"],
+        vision_end_token_id=special_ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    config.eos_token_id = special_ids["<|endoftext|>"]
+    return config
+
+
+def reference_versions(**more: str) -> dict:
+    """The versions a reference output was made with: python, torch, transformers, peft, then `more`."""
+    import peft
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        **more,
+    }
+
+
+def goldens_provenance(description: str, scripts: list[str], checkpoint_files: list[Path], **more_versions: str) -> dict:
+    """The head of a tiny-checkpoint goldens file: what wrote it, with which versions, scripts and weights."""
+    script_dir = Path(__file__).resolve().parent
+    return {
+        "description": description,
+        "versions": reference_versions(**more_versions),
+        "scripts_sha256": {name: sha256_of(script_dir / name) for name in scripts},
+        "checkpoint_sha256": {str(p.relative_to(TINY_DIR)): sha256_of(p) for p in checkpoint_files},
+    }
 
 
 def top_two_margin(probs: torch.Tensor) -> float:

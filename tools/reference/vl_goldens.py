@@ -16,14 +16,10 @@ Run after make_tiny.py and tiny_adapters.py.
 """
 
 import json
-import platform
 import time
-from pathlib import Path
 
 import numpy as np
-import peft
 import torch
-import transformers
 from peft import PeftModel
 from PIL import Image
 from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
@@ -35,6 +31,7 @@ from tiny_common import (
     SPECIAL_IDS,
     TINY_DIR,
     assert_reference_kernels_absent,
+    goldens_provenance,
     sha256_of,
     top_two_margin,
     use_strict_fp32,
@@ -245,18 +242,13 @@ def main() -> None:
     pixels_path = TINY_DIR / PIXELS_FILE
     pixels_path.write_bytes(np.concatenate(level_chunks).tobytes())
 
-    script_dir = Path(__file__).resolve().parent
     checkpoint_files = sorted(TINY_DIR.glob("*.safetensors")) + sorted(MULTIMODAL_ADAPTER_DIR.glob("*"))
     goldens = {
-        "description": "fp32 CPU reference outputs of the tiny Qwen3.5 vision-language path, written by vl_goldens.py",
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "peft": peft.__version__,
-        },
-        "scripts_sha256": {name: sha256_of(script_dir / name) for name in SCRIPTS},
-        "checkpoint_sha256": {str(p.relative_to(TINY_DIR)): sha256_of(p) for p in checkpoint_files},
+        **goldens_provenance(
+            "fp32 CPU reference outputs of the tiny Qwen3.5 vision-language path, written by vl_goldens.py",
+            SCRIPTS,
+            checkpoint_files,
+        ),
         "settings": {
             "dtype": "float32",
             "device": "cpu",

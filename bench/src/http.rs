@@ -11,21 +11,28 @@
 //! fewer options (then no goal) are used; the row records what it used.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderMap, ACCEPT, CONTENT_TYPE, USER_AGENT};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
 use instinct_model::chat::ChatTemplate;
-use instinct_model::prompt::SYSTEM_PROMPT;
+use instinct_model::prompt::{LETTERS, SYSTEM_PROMPT};
 use instinct_model::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
-use super::{push, summarize, Bench, ModelSource, OptionText, PromptSet, Row, RowKind, TextSource};
-use crate::contract;
+use crate::{
+    push, summarize, Bench, ModelSource, OptionText, PromptSet, Row, RowKind, TextSource,
+    UserMessageOf,
+};
 
-/// Most options a question letters.
-const MAX_OPTIONS: usize = contract::MAX_OPTIONS;
+/// Most options a question letters (the request contract's limit: one letter each).
+const MAX_OPTIONS: usize = LETTERS.len();
 /// How far around the first fitting tree length to look for an exact token count.
 const SCAN: usize = 24;
 /// How many rotations of the tree's lines to try: a token count that one cut skips (a character
@@ -34,16 +41,22 @@ const ROTATIONS: usize = 8;
 /// Longest wait for one answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub(super) fn run(
+pub(crate) fn run(
     bench: &mut Bench<'_>,
     url: &str,
     source: &ModelSource,
     prompts: &PromptSet,
+    user_message_of: UserMessageOf<'_>,
 ) -> Result<()> {
     let args = bench.args;
+    let client = Client::new(url)?;
     let tokenizer = Tokenizer::from_snapshot(&source.model_dir)?;
     let chat = ChatTemplate::from_snapshot(&source.model_dir)?;
-    let mut client = Client::new(url)?;
+    let server = Server {
+        tokenizer: &tokenizer,
+        chat: &chat,
+        user_message_of,
+    };
     bench.report.insert("url".into(), json!(url));
     bench.report.insert(
         "request_fitting".into(),
@@ -90,7 +103,7 @@ pub(super) fn run(
             bench.save()?;
             continue;
         }
-        match row_over_http(bench, &mut client, &tokenizer, &chat, row) {
+        match row_over_http(bench, &client, &server, row) {
             Ok(out) => push(&mut bench.report, "latency", Value::Object(out)),
             Err(e) => {
                 eprintln!("[bench] http {} FAILED: {e:#}", row.name);
@@ -110,24 +123,24 @@ pub(super) fn run(
 /// Fits one row's request, then its warm-up and timed requests; its report entry.
 fn row_over_http(
     bench: &Bench<'_>,
-    client: &mut Client,
-    tokenizer: &Tokenizer,
-    chat: &ChatTemplate,
+    client: &Client,
+    server: &Server<'_>,
     row: &Row,
 ) -> Result<Map<String, Value>> {
     let args = bench.args;
     let target = row.tokens();
     let text = row.text.clone().unwrap_or_else(synthetic_text);
-    let fitter = Fitter::new(tokenizer, chat, &text);
+    let fitter = Fitter::new(server, &text);
     let fitted = fitter
         .fit(target)
         .with_context(|| format!("row {}: building a request of {target} tokens", row.name))?;
     let tokens = fitted.ids.len();
-    let mut send = |timings: Option<&mut Vec<HashMap<String, f64>>>| -> Result<()> {
-        let reply = client.send("POST", "/v1/systemone", Some(&fitted.body))?;
+    let body = Bytes::from(fitted.body.clone());
+    let send = |timings: Option<&mut Vec<HashMap<String, f64>>>| -> Result<()> {
+        let reply = client.send(Method::POST, "/v1/systemone", Some(body.clone()))?;
         check_answer(&reply, tokens)?;
         if let Some(t) = timings {
-            t.push(server_timing(reply.header("server-timing").unwrap_or("")));
+            t.push(server_timing_of(&reply.headers));
         }
         Ok(())
     };
@@ -193,10 +206,17 @@ struct Fitted {
     cut: Cut,
 }
 
-/// Builds requests from one fixture text with a tree of a given length, and counts their tokens.
-struct Fitter<'a> {
+/// What the server makes of a request: its user message (the server's request contract), rendered
+/// by the snapshot's chat template and counted by its tokenizer.
+struct Server<'a> {
     tokenizer: &'a Tokenizer,
     chat: &'a ChatTemplate,
+    user_message_of: UserMessageOf<'a>,
+}
+
+/// Builds requests from one fixture text with a tree of a given length, and counts their tokens.
+struct Fitter<'a> {
+    server: &'a Server<'a>,
     text: &'a TextSource,
     options: Vec<OptionText>,
     /// The tree's lines, each rotation of them (first line moved to the end) followed by a
@@ -205,7 +225,7 @@ struct Fitter<'a> {
 }
 
 impl<'a> Fitter<'a> {
-    fn new(tokenizer: &'a Tokenizer, chat: &'a ChatTemplate, text: &'a TextSource) -> Self {
+    fn new(server: &'a Server<'a>, text: &'a TextSource) -> Self {
         let mut options: Vec<OptionText> = text.options.iter().take(MAX_OPTIONS).cloned().collect();
         if options.is_empty() {
             options.push(OptionText {
@@ -228,8 +248,7 @@ impl<'a> Fitter<'a> {
             })
             .collect();
         Self {
-            tokenizer,
-            chat,
+            server,
             text,
             options,
             trees,
@@ -274,12 +293,11 @@ impl<'a> Fitter<'a> {
     /// The request and the server's ids for it.
     fn build(&self, cut: Cut) -> Result<Fitted> {
         let body = self.body(cut);
-        let request = contract::parse_request(&body, "bench")
-            .map_err(|p| anyhow!("the request is refused: {p}"))?;
-        let user = &request.questions.first().context("no question")?.user;
-        let ids = self
+        let server = self.server;
+        let user = (server.user_message_of)(&body)?;
+        let ids = server
             .tokenizer
-            .encode(&self.chat.render(SYSTEM_PROMPT, user)?)?;
+            .encode(&server.chat.render(SYSTEM_PROMPT, &user)?)?;
         Ok(Fitted { body, ids, cut })
     }
 
@@ -385,9 +403,9 @@ fn synthetic_text() -> TextSource {
 /// A 200 answer to one question whose `usage.input_tokens` is `tokens`.
 fn check_answer(reply: &Reply, tokens: usize) -> Result<()> {
     ensure!(
-        reply.status == 200,
+        reply.status == StatusCode::OK,
         "the server answered {}: {}",
-        reply.status,
+        reply.status.as_u16(),
         String::from_utf8_lossy(&reply.body)
     );
     let body: Value = serde_json::from_slice(&reply.body).context("the answer is not JSON")?;
@@ -398,6 +416,16 @@ fn check_answer(reply: &Reply, tokens: usize) -> Result<()> {
          tokenizer or chat template than --model's?"
     );
     Ok(())
+}
+
+/// Every `Server-Timing` entry of an answer, by name.
+fn server_timing_of(headers: &HeaderMap) -> HashMap<String, f64> {
+    headers
+        .get_all("server-timing")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(server_timing)
+        .collect()
 }
 
 /// `name;dur=ms` entries of a `Server-Timing` header.
@@ -427,26 +455,22 @@ fn timing_medians(timings: &[HashMap<String, f64>]) -> Value {
     Value::Object(out)
 }
 
-/// An HTTP/1.1 answer.
+/// An HTTP answer, read whole.
 struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
 }
 
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// A minimal blocking HTTP/1.1 client on one kept-alive connection.
+/// A single client on one kept-alive connection (a pool of one, which each request reuses in
+/// turn), driven by its own current-thread runtime: the benchmark is blocking code, and a
+/// request's time is the wall clock around `send`.
 struct Client {
-    host_port: String,
-    stream: Option<BufReader<TcpStream>>,
+    /// `http://host[:port]`, no trailing slash.
+    base: String,
+    /// Declared before `runtime`, so that its connection is dropped first.
+    http: HyperClient<HttpConnector, Full<Bytes>>,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl Client {
@@ -459,170 +483,119 @@ impl Client {
             !rest.is_empty() && !rest.contains('/'),
             "--http {url}: expected http://host:port (no path)"
         );
-        let has_port = rest
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.ends_with(':') && port.parse::<u16>().is_ok());
-        let host_port = if has_port {
-            rest.to_string()
-        } else {
-            format!("{rest}:80")
-        };
+        let base = format!("http://{rest}");
+        base.parse::<Uri>()
+            .with_context(|| format!("--http {url}: expected http://host:port"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http = HyperClient::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(1)
+            .build(connector);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the HTTP client's runtime")?;
         Ok(Self {
-            host_port,
-            stream: None,
+            base,
+            http,
+            runtime,
         })
     }
 
     /// Polls `GET /readyz` until it answers 200.
-    fn wait_ready(&mut self, limit: Duration) -> Result<()> {
+    fn wait_ready(&self, limit: Duration) -> Result<()> {
         let t = Instant::now();
         loop {
-            let last = match self.send("GET", "/readyz", None) {
-                Ok(reply) if reply.status == 200 => return Ok(()),
-                Ok(reply) => format!("/readyz answered {}", reply.status),
+            let last = match self.send(Method::GET, "/readyz", None) {
+                Ok(reply) if reply.status == StatusCode::OK => return Ok(()),
+                Ok(reply) => format!("/readyz answered {}", reply.status.as_u16()),
                 Err(e) => format!("{e:#}"),
             };
             if t.elapsed() > limit {
                 bail!(
                     "the server at {} was not ready after {limit:?}: {last}",
-                    self.host_port
+                    self.base
                 );
             }
             std::thread::sleep(Duration::from_millis(250));
         }
     }
 
-    /// Sends a request; a kept-alive connection that fails is replaced once.
-    fn send(&mut self, method: &str, path: &str, body: Option<&[u8]>) -> Result<Reply> {
-        let reused = self.stream.is_some();
-        match self.exchange(method, path, body) {
-            Ok(reply) => Ok(reply),
-            Err(first) if reused => self
-                .exchange(method, path, body)
-                .with_context(|| format!("retried on a new connection after: {first:#}")),
-            Err(e) => Err(e),
+    /// Sends a request (a JSON body if any) and reads the whole answer, within [`READ_TIMEOUT`].
+    fn send(&self, method: Method, path: &str, body: Option<Bytes>) -> Result<Reply> {
+        let what = format!("{method} {}{path}", self.base);
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header(USER_AGENT, "instinct-bench")
+            .header(ACCEPT, "application/json");
+        if body.is_some() {
+            request = request.header(CONTENT_TYPE, "application/json");
         }
-    }
-
-    fn exchange(&mut self, method: &str, path: &str, body: Option<&[u8]>) -> Result<Reply> {
-        let result = self.exchange_on_stream(method, path, body);
-        if result.is_err() {
-            self.stream = None;
-        }
-        result
-    }
-
-    fn exchange_on_stream(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: Option<&[u8]>,
-    ) -> Result<Reply> {
-        if self.stream.is_none() {
-            let stream = TcpStream::connect(&self.host_port)
-                .with_context(|| format!("connecting to {}", self.host_port))?;
-            stream.set_nodelay(true)?;
-            stream.set_read_timeout(Some(READ_TIMEOUT))?;
-            self.stream = Some(BufReader::new(stream));
-        }
-        let reader = self.stream.as_mut().expect("connected above");
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: instinct-bench\r\n\
-             Accept: application/json\r\n",
-            self.host_port
-        );
-        if let Some(body) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
-            ));
-        }
-        head.push_str("\r\n");
-        let writer = reader.get_mut();
-        writer.write_all(head.as_bytes())?;
-        if let Some(body) = body {
-            writer.write_all(body)?;
-        }
-        writer.flush()?;
-
-        let mut line = String::new();
-        ensure!(
-            reader.read_line(&mut line)? > 0,
-            "the server closed the connection"
-        );
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("bad status line {line:?}"))?;
-        let mut headers = Vec::new();
-        loop {
-            line.clear();
-            ensure!(
-                reader.read_line(&mut line)? > 0,
-                "the answer's head ends early"
-            );
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            let (k, v) = l
-                .split_once(':')
-                .with_context(|| format!("bad header {l:?}"))?;
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-        let find = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.to_ascii_lowercase())
+        let request = request.body(Full::new(body.unwrap_or_default()))?;
+        let exchange = async {
+            let response = self.http.request(request).await?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await?.to_bytes();
+            anyhow::Ok(Reply {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            })
         };
-        let close = find("connection").is_some_and(|v| v.contains("close"));
-        let mut body = Vec::new();
-        if let Some(len) = find("content-length") {
-            let len: usize = len.parse().context("bad Content-Length")?;
-            body.resize(len, 0);
-            reader.read_exact(&mut body)?;
-        } else if find("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-            loop {
-                line.clear();
-                reader.read_line(&mut line)?;
-                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-                    .with_context(|| format!("bad chunk size {line:?}"))?;
-                if size == 0 {
-                    // Trailers, then the empty line.
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
-                            break;
-                        }
-                    }
-                    break;
-                }
-                let start = body.len();
-                body.resize(start + size, 0);
-                reader.read_exact(&mut body[start..])?;
-                line.clear();
-                reader.read_line(&mut line)?;
-            }
-        } else if status != 204 && status != 304 {
-            reader.read_to_end(&mut body)?;
-            self.stream = None;
-        }
-        if close {
-            self.stream = None;
-        }
-        Ok(Reply {
-            status,
-            headers,
-            body,
-        })
+        self.runtime
+            .block_on(async { tokio::time::timeout(READ_TIMEOUT, exchange).await })
+            .map_err(|_| anyhow!("{what}: no answer within {READ_TIMEOUT:?}"))?
+            .with_context(|| what)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use hyper::service::service_fn;
+    use hyper::Response;
+    use hyper_util::rt::TokioIo;
+
     use super::*;
+
+    /// The timed requests of a row go over one connection: none is opened per request.
+    #[test]
+    fn requests_share_one_kept_alive_connection() {
+        let server = tokio::runtime::Runtime::new().unwrap();
+        let listener = server
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        server.spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let answer = service_fn(|_| async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), answer)
+                        .await;
+                });
+            }
+        });
+        let client = Client::new(&format!("http://{addr}")).unwrap();
+        client.wait_ready(Duration::from_secs(5)).unwrap();
+        for _ in 0..5 {
+            let body = Some(Bytes::from_static(b"{}"));
+            let reply = client.send(Method::POST, "/v1/systemone", body).unwrap();
+            assert_eq!(reply.status, StatusCode::OK);
+            assert_eq!(&reply.body[..], b"{}");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn server_timing_parses() {
@@ -636,12 +609,12 @@ mod tests {
     #[test]
     fn urls_parse() {
         assert_eq!(
-            Client::new("http://127.0.0.1:8000/").unwrap().host_port,
-            "127.0.0.1:8000"
+            Client::new("http://127.0.0.1:8000/").unwrap().base,
+            "http://127.0.0.1:8000"
         );
         assert_eq!(
-            Client::new("http://localhost").unwrap().host_port,
-            "localhost:80"
+            Client::new("http://localhost").unwrap().base,
+            "http://localhost"
         );
         assert!(Client::new("https://x:1").is_err());
         assert!(Client::new("http://x:1/v1").is_err());
