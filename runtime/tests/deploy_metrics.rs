@@ -299,6 +299,35 @@ async fn every_metric_in_the_dashboard_and_the_alerts_is_exported() {
             wanted.extend(names.into_iter().map(|n| (n, format!("panel {title:?}"))));
         }
     }
+    // The autoscaler's query and the dashboard's variables read metrics too.
+    let scaler = repo_file("deploy/k8s/scaledobject.yaml");
+    let scaler_queries: Vec<&str> = scaler
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("query:"))
+        .collect();
+    assert!(!scaler_queries.is_empty(), "no query in scaledobject.yaml");
+    for query in scaler_queries {
+        wanted.extend(
+            metric_names(query)
+                .into_iter()
+                .map(|n| (n, "KEDA query".to_string())),
+        );
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(definition) = variable["definition"].as_str() {
+            // label_values(SELECTOR, label): the selector's metric.
+            let selector = definition
+                .trim_start_matches("label_values(")
+                .rsplit_once(',')
+                .map_or(definition, |(selector, _)| selector);
+            let place = format!("variable {}", variable["name"]);
+            wanted.extend(
+                metric_names(selector)
+                    .into_iter()
+                    .map(|n| (n, place.clone())),
+            );
+        }
+    }
     let rules = rule_expressions(&repo_file("deploy/prometheus/rules.yml"));
     assert!(rules.len() >= 8, "{} alert expressions", rules.len());
     for expr in &rules {
