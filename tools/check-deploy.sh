@@ -220,10 +220,15 @@ curl -sf "http://127.0.0.1:$PORT/openapi.json" | cmp - docs/openapi.json
 # PNG), negative_data_rejection (the contract's 413s are outside its list, and its broken
 # "invalid" bodies can still match another branch of the request's anyOf), ignored_auth (the
 # demo server runs without --api-key).
-"$VENV/bin/schemathesis" run docs/openapi.json --url "http://127.0.0.1:$PORT" \
-    --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,unsupported_method,allow_header_conformance,missing_required_header \
-    --max-examples 25 --seed 1 --workers 1 --request-timeout 30 --generation-database none \
-    --no-color
+# Run from the scratch directory: schemathesis leaves a `.schemathesis/` folder where it runs.
+ROOT="$PWD"
+(
+    cd "$WORK"
+    "$ROOT/$VENV/bin/schemathesis" run "$ROOT/docs/openapi.json" --url "http://127.0.0.1:$PORT" \
+        --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,unsupported_method,allow_header_conformance,missing_required_header \
+        --max-examples 25 --seed 1 --workers 1 --request-timeout 30 --generation-database none \
+        --no-color
+)
 curl -sf "http://127.0.0.1:$PORT/metrics" | grep '^instinct_requests_total' >&2 || true
 
 echo "check-deploy: all checks passed in $((SECONDS - STARTED)) s" >&2
