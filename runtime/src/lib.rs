@@ -7,6 +7,7 @@ pub mod contract;
 pub mod engine;
 pub mod image_cache;
 pub mod metrics;
+pub mod openapi;
 pub mod problem;
 pub mod screenshot;
 pub mod serve;

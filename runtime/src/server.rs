@@ -152,14 +152,21 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     response
 }
 
+/// Every route and the methods it answers; `docs/openapi.json` is checked against this list.
+pub const ROUTES: &[(&str, &[Method])] = &[
+    ("/v1/systemone", &[Method::POST]),
+    ("/v1/models", &[Method::GET, Method::HEAD]),
+    ("/health", &[Method::GET, Method::HEAD]),
+    ("/livez", &[Method::GET, Method::HEAD]),
+    ("/readyz", &[Method::GET, Method::HEAD]),
+    ("/metrics", &[Method::GET, Method::HEAD]),
+    ("/openapi.json", &[Method::GET, Method::HEAD]),
+];
+
 async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
-    let allowed: &[Method] = match path.as_str() {
-        "/v1/systemone" => &[Method::POST],
-        "/health" | "/livez" | "/readyz" | "/v1/models" | "/metrics" => {
-            &[Method::GET, Method::HEAD]
-        }
-        _ => return problem_response(&Problem::not_found(&path)),
+    let Some(&(_, allowed)) = ROUTES.iter().find(|(route, _)| *route == path) else {
+        return problem_response(&Problem::not_found(&path));
     };
     if !allowed.contains(req.method()) {
         let mut r = problem_response(&Problem::method_not_allowed(req.method().as_str(), &path));
@@ -198,6 +205,12 @@ async fn route(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
         "/metrics" => Response::builder()
             .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
             .body(Full::new(Bytes::from(m::render())))
+            .expect("valid response"),
+        "/openapi.json" => Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(
+                crate::openapi::DOCUMENT.as_bytes(),
+            )))
             .expect("valid response"),
         _ => unreachable!("routes above"),
     }
