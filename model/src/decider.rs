@@ -282,10 +282,7 @@ mod tests {
     #[test]
     fn decide_runs_one_pass_and_refuses_a_batch_over_its_limits() {
         let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
-        let limits = BatchLimits {
-            max_tokens: 8,
-            max_seqs: 2,
-        };
+        let limits = BatchLimits::new(8, 2);
         let mut loaded = load_text(
             CpuBackend::new(),
             &demo.model_dir,
@@ -318,10 +315,7 @@ mod tests {
     #[test]
     fn the_screenshot_path_loads_on_a_vision_backend() {
         let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
-        let limits = BatchLimits {
-            max_tokens: 64,
-            max_seqs: 1,
-        };
+        let limits = BatchLimits::new(64, 1);
         let loaded = load_multimodal(
             CpuBackend::new(),
             CpuBackend::new(),

@@ -27,6 +27,13 @@ pub struct BatchLimits {
 }
 
 impl BatchLimits {
+    pub const fn new(max_tokens: usize, max_seqs: usize) -> Self {
+        Self {
+            max_tokens,
+            max_seqs,
+        }
+    }
+
     /// Refuses a batch of `tokens` tokens in `seqs` sequences that these limits do not hold.
     /// Batches are planned by the scheduler to fit; nothing here splits one.
     pub fn check(&self, tokens: usize, seqs: usize) -> Result<(), OverLimits> {

@@ -74,7 +74,7 @@ pub struct ServeArgs {
     pub model_id: Option<String>,
 
     /// Compute device: `cpu` (the f32 reference backend) or `cuda:N` (text questions only, so
-    /// far).
+    /// far: it refuses --multimodal-adapter).
     #[arg(long, env = "INSTINCT_DEVICE", default_value = "cpu")]
     pub device: Device,
 

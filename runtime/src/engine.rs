@@ -178,7 +178,8 @@ where
             batch.bucket
         );
         self.shape_for(batch.bucket)?;
-        // Text and screenshot questions run on different weights: split, run, put back in order.
+        // Text and screenshot questions run on different weights: one pass each (both within the
+        // batch's shape), answers put back in order.
         let mut text = Vec::new();
         let mut shots = Vec::new();
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -252,13 +253,11 @@ pub struct DeviceMemory {
     pub probe: instinct_kernels::cuda::MemoryProbe,
 }
 
-/// The engines' batch limits: the largest batch the scheduler plans ([`instinct_scheduler::Config::batch_capacity`]),
-/// so the scheduler's buckets are the one source of batch shape.
+/// The engines' batch limits: the largest batch the scheduler plans
+/// ([`instinct_scheduler::Config::batch_capacity`]), so that the scheduler's buckets are the one
+/// source of batch shape.
 pub fn batch_limits(capacity: Bucket) -> BatchLimits {
-    BatchLimits {
-        max_tokens: capacity.tokens,
-        max_seqs: capacity.seqs,
-    }
+    BatchLimits::new(capacity.tokens, capacity.seqs)
 }
 
 /// What [`load`] needs besides the device, the source and the limits.
@@ -334,49 +333,27 @@ pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
     })?)
 }
 
-/// What the loader needs of a backend beyond [`Backend`]: how it loads the screenshot path, or
-/// which part it lacks for it.
-trait ServingBackend: Backend + Sized + Send + 'static {
-    /// The part this backend lacks to serve screenshots, if any.
-    const LACKS_FOR_SCREENSHOTS: Option<&'static str>;
+/// Loads one engine's screenshot path onto backends from a start function.
+type LoadScreenshots<B> = fn(
+    &dyn Fn() -> anyhow::Result<B>,
+    &Path,
+    &Path,
+    BatchLimits,
+) -> anyhow::Result<ScreenshotPath<B>>;
 
-    /// The screenshot path on backends from `start` (called only when nothing is lacking).
-    fn load_screenshots(
-        start: &dyn Fn() -> anyhow::Result<Self>,
-        model_dir: &Path,
-        adapter: &Path,
-        limits: BatchLimits,
-    ) -> anyhow::Result<ScreenshotPath<Self>>;
+/// What the loader needs of a backend beyond [`Backend`].
+trait ServingBackend: Backend + Sized + Send + 'static {
+    /// How this backend loads the screenshot path, or the part it lacks for it.
+    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
 }
 
 impl ServingBackend for CpuBackend {
-    const LACKS_FOR_SCREENSHOTS: Option<&'static str> = None;
-
-    fn load_screenshots(
-        start: &dyn Fn() -> anyhow::Result<Self>,
-        model_dir: &Path,
-        adapter: &Path,
-        limits: BatchLimits,
-    ) -> anyhow::Result<ScreenshotPath<Self>> {
-        screenshot_path(start, model_dir, adapter, limits)
-    }
+    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
 }
 
 impl ServingBackend for CudaBackend {
-    const LACKS_FOR_SCREENSHOTS: Option<&'static str> =
-        Some("the vision tower's kernels (the CUDA backend has text kernels only so far)");
-
-    fn load_screenshots(
-        _: &dyn Fn() -> anyhow::Result<Self>,
-        _: &Path,
-        _: &Path,
-        _: BatchLimits,
-    ) -> anyhow::Result<ScreenshotPath<Self>> {
-        bail!(
-            "screenshots cannot be loaded on CUDA: it lacks {}",
-            Self::LACKS_FOR_SCREENSHOTS.unwrap_or_default()
-        )
-    }
+    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
+        Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.
@@ -446,17 +423,17 @@ fn load_engines<B: ServingBackend>(
     limits: BatchLimits,
 ) -> anyhow::Result<EngineParts<B>> {
     ensure!(options.cpu_engines >= 1, "at least one engine is needed");
-    let screenshots = match (&source.multimodal_adapter, B::LACKS_FOR_SCREENSHOTS) {
+    let screenshots = match (&source.multimodal_adapter, B::SCREENSHOTS) {
         (None, _) => None,
-        (Some(dir), None) => Some(dir.as_path()),
-        (Some(_), Some(part)) if source.demo => {
+        (Some(dir), Ok(load)) => Some((dir.as_path(), load)),
+        (Some(_), Err(part)) if source.demo => {
             tracing::warn!(
                 "{device} lacks {part}: the built-in demo's multimodal adapter is not loaded and \
                  screenshot requests get 422"
             );
             None
         }
-        (Some(_), Some(part)) => bail!(
+        (Some(_), Err(part)) => bail!(
             "{device} cannot serve screenshots: it lacks {part}. Drop --multimodal-adapter \
              (INSTINCT_MULTIMODAL_ADAPTER) or serve on --device cpu"
         ),
@@ -473,9 +450,9 @@ fn load_engines<B: ServingBackend>(
         )?;
         weights_bytes += text.weights_bytes;
         let path = match screenshots {
-            Some(dir) => {
+            Some((dir, load)) => {
                 weights_bytes += text.weights_bytes;
-                Some(B::load_screenshots(&start, &source.model_dir, dir, limits)?)
+                Some(load(&start, &source.model_dir, dir, limits)?)
             }
             None => None,
         };
@@ -515,35 +492,34 @@ mod tests {
 
     use super::*;
 
-    /// The demo model on one CPU engine, allocated for at most 64 tokens in 2 sequences.
+    /// `source` on one engine of `device`, allocated for at most 64 tokens in 2 sequences.
+    fn load_small(device: Device, source: &ModelSource) -> anyhow::Result<Loaded> {
+        let options = LoadOptions {
+            cpu_engines: 1,
+            image_cache_bytes: 1 << 20,
+        };
+        load(device, source, BatchLimits::new(64, 2), options)
+    }
+
+    /// The demo model on one CPU engine, with or without its screenshot path.
     fn demo_engine(multimodal: bool) -> Loaded {
         let mut source = ModelSource::resolve(None, None, None).unwrap();
         if !multimodal {
             source.multimodal_adapter = None;
         }
-        let limits = BatchLimits {
-            max_tokens: 64,
-            max_seqs: 2,
-        };
-        let options = LoadOptions {
-            cpu_engines: 1,
-            image_cache_bytes: 1 << 20,
-        };
-        load(Device::Cpu, &source, limits, options).unwrap()
+        load_small(Device::Cpu, &source).unwrap()
     }
 
-    fn text_seqs<'a>(ids: &'a [Vec<u32>]) -> Vec<SeqInput<'a>> {
-        ids.iter()
+    /// Runs text questions of two options as one batch planned for `bucket`; the answer count.
+    fn run(engine: &mut dyn Engine, ids: &[Vec<u32>], bucket: Bucket) -> anyhow::Result<usize> {
+        let seqs: Vec<SeqInput> = ids
+            .iter()
             .map(|ids| SeqInput {
                 ids,
                 n_options: 2,
                 context: None,
             })
-            .collect()
-    }
-
-    fn run(engine: &mut dyn Engine, ids: &[Vec<u32>], bucket: Bucket) -> anyhow::Result<usize> {
-        let seqs = text_seqs(ids);
+            .collect();
         let batch = Batch {
             seqs: &seqs,
             bucket,
@@ -594,16 +570,8 @@ mod tests {
             multimodal_adapter: Some("/no/adapter".into()),
             demo: false,
         };
-        let limits = BatchLimits {
-            max_tokens: 64,
-            max_seqs: 2,
-        };
-        let options = LoadOptions {
-            cpu_engines: 1,
-            image_cache_bytes: 0,
-        };
         // Refused before the GPU is touched (none is needed for this test).
-        let e = load(Device::Cuda(0), &source, limits, options)
+        let e = load_small(Device::Cuda(0), &source)
             .err()
             .expect("refused")
             .to_string();
@@ -619,12 +587,6 @@ mod tests {
     #[test]
     fn batch_limits_are_the_schedulers_capacity() {
         let limits = batch_limits(Bucket::new(4096, 8));
-        assert_eq!(
-            limits,
-            BatchLimits {
-                max_tokens: 4096,
-                max_seqs: 8
-            }
-        );
+        assert_eq!(limits, BatchLimits::new(4096, 8));
     }
 }

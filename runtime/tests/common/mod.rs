@@ -24,14 +24,7 @@ pub fn demo_ready() -> Ready {
 
 /// The demo model behind a scheduler configured as given.
 pub fn demo_ready_with(config: Config) -> Ready {
-    let root = std::env::temp_dir().join(format!("instinct-http-test-{}", std::process::id()));
-    let demo = instinct_model::demo::materialize(&root).unwrap();
-    let source = ModelSource {
-        model_dir: demo.model_dir,
-        text_adapter: Some(demo.text_adapter_dir),
-        multimodal_adapter: Some(demo.multimodal_adapter_dir),
-        demo: true,
-    };
+    let source = ModelSource::resolve(None, None, None).unwrap();
     let limits = engine::batch_limits(config.batch_capacity().unwrap());
     let options = LoadOptions {
         cpu_engines: 1,
