@@ -76,8 +76,8 @@ impl<B: Backend> Decider<B> {
 
     /// Probabilities of each prompt's first `n_options` letters, from one forward pass over all
     /// of `prompts`. A batch over the limits the model was allocated for is refused
-    /// ([`OverLimits`](crate::forward::OverLimits)), not split: the caller plans batches that fit. A prompt's answer does not
-    /// depend on what else shares its pass.
+    /// ([`OverLimits`](crate::forward::OverLimits)), not split: the caller plans batches that
+    /// fit. A prompt's answer does not depend on what else shares its pass.
     pub fn decide(&mut self, prompts: &[Prompt<'_>]) -> Result<Vec<Vec<f32>>> {
         let tokens = prompts.iter().map(|p| p.ids.len()).sum();
         self.model.limits().check(tokens, prompts.len())?;
