@@ -48,7 +48,7 @@ fn workload() -> Vec<Vec<Question>> {
 /// Runs the workload with every request queued before the engine starts on it.
 fn run_queued(h: &Harness, requests: &[Vec<Question>]) -> Vec<Vec<Vec<f32>>> {
     let blocker = h.block_engine();
-    let tickets: Vec<Ticket> = h.submit_all(&requests);
+    let tickets: Vec<Ticket> = h.submit_all(requests);
     h.gate.open();
     wait(blocker, LONG).unwrap();
     tickets
