@@ -4,17 +4,18 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use instinct_kernels::backend::VisionBackend;
-use instinct_kernels::{Backend, CpuBackend};
+use instinct_kernels::Backend;
 
 use crate::chat::ChatTemplate;
 use crate::checkpoint::Snapshot;
 use crate::forward::{BatchLimits, EmbeddingOverride, SequenceInput, TextModel};
-use crate::lora::LoraAdapter;
+use crate::lora::{LoraAdapter, MergeReport};
 use crate::readout::LetterReadout;
 use crate::tokenizer::{Tokenizer, MAX_LETTERS};
 use crate::vision::{VisionConfig, VisionTower, VisionWeights};
+use crate::weights::TextWeights;
 
 /// One question for the model: its prompt ids and how many letters it offers.
 #[derive(Clone, Copy, Debug)]
@@ -73,49 +74,37 @@ impl<B: Backend> Decider<B> {
         self.model.warm_shapes()
     }
 
-    /// Probabilities of each prompt's first `n_options` letters. Prompts are packed into as few
-    /// forward passes as the batch limits allow; a prompt's answer does not depend on what else
-    /// shares its pass.
+    /// Probabilities of each prompt's first `n_options` letters, from one forward pass over all
+    /// of `prompts`. A batch over the limits the model was allocated for is refused
+    /// ([`OverLimits`](crate::forward::OverLimits)), not split: the caller plans batches that
+    /// fit. A prompt's answer does not depend on what else shares its pass.
     pub fn decide(&mut self, prompts: &[Prompt<'_>]) -> Result<Vec<Vec<f32>>> {
-        let limits = self.model.limits();
-        let mut answers = Vec::with_capacity(prompts.len());
-        let mut start = 0;
-        while start < prompts.len() {
-            let mut end = start;
-            let mut tokens = 0;
-            while end < prompts.len()
-                && end - start < limits.max_seqs
-                && (end == start || tokens + prompts[end].ids.len() <= limits.max_tokens)
-            {
-                tokens += prompts[end].ids.len();
-                end += 1;
-            }
-            let batch = &prompts[start..end];
-            let inputs: Vec<SequenceInput> = batch
-                .iter()
-                .map(|p| SequenceInput {
-                    token_ids: p.ids,
-                    positions: p.image.map(|i| i.positions.as_slice()),
+        let tokens = prompts.iter().map(|p| p.ids.len()).sum();
+        self.model.limits().check(tokens, prompts.len())?;
+        let inputs: Vec<SequenceInput> = prompts
+            .iter()
+            .map(|p| SequenceInput {
+                token_ids: p.ids,
+                positions: p.image.map(|i| i.positions.as_slice()),
+            })
+            .collect();
+        let overrides: Vec<Option<EmbeddingOverride>> = prompts
+            .iter()
+            .map(|p| {
+                p.image.map(|i| EmbeddingOverride {
+                    token_id: i.image_token_id,
+                    rows: i.features.as_slice(),
                 })
-                .collect();
-            let overrides: Vec<Option<EmbeddingOverride>> = batch
-                .iter()
-                .map(|p| {
-                    p.image.map(|i| EmbeddingOverride {
-                        token_id: i.image_token_id,
-                        rows: i.features.as_slice(),
-                    })
-                })
-                .collect();
-            let hidden = self
-                .model
-                .forward_last_with_embeddings(&inputs, &overrides)?;
-            for (prompt, h) in batch.iter().zip(&hidden) {
-                answers.push(self.readout.probabilities(h, prompt.n_options)?);
-            }
-            start = end;
-        }
-        Ok(answers)
+            })
+            .collect();
+        let hidden = self
+            .model
+            .forward_last_with_embeddings(&inputs, &overrides)?;
+        prompts
+            .iter()
+            .zip(&hidden)
+            .map(|(prompt, h)| self.readout.probabilities(h, prompt.n_options))
+            .collect()
     }
 }
 
@@ -128,19 +117,90 @@ pub struct LoadedText<B: Backend> {
     pub weights_bytes: u64,
 }
 
-/// Loads a snapshot (and optionally a text adapter merged at load) onto the CPU reference
-/// backend.
-pub fn load_text_cpu(
-    model_dir: &Path,
-    text_adapter: Option<&Path>,
-    limits: BatchLimits,
-) -> Result<LoadedText<CpuBackend>> {
-    load_text(CpuBackend::new(), model_dir, text_adapter, limits)
-}
-
 /// Milliseconds since `t0`, for the load-phase log lines.
 fn ms_since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3
+}
+
+fn open_snapshot(model_dir: &Path) -> Result<Snapshot> {
+    Snapshot::open(model_dir).with_context(|| format!("opening snapshot {}", model_dir.display()))
+}
+
+/// How an adapter's modules are merged into the language weights.
+#[derive(Clone, Copy)]
+enum Merge {
+    /// Every module must be a language module (the text adapter).
+    TextOnly,
+    /// Language modules are merged; vision modules are handed back in the report.
+    LanguageAndVision,
+}
+
+/// What both paths read before their own parts: the snapshot, its language weights with an
+/// adapter merged, the tokenizer, and the letter readout. Written once so that the text and the
+/// screenshot paths open, merge and read out the same way.
+struct Language {
+    snapshot: Snapshot,
+    weights: TextWeights,
+    tokenizer: Tokenizer,
+    readout: LetterReadout,
+    /// The merge's report (vision modules to merge elsewhere), when an adapter was given.
+    report: Option<MergeReport>,
+}
+
+impl Language {
+    // Each phase is logged with its time: loading is slow enough (seconds) that an operator
+    // should see where it goes.
+    fn read(snapshot: Snapshot, model_dir: &Path, adapter: Option<(&Path, Merge)>) -> Result<Self> {
+        let t0 = Instant::now();
+        let mut weights = snapshot.load_text_weights()?;
+        tracing::info!(
+            values = weights.element_count(),
+            ms = ms_since(t0),
+            "text weights read (f32 on the host)"
+        );
+        let report = match adapter {
+            Some((dir, merge)) => {
+                let t0 = Instant::now();
+                let adapter = LoraAdapter::open(dir)
+                    .with_context(|| format!("opening adapter {}", dir.display()))?;
+                let report = match merge {
+                    Merge::TextOnly => adapter.merge_into_text_only(&mut weights)?,
+                    Merge::LanguageAndVision => adapter.merge_into_text(&mut weights)?,
+                };
+                tracing::info!(
+                    modules = report.merged.len(),
+                    ms = ms_since(t0),
+                    "adapter's language modules merged"
+                );
+                Some(report)
+            }
+            None => None,
+        };
+        let tokenizer = Tokenizer::from_snapshot(model_dir)?;
+        let letter_ids = tokenizer.letter_ids(MAX_LETTERS)?;
+        let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids)?;
+        Ok(Self {
+            snapshot,
+            weights,
+            tokenizer,
+            readout,
+            report,
+        })
+    }
+
+    /// Uploads the weights to `backend`, allocates activations for `limits`, and pairs the model
+    /// with the readout.
+    fn decider<B: Backend>(&self, backend: B, limits: BatchLimits) -> Result<Decider<B>> {
+        let t0 = Instant::now();
+        let backend_name = backend.name();
+        let model = TextModel::new(backend, &self.snapshot.config().text, &self.weights, limits)?;
+        tracing::info!(
+            backend = backend_name,
+            ms = ms_since(t0),
+            "weights uploaded and activations allocated"
+        );
+        Ok(Decider::new(model, self.readout.clone()))
+    }
 }
 
 /// Loads a snapshot (and optionally a text adapter merged at load, in f32) onto `backend`.
@@ -150,46 +210,18 @@ pub fn load_text<B: Backend>(
     text_adapter: Option<&Path>,
     limits: BatchLimits,
 ) -> Result<LoadedText<B>> {
-    // Each phase is logged with its time: loading is slow enough (seconds) that an operator
-    // should see where it goes.
-    let t0 = Instant::now();
-    let snapshot = Snapshot::open(model_dir)
-        .with_context(|| format!("opening snapshot {}", model_dir.display()))?;
-    let mut weights = snapshot.load_text_weights()?;
-    tracing::info!(
-        values = weights.element_count(),
-        ms = ms_since(t0),
-        "text weights read (f32 on the host)"
-    );
-    if let Some(dir) = text_adapter {
-        let t0 = Instant::now();
-        let adapter =
-            LoraAdapter::open(dir).with_context(|| format!("opening adapter {}", dir.display()))?;
-        let report = adapter.merge_into_text_only(&mut weights)?;
-        tracing::info!(
-            modules = report.merged.len(),
-            ms = ms_since(t0),
-            "text adapter merged"
-        );
-    }
-    let tokenizer = Tokenizer::from_snapshot(model_dir)?;
+    let language = Language::read(
+        open_snapshot(model_dir)?,
+        model_dir,
+        text_adapter.map(|dir| (dir, Merge::TextOnly)),
+    )?;
     let chat = ChatTemplate::from_snapshot(model_dir)?;
-    let letter_ids = tokenizer.letter_ids(MAX_LETTERS)?;
-    let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids)?;
-    let weights_bytes = 4 * weights.element_count() as u64;
-    ensure!(limits.max_tokens > 0, "max batch tokens must be positive");
-    let t0 = Instant::now();
-    let backend_name = backend.name();
-    let model = TextModel::new(backend, &snapshot.config().text, &weights, limits)?;
-    tracing::info!(
-        backend = backend_name,
-        ms = ms_since(t0),
-        "weights uploaded and activations allocated"
-    );
+    let weights_bytes = 4 * language.weights.element_count() as u64;
+    let decider = language.decider(backend, limits)?;
     Ok(LoadedText {
-        tokenizer,
+        tokenizer: language.tokenizer,
         chat,
-        decider: Decider::new(model, readout),
+        decider,
         weights_bytes,
     })
 }
@@ -203,15 +235,17 @@ pub struct LoadedMultimodal<B: VisionBackend> {
     pub image_token_id: u32,
 }
 
-/// Loads the screenshot path onto the CPU reference backend. Every key of the adapter must land
-/// on a language or a vision weight.
-pub fn load_multimodal_cpu(
+/// Loads the screenshot path: the language model onto `language_backend`, the vision tower onto
+/// `vision_backend`. Every key of the adapter must land on a language or a vision weight.
+pub fn load_multimodal<B: VisionBackend>(
+    language_backend: B,
+    vision_backend: B,
     model_dir: &Path,
     adapter_dir: &Path,
     limits: BatchLimits,
-) -> Result<LoadedMultimodal<CpuBackend>> {
-    let snapshot = Snapshot::open(model_dir)
-        .with_context(|| format!("opening snapshot {}", model_dir.display()))?;
+) -> Result<LoadedMultimodal<B>> {
+    // The config is checked before the (slow) weights are read.
+    let snapshot = open_snapshot(model_dir)?;
     let config = snapshot.config();
     let vision_json = config
         .vision
@@ -221,25 +255,76 @@ pub fn load_multimodal_cpu(
         .image_token_id
         .context("config.json has no image_token_id")?;
     let vision_config = VisionConfig::from_json(vision_json)?;
-    let mut weights = snapshot.load_text_weights()?;
-    let adapter = LoraAdapter::open(adapter_dir)
-        .with_context(|| format!("opening adapter {}", adapter_dir.display()))?;
-    let report = adapter.merge_into_text(&mut weights)?;
-    let mut vision_weights = VisionWeights::load(&snapshot, &vision_config)?;
-    let merged_vision = vision_weights.merge_lora(&report.vision)?;
-    tracing::info!(
-        language = report.merged.len(),
-        vision = merged_vision,
-        "multimodal adapter merged"
-    );
-    let tokenizer = Tokenizer::from_snapshot(model_dir)?;
-    let readout =
-        LetterReadout::from_embedding(&weights.embed_tokens, tokenizer.letter_ids(MAX_LETTERS)?)?;
-    let model = TextModel::new(CpuBackend::new(), &config.text, &weights, limits)?;
-    let vision = VisionTower::new(CpuBackend::new(), &vision_config, &vision_weights)?;
+    let mut language = Language::read(
+        snapshot,
+        model_dir,
+        Some((adapter_dir, Merge::LanguageAndVision)),
+    )?;
+    let vision_modules = language.report.take().map(|r| r.vision).unwrap_or_default();
+    let mut vision_weights = VisionWeights::load(&language.snapshot, &vision_config)?;
+    let merged_vision = vision_weights.merge_lora(&vision_modules)?;
+    tracing::info!(vision = merged_vision, "adapter's vision modules merged");
+    let vision = VisionTower::new(vision_backend, &vision_config, &vision_weights)?;
     Ok(LoadedMultimodal {
-        decider: Decider::new(model, readout),
+        decider: language.decider(language_backend, limits)?,
         vision,
         image_token_id,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use instinct_kernels::CpuBackend;
+
+    use super::*;
+    use crate::forward::OverLimits;
+
+    #[test]
+    fn decide_runs_one_pass_and_refuses_a_batch_over_its_limits() {
+        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
+        let limits = BatchLimits::new(8, 2);
+        let mut loaded = load_text(
+            CpuBackend::new(),
+            &demo.model_dir,
+            Some(&demo.text_adapter_dir),
+            limits,
+        )
+        .unwrap();
+        let ids: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[6]];
+        let prompts: Vec<Prompt> = ids.iter().map(|ids| Prompt::text(ids, 3)).collect();
+        let two = loaded.decider.decide(&prompts[..2]).unwrap();
+        assert_eq!(two.len(), 2);
+        assert!(two.iter().all(|p| p.len() == 3));
+        let e = loaded.decider.decide(&prompts).unwrap_err();
+        assert_eq!(
+            e.downcast_ref::<OverLimits>(),
+            Some(&OverLimits {
+                tokens: 6,
+                seqs: 3,
+                limits
+            })
+        );
+        let long = [9u32; 9];
+        let e = loaded
+            .decider
+            .decide(&[Prompt::text(&long, 2)])
+            .unwrap_err();
+        assert!(e.downcast_ref::<OverLimits>().is_some(), "{e}");
+    }
+
+    #[test]
+    fn the_screenshot_path_loads_on_a_vision_backend() {
+        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
+        let limits = BatchLimits::new(64, 1);
+        let loaded = load_multimodal(
+            CpuBackend::new(),
+            CpuBackend::new(),
+            &demo.model_dir,
+            &demo.multimodal_adapter_dir,
+            limits,
+        )
+        .unwrap();
+        assert_eq!(loaded.decider.limits(), limits);
+        assert!(loaded.vision.config().spatial_merge_size > 0);
+    }
 }

@@ -26,6 +26,43 @@ pub struct BatchLimits {
     pub max_seqs: usize,
 }
 
+impl BatchLimits {
+    pub const fn new(max_tokens: usize, max_seqs: usize) -> Self {
+        Self {
+            max_tokens,
+            max_seqs,
+        }
+    }
+
+    /// Refuses a batch of `tokens` tokens in `seqs` sequences that these limits do not hold.
+    /// Batches are planned by the scheduler to fit; nothing here splits one.
+    pub fn check(&self, tokens: usize, seqs: usize) -> Result<(), OverLimits> {
+        if tokens <= self.max_tokens && seqs <= self.max_seqs {
+            Ok(())
+        } else {
+            Err(OverLimits {
+                tokens,
+                seqs,
+                limits: *self,
+            })
+        }
+    }
+}
+
+/// A batch larger than the buffers allocated for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a batch of {tokens} tokens in {seqs} sequences exceeds the allocated shape of {} tokens in {} \
+     sequences (batches are planned to fit, never split)",
+    limits.max_tokens,
+    limits.max_seqs
+)]
+pub struct OverLimits {
+    pub tokens: usize,
+    pub seqs: usize,
+    pub limits: BatchLimits,
+}
+
 /// One sequence of a batch.
 #[derive(Clone, Copy, Debug)]
 pub struct SequenceInput<'a> {
@@ -626,18 +663,8 @@ impl<B: Backend> TextModel<B> {
     /// (sequences, tokens).
     fn stage_inputs(&mut self, seqs: &[SequenceInput<'_>]) -> Result<(usize, usize)> {
         ensure!(!seqs.is_empty(), "empty batch");
-        ensure!(
-            seqs.len() <= self.limits.max_seqs,
-            "batch has {} sequences, the model is sized for {}",
-            seqs.len(),
-            self.limits.max_seqs
-        );
         let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
-        ensure!(
-            rows <= self.limits.max_tokens,
-            "batch has {rows} tokens, the model is sized for {}",
-            self.limits.max_tokens
-        );
+        self.limits.check(rows, seqs.len())?;
         let mut ids = Vec::with_capacity(rows);
         let mut positions = Vec::with_capacity(3 * rows);
         let mut cu = Vec::with_capacity(seqs.len() + 1);

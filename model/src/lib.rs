@@ -14,6 +14,7 @@ pub mod mrope;
 pub mod prompt;
 pub mod pyjson;
 pub mod readout;
+pub mod source;
 pub mod tensor_store;
 pub mod tokenizer;
 pub mod vision;

@@ -9,13 +9,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::decider::{load_text, Prompt};
 use instinct_model::forward::BatchLimits;
 use instinct_model::readout::first_argmax;
+use instinct_model::source::Device;
 use serde::Deserialize;
 use serde_json::json;
+
+use crate::engine::start_cuda;
 
 /// Options of `instinct check`.
 #[derive(Args, Debug)]
@@ -28,7 +30,7 @@ pub struct CheckArgs {
     pub text_adapter: Option<PathBuf>,
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
     /// Prompts as token ids: `{"prompts": {name: [ids]}, ...}`.
     #[arg(long)]
     pub corpus: PathBuf,
@@ -67,20 +69,12 @@ struct GoldenQuestion {
 
 /// Runs the check and prints its summary; fails if the rule is not met.
 pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
-    if args.device == "cpu" {
-        return check_on(CpuBackend::new(), args);
-    }
-    let Some(ordinal) = args.device.strip_prefix("cuda:") else {
-        bail!("--device {}: expected cpu or cuda:N", args.device);
+    let ordinal = match args.device {
+        Device::Cpu => return check_on(CpuBackend::new(), args),
+        Device::Cuda(ordinal) => ordinal,
     };
-    let ordinal: usize = ordinal
-        .parse()
-        .with_context(|| format!("--device {}", args.device))?;
     let t0 = Instant::now();
-    let backend = CudaBackend::new(CudaOptions {
-        ordinal,
-        ..CudaOptions::default()
-    })?;
+    let backend = start_cuda(ordinal)?;
     eprintln!(
         "cuda backend started (kernels compiled or loaded) in {:.2?}",
         t0.elapsed()
@@ -172,7 +166,7 @@ fn check_on<B: Backend>(backend: B, args: &CheckArgs) -> anyhow::Result<()> {
         })
         .collect();
     let report = json!({
-        "device": args.device,
+        "device": args.device.to_string(),
         "model": args.model,
         "load_seconds": load_s,
         "questions": rows.len(),

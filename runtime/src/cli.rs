@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use instinct_model::source::Device;
 
 /// instinct: a serving runtime for System-One decision models (Cua-S1).
 #[derive(Parser, Debug)]
@@ -73,9 +74,9 @@ pub struct ServeArgs {
     pub model_id: Option<String>,
 
     /// Compute device: `cpu` (the f32 reference backend) or `cuda:N` (text questions only, so
-    /// far).
+    /// far: it refuses --multimodal-adapter).
     #[arg(long, env = "INSTINCT_DEVICE", default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
 
     /// Largest request body accepted, in bytes (upstream: 4 MiB).
     #[arg(long, env = "INSTINCT_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
@@ -167,4 +168,46 @@ pub struct BuildTokenizerArgs {
     /// Where to write `tokenizer.json`.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device_of(argv: &[&str]) -> Result<Device, String> {
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        match cli.command {
+            Some(Command::Serve(args)) => Ok(args.device),
+            Some(Command::Check(args)) => Ok(args.device),
+            other => panic!("unexpected command {other:?}"),
+        }
+    }
+
+    #[test]
+    fn device_flags_parse_to_a_device_or_say_what_is_expected() {
+        assert_eq!(device_of(&["instinct", "serve"]), Ok(Device::Cpu));
+        assert_eq!(
+            device_of(&["instinct", "serve", "--device", "cuda:1"]),
+            Ok(Device::Cuda(1))
+        );
+        let check = [
+            "instinct",
+            "check",
+            "--model",
+            "m",
+            "--corpus",
+            "c",
+            "--goldens",
+            "g",
+        ];
+        let with_device = |d: &'static str| [&check[..], &["--device", d]].concat();
+        assert_eq!(device_of(&with_device("cuda:0")), Ok(Device::Cuda(0)));
+        for argv in [
+            vec!["instinct", "serve", "--device", "gpu"],
+            with_device("cuda"),
+        ] {
+            let e = device_of(&argv).unwrap_err();
+            assert!(e.contains("expected cpu or cuda:N"), "{e}");
+        }
+    }
 }

@@ -3,23 +3,25 @@
 //! and the readout, owned by its engine thread).
 
 use std::path::Path;
-
-use instinct_kernels::{Backend, CpuBackend};
-use instinct_model::chat::ChatTemplate;
 use std::sync::Arc;
 
-use instinct_model::decider::{load_multimodal_cpu, load_text_cpu, Decider, ImagePrompt, Prompt};
+use anyhow::{bail, ensure};
+use instinct_kernels::backend::VisionBackend;
+use instinct_kernels::cuda::{CudaBackend, CudaOptions};
+use instinct_kernels::{Backend, CpuBackend};
+use instinct_model::chat::ChatTemplate;
+use instinct_model::decider::{load_multimodal, load_text, Decider, ImagePrompt, Prompt};
+use instinct_model::forward::{BatchLimits, OverLimits};
 use instinct_model::image::preprocess;
 use instinct_model::mrope::{expand_image_placeholders, rope_index};
+use instinct_model::prompt::SYSTEM_PROMPT;
+use instinct_model::source::{Device, ModelSource};
+use instinct_model::tokenizer::Tokenizer;
 use instinct_model::vision::{ImageInput, VisionTower};
-use instinct_scheduler::Question;
+use instinct_scheduler::{Batch, Bucket, Engine, Question};
 
 use crate::image_cache::{key_of, EncodedImage, ImageCache};
 use crate::screenshot::Screenshot;
-use instinct_model::forward::BatchLimits;
-use instinct_model::prompt::SYSTEM_PROMPT;
-use instinct_model::tokenizer::Tokenizer;
-use instinct_scheduler::{Batch, Engine};
 
 /// Renders and tokenizes prompts, and encodes screenshots. Shared by all request tasks: every
 /// method takes `&self`.
@@ -29,9 +31,29 @@ pub struct Preparer {
     vision: Option<VisionSide>,
 }
 
+/// Encodes one preprocessed screenshot into the language model's image features: the vision
+/// tower, on whichever backend it was loaded.
+pub trait ImageEncoder: Send + Sync {
+    fn encode(&self, pixel_values: &[f32], grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>>;
+}
+
+impl<B: VisionBackend> ImageEncoder for VisionTower<B>
+where
+    VisionTower<B>: Send + Sync,
+{
+    fn encode(&self, pixel_values: &[f32], grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
+        self.forward(&[ImageInput {
+            pixel_values,
+            grid_thw,
+        }])?
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("the vision tower returned no features"))
+    }
+}
+
 /// What screenshot questions need before the language model.
 pub struct VisionSide {
-    tower: VisionTower<CpuBackend>,
+    encoder: Box<dyn ImageEncoder>,
     image_token_id: u32,
     merge: u32,
     cache: ImageCache,
@@ -69,14 +91,9 @@ impl Preparer {
             let pre = preprocess(&image.bytes, image.format.mime())
                 .map_err(|e| ScreenshotError::Image(e.to_string()))?;
             let features = vision
-                .tower
-                .forward(&[ImageInput {
-                    pixel_values: &pre.pixel_values,
-                    grid_thw: pre.grid_thw,
-                }])
-                .map_err(ScreenshotError::Internal)?
-                .pop()
-                .ok_or_else(|| ScreenshotError::Internal(anyhow::anyhow!("no features")))?;
+                .encoder
+                .encode(&pre.pixel_values, pre.grid_thw)
+                .map_err(ScreenshotError::Internal)?;
             Ok(EncodedImage {
                 features: Arc::new(features),
                 grid_thw: pre.grid_thw,
@@ -134,14 +151,35 @@ pub struct DeciderEngine<B: Backend> {
     multimodal: Option<Decider<B>>,
 }
 
+impl<B: Backend> DeciderEngine<B> {
+    /// The shape allocated for batches of `bucket`. Today one shape, allocated at load for the
+    /// scheduler's batch capacity, serves every bucket; a bucket it does not hold is refused.
+    fn shape_for(&self, bucket: Bucket) -> Result<BatchLimits, OverLimits> {
+        let shape = self.decider.limits();
+        shape.check(bucket.tokens, bucket.seqs)?;
+        Ok(shape)
+    }
+}
+
 impl<B> Engine for DeciderEngine<B>
 where
     B: Backend + Send + 'static,
     B::Buf: Send,
     B::Idx: Send,
 {
+    /// Runs the batch as planned: whole, in the shape of its bucket. A batch over its bucket, or
+    /// a bucket over the allocated shape, is an error, never split.
     fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
-        // Text and screenshot questions run on different weights: split, run, put back in order.
+        ensure!(
+            batch.fits_its_bucket(),
+            "a batch of {} tokens in {} sequences does not fit its bucket {:?}",
+            batch.tokens,
+            batch.seqs.len(),
+            batch.bucket
+        );
+        self.shape_for(batch.bucket)?;
+        // Text and screenshot questions run on different weights: one pass each (both within the
+        // batch's shape), answers put back in order.
         let mut text = Vec::new();
         let mut shots = Vec::new();
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -215,105 +253,340 @@ pub struct DeviceMemory {
     pub probe: instinct_kernels::cuda::MemoryProbe,
 }
 
-/// Loads a snapshot (and optionally a text adapter, merged at load) onto `cpu_engines` CPU engine
-/// threads, each with its own copy of the weights and activation buffers for `limits`.
-pub fn load_cpu(
-    model_dir: &Path,
-    text_adapter: Option<&Path>,
-    multimodal_adapter: Option<&Path>,
+/// The engines' batch limits: the largest batch the scheduler plans
+/// ([`instinct_scheduler::Config::batch_capacity`]), so that the scheduler's buckets are the one
+/// source of batch shape.
+pub fn batch_limits(capacity: Bucket) -> BatchLimits {
+    BatchLimits::new(capacity.tokens, capacity.seqs)
+}
+
+/// What [`load`] needs besides the device, the source and the limits.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Engine threads on the CPU, each with its own copy of the weights. A GPU runs one engine.
+    pub cpu_engines: usize,
+    /// Byte budget of the encoded-screenshot cache.
+    pub image_cache_bytes: usize,
+}
+
+/// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
+/// the source has a multimodal adapter, the screenshot path (a second language copy and the
+/// vision tower). A device that lacks a part the source asks for is refused with the part named;
+/// the built-in demo's multimodal adapter, which nobody asked for, is skipped with a warning.
+pub fn load(
+    device: Device,
+    source: &ModelSource,
     limits: BatchLimits,
-    cpu_engines: usize,
-    image_cache_bytes: usize,
+    options: LoadOptions,
 ) -> anyhow::Result<Loaded> {
-    anyhow::ensure!(cpu_engines >= 1, "at least one engine is needed");
-    let mut engines: Vec<Box<dyn Engine>> = Vec::with_capacity(cpu_engines);
-    let mut preparer: Option<Preparer> = None;
-    let mut weights_bytes = 0;
-    for _ in 0..cpu_engines {
-        let loaded = load_text_cpu(model_dir, text_adapter, limits)?;
-        weights_bytes += loaded.weights_bytes;
-        let multimodal = match multimodal_adapter {
-            Some(dir) => Some(load_multimodal_cpu(model_dir, dir, limits)?),
-            None => None,
-        };
-        let (mm_decider, vision) = match multimodal {
-            Some(m) => {
-                let merge = m.vision.config().spatial_merge_size as u32;
-                let side = VisionSide {
-                    tower: m.vision,
-                    image_token_id: m.image_token_id,
-                    merge,
-                    cache: ImageCache::new(image_cache_bytes),
-                };
-                // The second language copy is the text model's size; the (small) vision tower's
-                // weights are not counted.
-                weights_bytes += loaded.weights_bytes;
-                (Some(m.decider), Some(side))
-            }
-            None => (None, None),
-        };
-        if preparer.is_none() {
-            preparer = Some(Preparer {
-                tokenizer: loaded.tokenizer,
-                chat: loaded.chat,
-                vision,
-            });
+    match device {
+        Device::Cpu => {
+            let parts = load_engines(device, || Ok(CpuBackend::new()), options, source, limits)?;
+            let weights_bytes = parts.weights_bytes;
+            Ok(parts.into_loaded(weights_bytes, Vec::new()))
         }
-        engines.push(Box::new(DeciderEngine::<CpuBackend> {
-            decider: loaded.decider,
-            multimodal: mm_decider,
-        }));
+        Device::Cuda(ordinal) => {
+            if options.cpu_engines > 1 {
+                tracing::warn!(
+                    engines = options.cpu_engines,
+                    "--engines applies to the CPU backend; {device} runs one engine"
+                );
+            }
+            let options = LoadOptions {
+                cpu_engines: 1,
+                ..options
+            };
+            let mut parts = load_engines(device, || start_cuda(ordinal), options, source, limits)?;
+            // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now,
+            // not on requests.
+            let t0 = std::time::Instant::now();
+            let mut warmed = Vec::new();
+            for engine in &mut parts.engines {
+                warmed = engine.decider.warm_shapes()?;
+                if let Some(multimodal) = &mut engine.multimodal {
+                    multimodal.warm_shapes()?;
+                }
+            }
+            tracing::info!(
+                row_counts = ?warmed,
+                ms = t0.elapsed().as_secs_f64() * 1e3,
+                "warmed every batch size bucket"
+            );
+            let backend = parts.engines[0].decider.backend();
+            let (weights_bytes, activations_bytes) = backend.allocated_bytes();
+            let memory = DeviceMemory {
+                device: backend.name(),
+                weights_bytes,
+                activations_bytes,
+                probe: backend.memory_probe(),
+            };
+            Ok(parts.into_loaded(weights_bytes, vec![memory]))
+        }
     }
-    Ok(Loaded {
-        preparer: preparer.expect("at least one engine was loaded"),
-        engines,
-        weights_bytes,
-        devices: Vec::new(),
+}
+
+/// Starts the CUDA backend on GPU `ordinal` (kernels compiled, or loaded from the disk cache).
+pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
+    Ok(CudaBackend::new(CudaOptions {
+        ordinal,
+        ..CudaOptions::default()
+    })?)
+}
+
+/// Loads one engine's screenshot path onto backends from a start function.
+type LoadScreenshots<B> = fn(
+    &dyn Fn() -> anyhow::Result<B>,
+    &Path,
+    &Path,
+    BatchLimits,
+) -> anyhow::Result<ScreenshotPath<B>>;
+
+/// What the loader needs of a backend beyond [`Backend`].
+trait ServingBackend: Backend + Sized + Send + 'static {
+    /// How this backend loads the screenshot path, or the part it lacks for it.
+    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
+}
+
+impl ServingBackend for CpuBackend {
+    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
+}
+
+impl ServingBackend for CudaBackend {
+    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
+        Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
+}
+
+/// One engine's screenshot path: the multimodal language copy and the vision tower.
+struct ScreenshotPath<B: Backend> {
+    decider: Decider<B>,
+    encoder: Box<dyn ImageEncoder>,
+    image_token_id: u32,
+    merge: u32,
+}
+
+/// The screenshot path on any backend with the vision ops.
+fn screenshot_path<B>(
+    start: &dyn Fn() -> anyhow::Result<B>,
+    model_dir: &Path,
+    adapter: &Path,
+    limits: BatchLimits,
+) -> anyhow::Result<ScreenshotPath<B>>
+where
+    B: VisionBackend + 'static,
+    VisionTower<B>: Send + Sync,
+{
+    let loaded = load_multimodal(start()?, start()?, model_dir, adapter, limits)?;
+    Ok(ScreenshotPath {
+        merge: loaded.vision.config().spatial_merge_size as u32,
+        encoder: Box::new(loaded.vision),
+        decider: loaded.decider,
+        image_token_id: loaded.image_token_id,
     })
 }
 
-/// Loads the text model onto `cuda:ordinal`, one engine. Screenshots are not served on the GPU
-/// yet (the vision tower has CPU kernels only).
-pub fn load_cuda(
-    ordinal: usize,
-    model_dir: &Path,
-    text_adapter: Option<&Path>,
-    limits: BatchLimits,
-) -> anyhow::Result<Loaded> {
-    use instinct_kernels::cuda::{CudaBackend, CudaOptions};
-    let backend = CudaBackend::new(CudaOptions {
-        ordinal,
-        ..CudaOptions::default()
-    })?;
-    let name = backend.name();
-    let probe = backend.memory_probe();
-    let mut loaded = instinct_model::decider::load_text(backend, model_dir, text_adapter, limits)?;
-    // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now, not on
-    // requests.
-    let t0 = std::time::Instant::now();
-    let warmed = loaded.decider.warm_shapes()?;
-    tracing::info!(
-        row_counts = ?warmed,
-        ms = t0.elapsed().as_secs_f64() * 1e3,
-        "warmed every batch size bucket"
-    );
-    let (weights_bytes, activations_bytes) = loaded.decider.backend().allocated_bytes();
-    Ok(Loaded {
-        preparer: Preparer {
-            tokenizer: loaded.tokenizer,
-            chat: loaded.chat,
-            vision: None,
-        },
-        engines: vec![Box::new(DeciderEngine {
-            decider: loaded.decider,
-            multimodal: None,
-        })],
-        weights_bytes,
-        devices: vec![DeviceMemory {
-            device: name,
+/// Engines of one device before they are handed to the scheduler.
+struct EngineParts<B: Backend> {
+    preparer: Preparer,
+    engines: Vec<DeciderEngine<B>>,
+    /// Bytes of f32 weights read for all engines (a screenshot path counts one more language
+    /// copy; the small vision tower is not counted).
+    weights_bytes: u64,
+}
+
+impl<B> EngineParts<B>
+where
+    B: Backend + Send + 'static,
+    B::Buf: Send,
+    B::Idx: Send,
+{
+    fn into_loaded(self, weights_bytes: u64, devices: Vec<DeviceMemory>) -> Loaded {
+        Loaded {
+            preparer: self.preparer,
+            engines: self
+                .engines
+                .into_iter()
+                .map(|e| Box::new(e) as Box<dyn Engine>)
+                .collect(),
             weights_bytes,
-            activations_bytes,
-            probe,
-        }],
+            devices,
+        }
+    }
+}
+
+/// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
+/// every device.
+fn load_engines<B: ServingBackend>(
+    device: Device,
+    start: impl Fn() -> anyhow::Result<B>,
+    options: LoadOptions,
+    source: &ModelSource,
+    limits: BatchLimits,
+) -> anyhow::Result<EngineParts<B>> {
+    ensure!(options.cpu_engines >= 1, "at least one engine is needed");
+    let screenshots = match (&source.multimodal_adapter, B::SCREENSHOTS) {
+        (None, _) => None,
+        (Some(dir), Ok(load)) => Some((dir.as_path(), load)),
+        (Some(_), Err(part)) if source.demo => {
+            tracing::warn!(
+                "{device} lacks {part}: the built-in demo's multimodal adapter is not loaded and \
+                 screenshot requests get 422"
+            );
+            None
+        }
+        (Some(_), Err(part)) => bail!(
+            "{device} cannot serve screenshots: it lacks {part}. Drop --multimodal-adapter \
+             (INSTINCT_MULTIMODAL_ADAPTER) or serve on --device cpu"
+        ),
+    };
+    let mut engines = Vec::with_capacity(options.cpu_engines);
+    let mut preparer: Option<Preparer> = None;
+    let mut weights_bytes = 0;
+    for _ in 0..options.cpu_engines {
+        let text = load_text(
+            start()?,
+            &source.model_dir,
+            source.text_adapter.as_deref(),
+            limits,
+        )?;
+        weights_bytes += text.weights_bytes;
+        let path = match screenshots {
+            Some((dir, load)) => {
+                weights_bytes += text.weights_bytes;
+                Some(load(&start, &source.model_dir, dir, limits)?)
+            }
+            None => None,
+        };
+        let (multimodal, vision) = match path {
+            Some(p) => (
+                Some(p.decider),
+                Some(VisionSide {
+                    encoder: p.encoder,
+                    image_token_id: p.image_token_id,
+                    merge: p.merge,
+                    cache: ImageCache::new(options.image_cache_bytes),
+                }),
+            ),
+            None => (None, None),
+        };
+        // Every engine loads the same files; one preparer (tokenizer, template, tower) serves all.
+        preparer.get_or_insert(Preparer {
+            tokenizer: text.tokenizer,
+            chat: text.chat,
+            vision,
+        });
+        engines.push(DeciderEngine {
+            decider: text.decider,
+            multimodal,
+        });
+    }
+    Ok(EngineParts {
+        preparer: preparer.expect("at least one engine was loaded"),
+        engines,
+        weights_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use instinct_scheduler::SeqInput;
+
+    use super::*;
+
+    /// `source` on one engine of `device`, allocated for at most 64 tokens in 2 sequences.
+    fn load_small(device: Device, source: &ModelSource) -> anyhow::Result<Loaded> {
+        let options = LoadOptions {
+            cpu_engines: 1,
+            image_cache_bytes: 1 << 20,
+        };
+        load(device, source, BatchLimits::new(64, 2), options)
+    }
+
+    /// The demo model on one CPU engine, with or without its screenshot path.
+    fn demo_engine(multimodal: bool) -> Loaded {
+        let mut source = ModelSource::resolve(None, None, None).unwrap();
+        if !multimodal {
+            source.multimodal_adapter = None;
+        }
+        load_small(Device::Cpu, &source).unwrap()
+    }
+
+    /// Runs text questions of two options as one batch planned for `bucket`; the answer count.
+    fn run(engine: &mut dyn Engine, ids: &[Vec<u32>], bucket: Bucket) -> anyhow::Result<usize> {
+        let seqs: Vec<SeqInput> = ids
+            .iter()
+            .map(|ids| SeqInput {
+                ids,
+                n_options: 2,
+                context: None,
+            })
+            .collect();
+        let batch = Batch {
+            seqs: &seqs,
+            bucket,
+            tokens: ids.iter().map(Vec::len).sum(),
+        };
+        Ok(engine.run_batch(&batch)?.len())
+    }
+
+    #[test]
+    fn the_engine_runs_a_batch_that_fits_its_shape_whole() {
+        let mut loaded = demo_engine(false);
+        let ids = vec![vec![1, 2, 3], vec![4, 5]];
+        let answers = run(loaded.engines[0].as_mut(), &ids, Bucket::new(64, 2)).unwrap();
+        assert_eq!(answers, 2);
+    }
+
+    #[test]
+    fn the_engine_refuses_a_batch_over_its_shape_instead_of_splitting_it() {
+        let mut loaded = demo_engine(false);
+        let engine = loaded.engines[0].as_mut();
+        // Three sequences for an engine allocated for two: the scheduler would never plan it.
+        let ids = vec![vec![1], vec![2], vec![3]];
+        let e = run(engine, &ids, Bucket::new(64, 4)).unwrap_err();
+        let over = e.downcast_ref::<OverLimits>().expect("a shape error");
+        assert_eq!((over.tokens, over.seqs), (64, 4));
+        assert!(e.to_string().contains("never split"), "{e}");
+        // Too many tokens for the allocated shape.
+        let ids = vec![vec![1; 40], vec![2; 40]];
+        let e = run(engine, &ids, Bucket::new(128, 2)).unwrap_err();
+        assert!(e.downcast_ref::<OverLimits>().is_some(), "{e}");
+        // A batch over the bucket it was planned for.
+        let ids = vec![vec![1; 10], vec![2; 10]];
+        let e = run(engine, &ids, Bucket::new(16, 2)).unwrap_err();
+        assert!(e.to_string().contains("does not fit its bucket"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_loads_the_screenshot_path_when_asked() {
+        assert!(demo_engine(true).preparer.serves_screenshots());
+        assert!(!demo_engine(false).preparer.serves_screenshots());
+    }
+
+    #[test]
+    fn a_device_without_vision_kernels_refuses_an_explicit_multimodal_adapter() {
+        let source = ModelSource {
+            model_dir: "/no/snapshot".into(),
+            text_adapter: None,
+            multimodal_adapter: Some("/no/adapter".into()),
+            demo: false,
+        };
+        // Refused before the GPU is touched (none is needed for this test).
+        let e = load_small(Device::Cuda(0), &source)
+            .err()
+            .expect("refused")
+            .to_string();
+        for part in [
+            "cuda:0 cannot serve screenshots",
+            "vision tower",
+            "--multimodal-adapter",
+        ] {
+            assert!(e.contains(part), "{e}");
+        }
+    }
+
+    #[test]
+    fn batch_limits_are_the_schedulers_capacity() {
+        let limits = batch_limits(Bucket::new(4096, 8));
+        assert_eq!(limits, BatchLimits::new(4096, 8));
+    }
 }

@@ -6,6 +6,9 @@
 //! caller, before decoding.
 
 use base64::Engine as _;
+/// The declared format of a screenshot: the model's own, so the MIME type the request declared is
+/// the one preprocessing checks against.
+pub use instinct_model::image::ImageFormat;
 use instinct_model::pyjson::{Object, Value};
 
 use crate::problem::{question_place, Code, Problem};
@@ -25,22 +28,6 @@ pub const VISION_CONTROL_TOKENS: [&str; 4] = [
     "<|vision_start|>",
     "<|vision_end|>",
 ];
-
-/// The declared format of a screenshot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ImageFormat {
-    Png,
-    Jpeg,
-}
-
-impl ImageFormat {
-    pub fn mime(self) -> &'static str {
-        match self {
-            ImageFormat::Png => "image/png",
-            ImageFormat::Jpeg => "image/jpeg",
-        }
-    }
-}
 
 /// A screenshot as the request carried it, base64 decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]

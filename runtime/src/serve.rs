@@ -3,18 +3,17 @@
 //! while loading. SIGTERM or SIGINT drains: readiness goes to 503, new requests get 503, queued
 //! and running ones finish (up to `--drain-timeout-s`), then the process exits.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use instinct_model::forward::BatchLimits;
 use instinct_model::prompt::{user_text, Candidate, Screen};
+use instinct_model::source::ModelSource;
 use instinct_scheduler::{Bucket, Config, Question, Scheduler};
 use tokio::net::TcpListener;
 
 use crate::cli::ServeArgs;
-use crate::engine::{load_cpu, load_cuda, Preparer};
+use crate::engine::{self, LoadOptions, Preparer};
 use crate::server::{self, AppState, Ready, Settings};
 
 /// The identity of Cua-S1's text adapter at its pinned revision, reported for a real snapshot.
@@ -22,38 +21,6 @@ pub const CUA_S1_TEXT_ID: &str =
     "cua-ai/cua-s1-4b-0.2@16818868b0cc7813808aae4e87b417657046ab79:text";
 /// The identity reported for the built-in demo model.
 pub const DEMO_ID: &str = "instinct/demo-tiny-qwen3.5:text";
-
-/// Where the weights come from.
-struct ModelSource {
-    model_dir: PathBuf,
-    text_adapter: Option<PathBuf>,
-    multimodal_adapter: Option<PathBuf>,
-    demo: bool,
-}
-
-fn resolve_source(args: &ServeArgs) -> anyhow::Result<ModelSource> {
-    match &args.model {
-        Some(dir) => Ok(ModelSource {
-            model_dir: dir.clone(),
-            text_adapter: args.text_adapter.clone(),
-            multimodal_adapter: args.multimodal_adapter.clone(),
-            demo: false,
-        }),
-        None => {
-            if args.text_adapter.is_some() || args.multimodal_adapter.is_some() {
-                bail!("adapters need --model (the demo model carries its own adapters)");
-            }
-            let demo = instinct_model::demo::materialize(&std::env::temp_dir())
-                .context("writing the built-in demo model to the temporary directory")?;
-            Ok(ModelSource {
-                model_dir: demo.model_dir,
-                text_adapter: Some(demo.text_adapter_dir),
-                multimodal_adapter: Some(demo.multimodal_adapter_dir),
-                demo: true,
-            })
-        }
-    }
-}
 
 /// The scheduler configuration the flags describe; refuses inconsistent limits at start-up.
 pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
@@ -97,15 +64,13 @@ pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
 
 /// Runs the server until SIGINT or SIGTERM, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let cuda_ordinal = match args.device.as_str() {
-        "cpu" => None,
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(ordinal)) => Some(ordinal),
-            _ => bail!("--device {other}: expected cpu or cuda:N"),
-        },
-    };
     let config = scheduler_config(&args)?;
-    let source = resolve_source(&args)?;
+    let limits = engine::batch_limits(config.batch_capacity()?);
+    let source = ModelSource::resolve(
+        args.model.as_deref(),
+        args.text_adapter.as_deref(),
+        args.multimodal_adapter.as_deref(),
+    )?;
     if source.demo {
         tracing::warn!(
             "serving the built-in demo model: a tiny Qwen3.5 with random weights; its answers are \
@@ -124,36 +89,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let mut serving = tokio::spawn(server::serve(listener, state.clone()));
 
-    let limits = BatchLimits {
-        max_tokens: args.max_batch_tokens,
-        max_seqs: args.max_batch_seqs,
+    let device = args.device;
+    let options = LoadOptions {
+        cpu_engines: args.engines,
+        image_cache_bytes: args.image_cache_mib << 20,
     };
-    let engines = args.engines;
-    let image_cache_mib = args.image_cache_mib;
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();
-        let loaded = match cuda_ordinal {
-            None => load_cpu(
-                &source.model_dir,
-                source.text_adapter.as_deref(),
-                source.multimodal_adapter.as_deref(),
-                limits,
-                engines,
-                image_cache_mib << 20,
-            )?,
-            Some(ordinal) => {
-                if source.multimodal_adapter.is_some() && !source.demo {
-                    bail!("screenshots are not served on the GPU yet: drop --multimodal-adapter");
-                }
-                load_cuda(
-                    ordinal,
-                    &source.model_dir,
-                    source.text_adapter.as_deref(),
-                    limits,
-                )?
-            }
-        };
+        let loaded = engine::load(device, &source, limits, options)?;
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
         crate::metrics::register_devices(&loaded.devices);
         let scheduler = Scheduler::start(config, loaded.engines)?;

@@ -33,7 +33,7 @@ fn check_passes_on_the_tiny_goldens_and_writes_its_report() {
     let args = CheckArgs {
         model: assets.clone(),
         text_adapter: Some(assets.join("adapter-text")),
-        device: "cpu".into(),
+        device: instinct_model::source::Device::Cpu,
         corpus,
         goldens: golden.clone(),
         out: Some(out.clone()),

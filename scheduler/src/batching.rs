@@ -122,6 +122,47 @@ mod tests {
         assert!(long.full);
     }
 
+    /// The engine relies on this: it never gets a batch over the bucket the batch is labelled
+    /// with, and the label is the smallest configured bucket that holds it.
+    #[test]
+    fn every_plan_fits_the_smallest_bucket_holding_it() {
+        let bucket_sets: [&[Bucket]; 3] = [
+            &[Bucket::new(64, 4)],
+            &[Bucket::new(32, 8), Bucket::new(128, 2)],
+            &[Bucket::new(16, 1), Bucket::new(48, 3), Bucket::new(96, 6)],
+        ];
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: u64| {
+            // xorshift64*: deterministic, no dependency.
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            seed.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+        };
+        for buckets in bucket_sets {
+            let longest = buckets.iter().map(|b| b.tokens).max().unwrap();
+            let max_seqs = buckets.iter().map(|b| b.seqs).max().unwrap();
+            for _ in 0..500 {
+                let lengths: Vec<usize> = (0..next(20))
+                    .map(|_| 1 + next(longest as u64) as usize)
+                    .collect();
+                let Some(p) = plan_of(&lengths, buckets, max_seqs) else {
+                    assert!(lengths.is_empty());
+                    continue;
+                };
+                let tokens: usize = p.picked.iter().map(|&i| lengths[i]).sum();
+                assert_eq!(p.tokens, tokens);
+                assert!(buckets.contains(&p.bucket));
+                assert!(
+                    p.bucket.holds(tokens, p.picked.len()),
+                    "{lengths:?}: {p:?} is over its bucket"
+                );
+                let smallest = buckets.iter().find(|b| b.holds(tokens, p.picked.len()));
+                assert_eq!(smallest, Some(&p.bucket));
+            }
+        }
+    }
+
     #[test]
     fn scan_limit_bounds_the_work_and_counts_as_full() {
         let b = [Bucket::new(1000, 100)];

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-/// A batch shape the engine is prepared for: at most `tokens` tokens in at most `seqs` sequences.
+/// A batch shape: at most `tokens` tokens in at most `seqs` sequences.
 ///
-/// On CUDA one graph is captured per bucket; on CPU a bucket is only the admission shape. A batch
-/// is always assembled so that it fits at least one bucket, and it is labelled with the smallest
-/// bucket (fewest tokens, then fewest sequences) that holds it.
+/// The scheduler plans every batch to fit at least one bucket and labels it with the smallest
+/// bucket (fewest tokens, then fewest sequences) that holds it; the engine gets that label with
+/// the batch ([`Batch::bucket`](crate::Batch::bucket)) and checks the batch against the shape it
+/// allocated. Engines never split a batch: the plan is the only place batch shape is decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Bucket {
     pub tokens: usize,
@@ -92,13 +93,20 @@ pub enum StartError {
 pub(crate) struct Validated {
     pub config: Config,
     pub buckets: Vec<Bucket>,
-    /// Longest single question any batch can hold.
-    pub max_question_tokens: usize,
-    /// Most sequences any batch can hold.
-    pub max_seqs: usize,
+    /// See [`Config::batch_capacity`]: its tokens are also the longest single question any batch
+    /// can hold.
+    pub capacity: Bucket,
 }
 
 impl Config {
+    /// The largest batch the scheduler can hand an engine: the most tokens and the most sequences
+    /// over all buckets (each reached by some bucket, not necessarily the same one). Engines
+    /// allocate for it. Fails as [`Scheduler::start`](crate::Scheduler::start) would on a bad
+    /// configuration.
+    pub fn batch_capacity(&self) -> Result<Bucket, StartError> {
+        Ok(self.validate()?.capacity)
+    }
+
     pub(crate) fn validate(&self) -> Result<Validated, StartError> {
         let bad = |msg: String| Err(StartError::Config(msg));
         if self.max_queue_requests == 0 || self.max_queue_tokens == 0 {
@@ -134,13 +142,14 @@ impl Config {
         }
         buckets.sort();
         buckets.dedup();
-        let max_question_tokens = buckets.iter().map(|b| b.tokens).max().unwrap_or(0);
-        let max_seqs = buckets.iter().map(|b| b.seqs).max().unwrap_or(0);
+        let capacity = Bucket::new(
+            buckets.iter().map(|b| b.tokens).max().unwrap_or(0),
+            buckets.iter().map(|b| b.seqs).max().unwrap_or(0),
+        );
         Ok(Validated {
             config: self.clone(),
             buckets,
-            max_question_tokens,
-            max_seqs,
+            capacity,
         })
     }
 }
@@ -153,8 +162,7 @@ mod tests {
     fn empty_buckets_mean_one_bucket_at_the_caps() {
         let v = Config::default().validate().unwrap();
         assert_eq!(v.buckets, vec![Bucket::new(16_384, 32)]);
-        assert_eq!(v.max_question_tokens, 16_384);
-        assert_eq!(v.max_seqs, 32);
+        assert_eq!(v.capacity, Bucket::new(16_384, 32));
     }
 
     #[test]
@@ -167,8 +175,8 @@ mod tests {
         };
         let v = cfg.validate().unwrap();
         assert_eq!(v.buckets, vec![Bucket::new(1024, 8), Bucket::new(4096, 2)]);
-        assert_eq!(v.max_question_tokens, 4096);
-        assert_eq!(v.max_seqs, 8);
+        assert_eq!(v.capacity, Bucket::new(4096, 8));
+        assert_eq!(cfg.batch_capacity().unwrap(), Bucket::new(4096, 8));
 
         let too_big = Config {
             buckets: vec![Bucket::new(8192, 2)],

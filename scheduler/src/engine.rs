@@ -13,14 +13,22 @@ pub struct SeqInput<'a> {
     pub context: Option<&'a (dyn std::any::Any + Send + Sync)>,
 }
 
-/// A batch as handed to an engine: its sequences in order, and the bucket chosen for it (the
-/// smallest configured bucket that holds it; the CUDA backend replays that bucket's graph).
+/// A batch as handed to an engine: its sequences in order, and the bucket it was planned for (the
+/// smallest configured bucket that holds it). The batch always fits its bucket; an engine picks
+/// the buffers it allocated by the bucket and runs the batch whole, in one pass.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
     pub seqs: &'a [SeqInput<'a>],
     pub bucket: Bucket,
     /// Total tokens over all sequences.
     pub tokens: usize,
+}
+
+impl Batch<'_> {
+    /// Whether the batch fits the bucket it was planned for (it always should).
+    pub fn fits_its_bucket(&self) -> bool {
+        self.bucket.holds(self.tokens, self.seqs.len())
+    }
 }
 
 /// One device's model. One value per device is moved into its engine thread, so it may keep

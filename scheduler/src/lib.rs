@@ -35,6 +35,7 @@ mod engine;
 mod outcome;
 mod queue;
 mod scheduler;
+mod shared;
 mod stats;
 pub mod telemetry;
 mod ticket;

@@ -16,20 +16,19 @@ use tokio::sync::oneshot;
 use crate::batching;
 use crate::config::{Bucket, Validated};
 use crate::drain_rate::DrainRate;
-use crate::outcome::{Answer, Failure, Question, RejectReason, Rejection, SeqContext};
+use crate::outcome::{Answer, Failure, Question, RejectReason, Rejection};
+use crate::stats::Stats;
 use crate::telemetry as names;
 
 pub(crate) type Reply = oneshot::Sender<Result<Answer, Failure>>;
 pub(crate) type ReplyReceiver = oneshot::Receiver<Result<Answer, Failure>>;
 
-/// One queued question.
+/// One queued question: which request it belongs to, its place there, and when it was queued.
 #[derive(Debug)]
 pub(crate) struct QueuedSeq {
     pub request: u64,
     pub index: usize,
-    pub ids: Vec<u32>,
-    pub n_options: usize,
-    pub context: Option<SeqContext>,
+    pub question: Question,
     pub enqueued: Instant,
 }
 
@@ -77,16 +76,6 @@ pub(crate) struct QueueState {
     drain_rate: DrainRate,
 }
 
-/// Counters for [`crate::Stats`].
-pub(crate) struct Snapshot {
-    pub queued_requests: usize,
-    pub queued_tokens: usize,
-    pub queued_sequences: usize,
-    pub in_flight_requests: usize,
-    pub running_batches: usize,
-    pub draining: bool,
-}
-
 impl QueueState {
     pub fn new(cfg: Validated) -> Self {
         let window = cfg.config.drain_rate_window;
@@ -126,14 +115,16 @@ impl QueueState {
         self.deadlines.first().map(|&(d, _)| d)
     }
 
-    pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
+    /// The queue's part of [`Stats`]; the engines' part is the caller's.
+    pub fn stats_without_engines(&self) -> Stats {
+        Stats {
             queued_requests: self.queued_requests,
             queued_tokens: self.queued_tokens,
             queued_sequences: self.pending.len(),
             in_flight_requests: self.requests.len(),
             running_batches: self.running_batches,
             draining: self.draining,
+            engines: Vec::new(),
         }
     }
 
@@ -180,7 +171,7 @@ impl QueueState {
         let tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
         let longest = questions.iter().map(|q| q.ids.len()).max().unwrap_or(0);
         let c = &self.cfg.config;
-        if longest > self.cfg.max_question_tokens || tokens > c.max_queue_tokens {
+        if longest > self.cfg.capacity.tokens || tokens > c.max_queue_tokens {
             return Err(self.reject(RejectReason::TooLarge, now));
         }
         if self.queued_requests >= c.max_queue_requests {
@@ -199,9 +190,7 @@ impl QueueState {
             self.pending.push_back(QueuedSeq {
                 request: id,
                 index,
-                ids: q.ids,
-                n_options: q.n_options,
-                context: q.context,
+                question: q,
                 enqueued: now,
             });
         }
@@ -291,9 +280,9 @@ impl QueueState {
             return Next::Idle;
         };
         let Some(plan) = batching::plan(
-            self.pending.iter().map(|s| s.ids.len()),
+            self.pending.iter().map(|s| s.question.ids.len()),
             &self.cfg.buckets,
-            self.cfg.max_seqs,
+            self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
         ) else {
             // Unreachable through `admit`, which refuses questions larger than every bucket; kept
@@ -335,7 +324,7 @@ impl QueueState {
         }
 
         for seq in &seqs {
-            let len = seq.ids.len();
+            let len = seq.question.ids.len();
             self.queued_tokens -= len;
             if let Some(entry) = self.requests.get_mut(&seq.request) {
                 entry.first_start.get_or_insert(now);
@@ -351,7 +340,7 @@ impl QueueState {
             histogram!(names::QUEUE_WAIT_SECONDS)
                 .record(now.saturating_duration_since(seq.enqueued).as_secs_f64());
         }
-        let tokens: usize = seqs.iter().map(|s| s.ids.len()).sum();
+        let tokens: usize = seqs.iter().map(|s| s.question.ids.len()).sum();
         histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
         histogram!(names::BATCH_TOKENS).record(tokens as f64);
         histogram!(names::BATCH_FILL_RATIO).record(tokens as f64 / plan.bucket.tokens as f64);
@@ -458,11 +447,11 @@ pub(crate) fn check_shape(
         ));
     }
     for (i, (seq, probs)) in batch.seqs.iter().zip(&outputs).enumerate() {
-        if probs.len() != seq.n_options {
+        if probs.len() != seq.question.n_options {
             return Err(format!(
                 "engine returned {} probabilities for sequence {i} with {} options",
                 probs.len(),
-                seq.n_options
+                seq.question.n_options
             ));
         }
     }

@@ -8,49 +8,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::watch;
 
-use crate::config::{Config, StartError, Validated};
+use crate::config::{Config, StartError};
 use crate::engine::Engine;
 use crate::outcome::{Question, Rejection};
 use crate::queue::QueueState;
+use crate::shared::Shared;
 use crate::stats::{EngineStats, Stats};
 use crate::ticket::Ticket;
 use crate::worker;
-
-/// State shared by the handle, the tickets and the threads.
-pub(crate) struct Shared {
-    pub config: Validated,
-    pub state: Mutex<QueueState>,
-    /// Engine threads wait here for work.
-    pub work: Condvar,
-    /// The deadline thread waits here for the earliest deadline.
-    pub sweep: Condvar,
-    /// `wait_drained` waits here.
-    pub idle: Condvar,
-    /// True once draining and idle (for async waiters).
-    pub drained: watch::Sender<bool>,
-    pub engines: Vec<Mutex<EngineStats>>,
-}
-
-impl Shared {
-    pub fn beat(&self, engine: usize, now: Instant) {
-        self.engines[engine].lock().last_heartbeat = now;
-    }
-
-    /// Wakes drain waiters if the last piece of work just finished.
-    pub fn after_change(&self, state: &QueueState) {
-        if state.is_draining() && state.is_idle() {
-            self.idle.notify_all();
-            self.drained.send_replace(true);
-        }
-    }
-
-    pub fn cancel(&self, id: u64) {
-        let mut state = self.state.lock();
-        if state.cancel(id) {
-            self.after_change(&state);
-        }
-    }
-}
 
 /// Admission queue plus one engine thread per device. Share it as `Arc<Scheduler>`; every method
 /// takes `&self`. Dropping it without [`Scheduler::shutdown`] stops the threads without waiting
@@ -163,15 +128,9 @@ impl Scheduler {
     }
 
     pub fn stats(&self) -> Stats {
-        let snapshot = self.shared.state.lock().snapshot();
         Stats {
-            queued_requests: snapshot.queued_requests,
-            queued_tokens: snapshot.queued_tokens,
-            queued_sequences: snapshot.queued_sequences,
-            in_flight_requests: snapshot.in_flight_requests,
-            running_batches: snapshot.running_batches,
-            draining: snapshot.draining,
             engines: self.shared.engines.iter().map(|e| *e.lock()).collect(),
+            ..self.shared.state.lock().stats_without_engines()
         }
     }
 

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use crate::outcome::{Answer, Failure};
 use crate::queue::ReplyReceiver;
-use crate::scheduler::Shared;
+use crate::shared::Shared;
 
 /// An admitted request. Resolves (as a future, or with [`Ticket::wait_blocking`]) to the
 /// probabilities of all its questions in order, or a [`Failure`]. Dropping it before it resolves

@@ -9,7 +9,7 @@ use parking_lot::MutexGuard;
 
 use crate::engine::{Batch, Engine, SeqInput};
 use crate::queue::{check_shape, Next, TakenBatch};
-use crate::scheduler::Shared;
+use crate::shared::Shared;
 use crate::telemetry as names;
 
 /// Pulls batches from the shared queue and runs them on `engine` until the scheduler stops.
@@ -61,9 +61,9 @@ fn run_batch(
         .seqs
         .iter()
         .map(|s| SeqInput {
-            ids: &s.ids,
-            n_options: s.n_options,
-            context: s.context.as_deref(),
+            ids: &s.question.ids,
+            n_options: s.question.n_options,
+            context: s.question.context.as_deref(),
         })
         .collect();
     let view = Batch {
@@ -73,7 +73,18 @@ fn run_batch(
     };
     let start = Instant::now();
     shared.engines[index].lock().busy_since = Some(start);
-    let result = catch_unwind(AssertUnwindSafe(|| engine.run_batch(&view)));
+    // The plan fits its bucket by construction; a batch that did not would be a scheduler bug,
+    // refused here rather than handed to an engine sized for the bucket.
+    let result = if view.fits_its_bucket() {
+        catch_unwind(AssertUnwindSafe(|| engine.run_batch(&view)))
+    } else {
+        Ok(Err(anyhow::anyhow!(
+            "scheduler bug: a batch of {} tokens in {} sequences was planned for bucket {:?}",
+            view.tokens,
+            view.seqs.len(),
+            view.bucket
+        )))
+    };
     let end = Instant::now();
     histogram!(names::INFER_SECONDS).record((end - start).as_secs_f64());
     let outcome = match result {

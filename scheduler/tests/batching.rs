@@ -48,10 +48,7 @@ fn workload() -> Vec<Vec<Question>> {
 /// Runs the workload with every request queued before the engine starts on it.
 fn run_queued(h: &Harness, requests: &[Vec<Question>]) -> Vec<Vec<Vec<f32>>> {
     let blocker = h.block_engine();
-    let tickets: Vec<Ticket> = requests
-        .iter()
-        .map(|q| h.scheduler.submit(q.clone(), None).unwrap())
-        .collect();
+    let tickets: Vec<Ticket> = h.submit_all(requests);
     h.gate.open();
     wait(blocker, LONG).unwrap();
     tickets
@@ -153,8 +150,8 @@ fn feeder(
     })
 }
 
-#[test]
-fn a_long_question_is_not_starved_by_a_stream_of_short_ones() {
+/// One slow engine (2 ms a batch) behind a queue a stream of requests never fills.
+fn streaming_harness() -> Arc<Harness> {
     let config = Config {
         max_queue_requests: 100_000,
         max_queue_tokens: 1_000_000,
@@ -163,7 +160,12 @@ fn a_long_question_is_not_starved_by_a_stream_of_short_ones() {
         max_wait: Duration::from_millis(1),
         ..Config::default()
     };
-    let h = Arc::new(Harness::new(config, 1, Duration::from_millis(2)));
+    Arc::new(Harness::new(config, 1, Duration::from_millis(2)))
+}
+
+#[test]
+fn a_long_question_is_not_starved_by_a_stream_of_short_ones() {
+    let h = streaming_harness();
     let blocker = h.block_engine();
     // 2,000 tokens of short questions ahead of the long one: two full batches.
     let ahead: Vec<Ticket> = (0..40)
@@ -207,15 +209,7 @@ fn a_long_question_is_not_starved_by_a_stream_of_short_ones() {
 
 #[test]
 fn a_short_question_does_not_wait_behind_long_ones() {
-    let config = Config {
-        max_queue_requests: 100_000,
-        max_queue_tokens: 1_000_000,
-        max_batch_tokens: 1_000,
-        max_batch_seqs: 64,
-        max_wait: Duration::from_millis(1),
-        ..Config::default()
-    };
-    let h = Arc::new(Harness::new(config, 1, Duration::from_millis(2)));
+    let h = streaming_harness();
     let blocker = h.block_engine();
     // Ten long questions (one per batch) queued before the short one, and more keep coming.
     let ahead: Vec<Ticket> = (0..10)

@@ -60,10 +60,7 @@ fn drain_refuses_new_work_and_finishes_what_was_accepted() {
     let requests: Vec<_> = (0..5)
         .map(|t| vec![question(t, 40, 3), question(t + 50, 20, 2)])
         .collect();
-    let tickets: Vec<Ticket> = requests
-        .iter()
-        .map(|q| h.scheduler.submit(q.clone(), None).unwrap())
-        .collect();
+    let tickets: Vec<Ticket> = h.submit_all(&requests);
     h.scheduler.drain();
     assert!(h.scheduler.is_draining());
     let refused = h
@@ -100,10 +97,7 @@ fn drain_refuses_new_work_and_finishes_what_was_accepted() {
 async fn async_tickets_and_drained_future() {
     let h = Harness::new(Config::default(), 1, Duration::from_millis(1));
     let requests: Vec<_> = (0..8).map(|t| vec![question(t, 25, 4)]).collect();
-    let tickets: Vec<Ticket> = requests
-        .iter()
-        .map(|q| h.scheduler.submit(q.clone(), None).unwrap())
-        .collect();
+    let tickets: Vec<Ticket> = h.submit_all(&requests);
     h.scheduler.drain();
     let drained = h.scheduler.drained();
     for (q, t) in requests.iter().zip(tickets) {
@@ -220,10 +214,7 @@ fn two_engines_pull_from_one_queue() {
     let requests: Vec<_> = (0..30)
         .map(|t| vec![question(t, 20, 2), question(t + 100, 20, 3)])
         .collect();
-    let tickets: Vec<Ticket> = requests
-        .iter()
-        .map(|q| h.scheduler.submit(q.clone(), None).unwrap())
-        .collect();
+    let tickets: Vec<Ticket> = h.submit_all(&requests);
     for (q, t) in requests.iter().zip(tickets) {
         assert_eq!(wait(t, LONG).unwrap(), expected_answer(q));
     }

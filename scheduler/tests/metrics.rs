@@ -29,10 +29,7 @@ fn scheduler_metrics_are_recorded_under_their_names() {
     let kept: Vec<_> = (0..2)
         .map(|t| vec![question(t, 60, 2), question(t + 10, 60, 2)])
         .collect();
-    let kept_tickets: Vec<_> = kept
-        .iter()
-        .map(|q| h.scheduler.submit(q.clone(), None).unwrap())
-        .collect();
+    let kept_tickets: Vec<_> = h.submit_all(&kept);
     let cancelled = h.scheduler.submit(vec![question(20, 10, 2)], None).unwrap();
     let full = h
         .scheduler

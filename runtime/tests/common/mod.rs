@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use instinct::engine::load_cpu;
+use instinct::engine::{self, LoadOptions};
 use instinct::server::{self, AppState, Ready, Settings};
-use instinct_model::forward::BatchLimits;
+use instinct_model::source::{Device, ModelSource};
 use instinct_scheduler::{Config, Scheduler};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,21 +24,13 @@ pub fn demo_ready() -> Ready {
 
 /// The demo model behind a scheduler configured as given.
 pub fn demo_ready_with(config: Config) -> Ready {
-    let root = std::env::temp_dir().join(format!("instinct-http-test-{}", std::process::id()));
-    let demo = instinct_model::demo::materialize(&root).unwrap();
-    let limits = BatchLimits {
-        max_tokens: config.max_batch_tokens,
-        max_seqs: config.max_batch_seqs,
+    let source = ModelSource::resolve(None, None, None).unwrap();
+    let limits = engine::batch_limits(config.batch_capacity().unwrap());
+    let options = LoadOptions {
+        cpu_engines: 1,
+        image_cache_bytes: 64 << 20,
     };
-    let loaded = load_cpu(
-        &demo.model_dir,
-        Some(&demo.text_adapter_dir),
-        Some(&demo.multimodal_adapter_dir),
-        limits,
-        1,
-        64 << 20,
-    )
-    .unwrap();
+    let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
         preparer: loaded.preparer,
         scheduler: Scheduler::start(config, loaded.engines).unwrap(),

@@ -66,6 +66,19 @@ pub struct MockEngine {
 
 impl Engine for MockEngine {
     fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
+        // What a real engine relies on: every batch of every test fits the bucket it came with.
+        let tokens: usize = batch.seqs.iter().map(|s| s.ids.len()).sum();
+        assert_eq!(
+            tokens, batch.tokens,
+            "the batch's token count is its sequences'"
+        );
+        anyhow::ensure!(
+            batch.fits_its_bucket(),
+            "the scheduler handed over a batch larger than its bucket: {tokens} tokens in {} \
+             sequences for {:?}",
+            batch.seqs.len(),
+            batch.bucket
+        );
         self.log.lock().push(Record {
             engine: self.id,
             seqs: batch.seqs.iter().map(|s| s.ids.to_vec()).collect(),
@@ -165,6 +178,14 @@ impl Harness {
             log,
             gate,
         }
+    }
+
+    /// Submits every request (each must be admitted); their tickets, in order.
+    pub fn submit_all(&self, requests: &[Vec<Question>]) -> Vec<Ticket> {
+        requests
+            .iter()
+            .map(|q| self.scheduler.submit(q.clone(), None).expect("admitted"))
+            .collect()
     }
 
     /// Submits a one-question request that holds engine 0 until the gate opens, and returns once
