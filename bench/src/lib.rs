@@ -37,13 +37,14 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use clap::Args;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::config::ModelConfig;
 use instinct_model::decider::{load_text, Decider, Prompt};
 use instinct_model::forward::BatchLimits;
+pub use instinct_model::source::{Device, ModelSource};
 use serde_json::{json, Map, Value};
 
 mod cost;
@@ -76,7 +77,7 @@ pub struct BenchArgs {
     pub text_adapter: Option<PathBuf>,
     /// `cpu` or `cuda:N` (with --http: the server's device, for the report only).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
     /// Prompt ids from `tools/reference/bench_prompts.py` (the ids peer_bench.py runs).
     #[arg(long, conflicts_with_all = ["lengths", "batch_sizes"])]
     pub prompts: Option<PathBuf>,
@@ -150,8 +151,8 @@ pub type UserMessageOf<'a> = &'a dyn Fn(&[u8]) -> Result<String>;
 /// Runs the benchmark and writes its report.
 pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
     let started = Instant::now();
-    let device = Device::parse(&args.device)?;
-    let source = ModelSource::resolve(args)?;
+    let device = args.device;
+    let source = ModelSource::resolve(args.model.as_deref(), args.text_adapter.as_deref(), None)?;
     let config = read_config(&source.model_dir)?;
     let cost = ModelCost::new(&config.text);
     let prompts = match &args.prompts {
@@ -193,57 +194,6 @@ pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
                 "[bench] cuda backend started (kernels compiled or loaded) in {start_s:.2} s"
             );
             bench.forward(backend, start_s, &source, &prompts, limits)
-        }
-    }
-}
-
-/// Where the benchmark runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Device {
-    Cpu,
-    Cuda(usize),
-}
-
-impl Device {
-    fn parse(name: &str) -> Result<Self> {
-        if name == "cpu" {
-            return Ok(Device::Cpu);
-        }
-        match name.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(ordinal)) => Ok(Device::Cuda(ordinal)),
-            _ => bail!("--device {name}: expected cpu or cuda:N"),
-        }
-    }
-}
-
-/// The snapshot and adapter to load.
-struct ModelSource {
-    model_dir: PathBuf,
-    text_adapter: Option<PathBuf>,
-    demo: bool,
-}
-
-impl ModelSource {
-    fn resolve(args: &BenchArgs) -> Result<Self> {
-        match &args.model {
-            Some(dir) => Ok(Self {
-                model_dir: dir.clone(),
-                text_adapter: args.text_adapter.clone(),
-                demo: false,
-            }),
-            None => {
-                ensure!(
-                    args.text_adapter.is_none(),
-                    "--text-adapter needs --model (the demo model carries its own adapter)"
-                );
-                let demo = instinct_model::demo::materialize(&std::env::temp_dir())
-                    .context("writing the built-in demo model to the temporary directory")?;
-                Ok(Self {
-                    model_dir: demo.model_dir,
-                    text_adapter: Some(demo.text_adapter_dir),
-                    demo: true,
-                })
-            }
         }
     }
 }
@@ -314,7 +264,7 @@ impl Bench<'_> {
                 .clone()
                 .unwrap_or_else(|| detect_hardware(device))),
         );
-        r.insert("device".into(), json!(a.device));
+        r.insert("device".into(), json!(a.device.to_string()));
         r.insert("model".into(), json!(source.model_dir));
         r.insert("demo_model".into(), json!(source.demo));
         r.insert("text_adapter".into(), json!(source.text_adapter));
@@ -626,15 +576,5 @@ mod tests {
         assert!((s["p90_ms"].as_f64().unwrap() - 3.7).abs() < 1e-9);
         assert!((s["p10_ms"].as_f64().unwrap() - 1.3).abs() < 1e-9);
         assert_eq!(s["runs_ms"], json!([4.0, 1.0, 3.0, 2.0]));
-    }
-
-    #[test]
-    fn devices_parse() {
-        assert_eq!(Device::parse("cpu").unwrap(), Device::Cpu);
-        assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
-        for bad in ["gpu", "cuda", "cuda:x", "CPU"] {
-            let e = Device::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("expected cpu or cuda:N"), "{e}");
-        }
     }
 }
