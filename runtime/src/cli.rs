@@ -107,7 +107,9 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_BUCKETS", default_value = "", value_parser = parse_buckets)]
     pub buckets: Buckets,
 
-    /// Longest the oldest queued question waits for its batch to fill, in microseconds.
+    /// Longest the oldest queued question waits for its batch to fill while another engine's
+    /// batch runs, in microseconds (an idle engine never waits: it starts at once on what is
+    /// queued).
     #[arg(long, env = "INSTINCT_BATCH_WAIT_US", default_value_t = 1_500)]
     pub batch_wait_us: u64,
 

@@ -39,8 +39,9 @@ pub struct Config {
     pub max_batch_seqs: usize,
     /// Batch shapes. Empty means one bucket at `(max_batch_tokens, max_batch_seqs)`.
     pub buckets: Vec<Bucket>,
-    /// Longest time the oldest queued question waits for its batch to fill. Under load batches
-    /// fill (or the oldest question has already waited this long) and nobody waits at all.
+    /// Longest time the oldest queued question waits for its batch to fill while another
+    /// engine is running a batch. An engine never waits when no batch runs anywhere: it starts at
+    /// once on what is queued, and what arrives meanwhile forms the next batch.
     pub max_wait: Duration,
     /// Deadline applied to requests submitted without one; `None` means no deadline.
     pub default_deadline: Option<Duration>,

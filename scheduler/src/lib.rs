@@ -20,8 +20,10 @@
 //! one queue. The next batch is chosen FIFO with first-fit backfill under the bucket shapes (the
 //! `batching` module states the ageing guarantees: the oldest queued question is always in the
 //! next batch; younger questions only fill space no older one could use). A batch runs at
-//! once when it is full (a queued question was left out for lack of room) or when draining;
-//! otherwise when its oldest question has waited `max_wait`. Questions of one request may span
+//! once when no engine is running one (an idle device never waits; what arrives while it computes
+//! forms the next batch), when it is full (a queued question was left out for lack of room) or
+//! when draining; otherwise, while another engine's batch runs, when its oldest question has
+//! waited `max_wait`. Questions of one request may span
 //! batches and engines; answers are reassembled in order.
 //!
 //! **Failures**: a deadline passing while any question of the request is queued fails it with

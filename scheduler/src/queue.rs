@@ -273,8 +273,10 @@ impl QueueState {
     }
 
     /// Decides the next batch (see [`crate::batching`] for which questions) and when to run it:
-    /// at once if the batch is full or the scheduler is draining, otherwise once the oldest
-    /// queued question has waited `max_wait`.
+    /// at once when no engine is running a batch (an idle device never waits: what arrives while
+    /// it computes forms the next batch), the batch is full or the scheduler is draining;
+    /// otherwise, while another engine's batch runs, once the oldest queued question has waited
+    /// `max_wait`.
     pub fn next_batch(&mut self, now: Instant) -> Next {
         let Some(oldest) = self.pending.front().map(|s| s.enqueued) else {
             return Next::Idle;
@@ -297,7 +299,7 @@ impl QueueState {
             return Next::Idle;
         };
         let launch_at = oldest + self.cfg.config.max_wait;
-        if !plan.full && !self.draining && now < launch_at {
+        if !plan.full && !self.draining && self.running_batches > 0 && now < launch_at {
             return Next::WaitUntil(launch_at);
         }
         Next::Run(self.take(plan, now))

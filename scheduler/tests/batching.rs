@@ -238,3 +238,70 @@ fn a_short_question_does_not_wait_behind_long_ones() {
         "the long ones keep their FIFO order"
     );
 }
+
+#[test]
+fn an_idle_engine_starts_at_once_however_long_the_fill_wait() {
+    // Nothing runs anywhere: the engine must not hold a lone question for the 30 s fill wait.
+    let config = Config {
+        max_wait: Duration::from_secs(30),
+        ..bucketed_config()
+    };
+    let h = Harness::new(config, 1, Duration::ZERO);
+    for round in 0..3u32 {
+        let started = std::time::Instant::now();
+        let ticket = h
+            .scheduler
+            .submit(vec![question(round, 16, 2)], None)
+            .expect("admitted");
+        let answer = wait(ticket, Duration::from_secs(5)).expect("answered without the fill wait");
+        assert_eq!(answer, expected_answer(&[question(round, 16, 2)]));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "round {round}: waited {:?}",
+            started.elapsed()
+        );
+    }
+    assert!(h.batches().iter().all(|b| b.seqs.len() == 1));
+}
+
+#[test]
+fn while_a_batch_runs_an_idle_engine_waits_for_its_batch_to_fill() {
+    // Engine A runs a gated batch; engine B, idle, gets two questions 20 ms apart. With a 400 ms
+    // fill wait while a batch runs, B takes both in one batch.
+    let config = Config {
+        max_wait: Duration::from_millis(400),
+        ..bucketed_config()
+    };
+    let h = Harness::new(config, 2, Duration::ZERO);
+    let blocker = h
+        .scheduler
+        .submit(vec![question(GATE_MARK, 4, 2)], None)
+        .expect("blocker admitted");
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while h
+        .scheduler
+        .stats()
+        .engines
+        .iter()
+        .all(|e| e.busy_since.is_none())
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "no engine started the blocker"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let first = h.scheduler.submit(vec![question(1, 16, 2)], None).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let second = h.scheduler.submit(vec![question(2, 16, 2)], None).unwrap();
+    wait(first, LONG).unwrap();
+    wait(second, LONG).unwrap();
+    h.gate.open();
+    wait(blocker, LONG).unwrap();
+    let batches = h.batches();
+    assert!(
+        batches.iter().any(|b| b.tags() == vec![1, 2]),
+        "the two questions ran apart: {:?}",
+        batches.iter().map(Record::tags).collect::<Vec<_>>()
+    );
+}
