@@ -14,6 +14,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use instinct_model::readout::{confidence, first_argmax};
 use instinct_scheduler::{Failure, Question, RejectReason, Scheduler};
 use metrics::{counter, histogram};
+use rayon::prelude::*;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
@@ -474,20 +475,22 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(ValidatedRequest, Vec<Quest
         parsed => parsed?,
     };
     let questions = match &request.image {
-        None => {
-            let mut questions = Vec::with_capacity(request.questions.len());
-            for q in &request.questions {
-                let ids = preparer
+        // A request's questions are rendered and tokenized in parallel: each is independent, and
+        // a request's prepare time is otherwise the sum of its questions'.
+        None => request
+            .questions
+            .par_iter()
+            .map(|q| {
+                preparer
                     .render(&q.user)
                     .and_then(|chat| preparer.tokenize(&chat))
+                    .map(|ids| Question::text(ids, q.option_keys.len()))
                     .map_err(|e| {
                         tracing::error!("prompt preparation failed: {e:#}");
                         Problem::inference_failed()
-                    })?;
-                questions.push(Question::text(ids, q.option_keys.len()));
-            }
-            questions
-        }
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
         Some(image) => {
             let users: Vec<(&str, usize)> = request
                 .questions
