@@ -1,6 +1,6 @@
 //! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
 
-use super::{check_layout, check_len, seq_ranges, sigmoid, silu};
+use super::{check_len, seq_ranges, sigmoid, silu};
 use crate::backend::{HeadLayout, KernelResult, Store, Strided, Varlen};
 use crate::error::KernelError;
 
@@ -163,7 +163,7 @@ pub(super) fn head_rms_norm(
     eps: f32,
 ) -> KernelResult<()> {
     const OP: &str = "head_rms_norm";
-    check_layout(OP, layout, x.len(), rows)?;
+    layout.check_fits(OP, x.len(), rows)?;
     check_len(OP, "weight", weight, layout.head_dim)?;
     let mut tmp = vec![0.0f32; layout.head_dim];
     for_each_head(x, layout, rows, |_, _, head| {
@@ -179,7 +179,7 @@ pub(super) fn l2_norm(
     rows: usize,
     eps: f32,
 ) -> KernelResult<()> {
-    check_layout("l2_norm", layout, x.len(), rows)?;
+    layout.check_fits("l2_norm", x.len(), rows)?;
     for_each_head(x, layout, rows, |_, _, head| {
         let ss: f64 = head.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
         let inv = 1.0 / (ss as f32 + eps).sqrt();

@@ -86,26 +86,6 @@ pub(crate) fn seq_ranges(
     Ok(ranges)
 }
 
-/// Fails unless `layout` fits in a buffer of `len` for `rows` rows.
-pub(crate) fn check_layout(
-    op: &'static str,
-    layout: HeadLayout,
-    len: usize,
-    rows: usize,
-) -> KernelResult<()> {
-    if layout.head_dim == 0 {
-        return Err(KernelError::invalid(op, "head_dim is 0"));
-    }
-    let need = layout.required_len(rows);
-    if len < need {
-        return Err(KernelError::invalid(
-            op,
-            format!("buffer holds {len} values, layout needs {need}"),
-        ));
-    }
-    Ok(())
-}
-
 pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

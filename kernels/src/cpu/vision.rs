@@ -1,7 +1,7 @@
 //! CPU ops of the vision tower: LayerNorm, bias and residual adds, GELU, 2-D axial RoPE and
 //! bidirectional segment attention.
 
-use super::{check_layout, check_len, seq_ranges};
+use super::{check_len, seq_ranges};
 use crate::backend::{Gelu, HeadLayout, KernelResult, Varlen};
 use crate::error::KernelError;
 
@@ -86,7 +86,7 @@ pub(super) fn rope_axial(
     theta: f32,
 ) -> KernelResult<()> {
     const OP: &str = "rope_axial";
-    check_layout(OP, layout, x.len(), rows)?;
+    layout.check_fits(OP, x.len(), rows)?;
     check_len(OP, "positions", positions, rows * 2)?;
     let d = layout.head_dim;
     if !d.is_multiple_of(4) {

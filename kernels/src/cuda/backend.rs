@@ -199,20 +199,6 @@ fn swiglu_grid(op: &'static str, rows: usize, inter: usize) -> KernelResult<Laun
     })
 }
 
-fn check_layout(op: &'static str, layout: HeadLayout, len: usize, rows: usize) -> KernelResult<()> {
-    if layout.head_dim == 0 {
-        return Err(KernelError::invalid(op, "head_dim is 0"));
-    }
-    let need = layout.required_len(rows);
-    if len < need {
-        return Err(KernelError::invalid(
-            op,
-            format!("buffer holds {len} values, layout needs {need}"),
-        ));
-    }
-    Ok(())
-}
-
 /// Checks attention dims and returns the rows qg, k and v all hold (the caller then checks the
 /// batch against them with [`check_batch`]).
 fn attention_rows(
@@ -900,7 +886,7 @@ impl Backend for CudaBackend {
         eps: f32,
     ) -> KernelResult<()> {
         const OP: &str = "head_rms_norm";
-        check_layout(OP, layout, x.len(), rows)?;
+        layout.check_fits(OP, x.len(), rows)?;
         let x = act_mut(OP, "x", x, 0)?;
         let w = weight(OP, "weight", weight_buf, layout.head_dim)?;
         self.per_head(OP, "head_rms_norm", x, Some(w), layout, rows, eps)
@@ -915,7 +901,7 @@ impl Backend for CudaBackend {
         rope: &Rope,
     ) -> KernelResult<()> {
         const OP: &str = "rope";
-        check_layout(OP, layout, x.len(), rows)?;
+        layout.check_fits(OP, x.len(), rows)?;
         let x = act_mut(OP, "x", x, 0)?;
         let positions = idx(OP, "positions", positions, rows * 3)?;
         let (table, half) = RopeTable::new(OP, rope, layout.head_dim)?;
@@ -969,8 +955,8 @@ impl Backend for CudaBackend {
                 eps,
             );
         }
-        check_layout(OP, q_layout, q_buf.len(), rows)?;
-        check_layout(OP, k_layout, k_buf.len(), rows)?;
+        q_layout.check_fits(OP, q_buf.len(), rows)?;
+        k_layout.check_fits(OP, k_buf.len(), rows)?;
         let q = act_mut(OP, "q", q_buf, 0)?;
         let k = act_mut(OP, "k", k_buf, 0)?;
         let qw = weight(OP, "q_norm", q_norm, head_dim)?;
@@ -1282,7 +1268,7 @@ impl Backend for CudaBackend {
         eps: f32,
     ) -> KernelResult<()> {
         const OP: &str = "l2_norm";
-        check_layout(OP, layout, x.len(), rows)?;
+        layout.check_fits(OP, x.len(), rows)?;
         let x = act_mut(OP, "x", x, 0)?;
         let kernel = L2_NORM[held_variant(layout.head_dim, 32, &WARP_HELD)];
         self.per_head(OP, kernel, x, None, layout, rows, eps)
