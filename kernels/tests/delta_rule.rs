@@ -2,6 +2,7 @@
 //! chunk boundaries, ragged packed batches, initial and final states.
 
 use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Strided, Varlen};
+use instinct_kernels::{DeltaGates, DeltaInputs, GateOutputs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -42,7 +43,20 @@ fn make_inputs(rng: &mut StdRng, dims: DeltaDims, lens: &[usize]) -> Inputs {
     let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
     let dense = Strided::dense(hv);
     cpu.delta_gates(
-        &b, dense, &a, dense, &a_log, &dt_bias, rows, hv, &mut beta, &mut g,
+        DeltaGates {
+            b: &b,
+            b_at: dense,
+            a: &a,
+            a_at: dense,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            heads: hv,
+        },
+        rows,
+        GateOutputs {
+            beta: &mut beta,
+            g: &mut g,
+        },
     )
     .unwrap();
     Inputs {
@@ -76,11 +90,27 @@ fn run(inp: &Inputs, chunked: bool, initial: Option<&Vec<f32>>) -> (Vec<f32>, Ve
     };
     if chunked {
         cpu.gated_delta_rule_chunked(
-            &inp.qkv, &inp.beta, &inp.g, batch, inp.dims, state, &mut out,
+            DeltaInputs {
+                qkv: &inp.qkv,
+                beta: &inp.beta,
+                g: &inp.g,
+            },
+            batch,
+            inp.dims,
+            state,
+            &mut out,
         )
     } else {
         cpu.gated_delta_rule_recurrent(
-            &inp.qkv, &inp.beta, &inp.g, batch, inp.dims, state, &mut out,
+            DeltaInputs {
+                qkv: &inp.qkv,
+                beta: &inp.beta,
+                g: &inp.g,
+            },
+            batch,
+            inp.dims,
+            state,
+            &mut out,
         )
     }
     .unwrap();
@@ -273,9 +303,11 @@ fn rejects_bad_shapes() {
     let beta = vec![0.5f32; 20];
     let g = vec![-0.1f32; 20];
     let r = cpu.gated_delta_rule_chunked(
-        &qkv,
-        &beta,
-        &g,
+        DeltaInputs {
+            qkv: &qkv,
+            beta: &beta,
+            g: &g,
+        },
         Varlen {
             cu_seqlens: &cu,
             num_seqs: 1,
@@ -294,9 +326,11 @@ fn rejects_bad_shapes() {
         ..SMALL
     };
     let r = cpu.gated_delta_rule_recurrent(
-        &qkv,
-        &beta,
-        &g,
+        DeltaInputs {
+            qkv: &qkv,
+            beta: &beta,
+            g: &g,
+        },
         Varlen {
             cu_seqlens: &vec![0u32, 1],
             num_seqs: 1,

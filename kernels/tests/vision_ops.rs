@@ -3,6 +3,7 @@
 //! scores depend only on relative patch offsets).
 
 use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::RowNorm;
 use instinct_kernels::{CpuBackend, HeadLayout, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,7 +31,18 @@ fn layer_norm_matches_formula() {
         .collect();
     let (w, b) = (rand_vec(&mut rng, dim), rand_vec(&mut rng, dim));
     let mut out = vec![0.0; rows * dim];
-    be.layer_norm(&x, &w, &b, rows, dim, eps, &mut out).unwrap();
+    be.layer_norm(
+        &x,
+        RowNorm {
+            weight: &w,
+            rows,
+            dim,
+            eps,
+        },
+        &b,
+        &mut out,
+    )
+    .unwrap();
     let mut want = vec![0.0f32; rows * dim];
     for r in 0..rows {
         let row = &x[r * dim..(r + 1) * dim];
@@ -45,7 +57,17 @@ fn layer_norm_matches_formula() {
     // Too short an output is refused.
     let mut short = vec![0.0; rows * dim - 1];
     assert!(be
-        .layer_norm(&x, &w, &b, rows, dim, eps, &mut short)
+        .layer_norm(
+            &x,
+            RowNorm {
+                weight: &w,
+                rows,
+                dim,
+                eps
+            },
+            &b,
+            &mut short
+        )
         .is_err());
 }
 

@@ -2,26 +2,21 @@
 //! its kernel does not take.
 
 use super::{
-    Backend, DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelResult, Rope, Strided, Varlen,
+    Backend, Conv1d, ConvWindow, DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch,
+    DeltaState, GateOutputs, HeadLayout, KernelResult, L2Heads, Rope, Varlen,
 };
 
 /// [`Backend::conv1d_silu_l2`] as its two ops: the trait's default, and a fusing backend's path for
 /// layouts its kernel does not take.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn conv1d_silu_then_l2<B: Backend + ?Sized>(
     be: &B,
-    x: &B::Buf,
-    x_at: Strided,
-    weight: &B::Buf,
+    conv: Conv1d<'_, B::Buf>,
     batch: Varlen<'_, B::Idx>,
-    channels: usize,
-    kernel: usize,
-    l2: HeadLayout,
-    eps: f32,
+    l2: L2Heads,
     out: &mut B::Buf,
 ) -> KernelResult<()> {
-    be.conv1d_silu(x, x_at, weight, batch, channels, kernel, None, None, out)?;
-    be.l2_norm(out, l2, batch.rows, eps)
+    be.conv1d_silu(conv, batch, ConvWindow::none(), out)?;
+    be.l2_norm(out, l2.layout, batch.rows, l2.eps)
 }
 
 /// [`Backend::qk_norm_rope`] as its four ops: the trait's default, and a fusing backend's path for
@@ -41,51 +36,41 @@ pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
     be.rope(k, k_layout, positions, rows, rope)
 }
 
-/// [`Backend::delta_gates`] of `gates` over `rows` rows: the second half of
-/// [`Backend::conv1d_silu_l2_gates`] where a backend does not fuse it.
-pub(crate) fn gates_apart<B: Backend + ?Sized>(
-    be: &B,
-    gates: DeltaGates<'_, B::Buf>,
-    rows: usize,
-    (beta, g): (&mut B::Buf, &mut B::Buf),
-) -> KernelResult<()> {
-    let DeltaGates {
-        b,
-        b_at,
-        a,
-        a_at,
-        a_log,
-        dt_bias,
-        heads,
-    } = gates;
-    be.delta_gates(b, b_at, a, a_at, a_log, dt_bias, rows, heads, beta, g)
-}
-
 /// [`Backend::delta_net_core`] as its two ops: the trait's default, and a fusing backend's path for
 /// shapes its kernel does not take.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn delta_net_core_apart<B: Backend + ?Sized>(
     be: &B,
-    (x, x_at): (&B::Buf, Strided),
-    (conv_weight, kernel, l2_eps): (&B::Buf, usize, f32),
-    gates: DeltaGates<'_, B::Buf>,
+    input: DeltaNetInput<'_, B::Buf>,
     batch: Varlen<'_, B::Idx>,
     dims: DeltaDims,
     state: DeltaState<'_, B>,
-    (conv, beta, g): (&mut B::Buf, &mut B::Buf, &mut B::Buf),
+    scratch: DeltaNetScratch<'_, B::Buf>,
     out: &mut B::Buf,
 ) -> KernelResult<()> {
+    let DeltaNetScratch { conv, beta, g } = scratch;
+    let conv_in = Conv1d {
+        x: input.x,
+        x_at: input.x_at,
+        weight: input.conv_weight,
+        channels: dims.qkv_width(),
+        kernel: input.kernel,
+    };
+    let l2 = L2Heads {
+        layout: dims.qk_layout(),
+        eps: input.l2_eps,
+    };
     be.conv1d_silu_l2_gates(
-        x,
-        x_at,
-        conv_weight,
+        conv_in,
         batch,
-        dims.qkv_width(),
-        kernel,
-        (dims.qk_layout(), l2_eps),
+        l2,
         conv,
-        gates,
-        (beta, g),
+        input.gates,
+        GateOutputs { beta, g },
     )?;
-    be.gated_delta_rule_chunked(conv, beta, g, batch, dims, state, out)
+    let inputs = DeltaInputs {
+        qkv: &*conv,
+        beta: &*beta,
+        g: &*g,
+    };
+    be.gated_delta_rule_chunked(inputs, batch, dims, state, out)
 }

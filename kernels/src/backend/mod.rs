@@ -13,14 +13,17 @@
 //!   and may be longer than an op needs; an op touches only the prefix it is asked for.
 //! - Ops never allocate caller-visible memory; a backend may keep its own scratch.
 
+mod args;
 mod composed;
 mod dims;
 mod layout;
 mod rope;
 
-pub(crate) use composed::{
-    conv1d_silu_then_l2, delta_net_core_apart, gates_apart, qk_norm_then_rope,
+pub use args::{
+    Conv1d, ConvWindow, DeltaInputs, DeltaNetInput, DeltaNetScratch, GateOutputs, GatedNorm,
+    GemmShape, L2Heads, Projection, QkPrologue, RowNorm,
 };
+pub(crate) use composed::{conv1d_silu_then_l2, delta_net_core_apart, qk_norm_then_rope};
 pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
 pub use layout::{HeadLayout, Strided, Varlen};
 pub use rope::Rope;
@@ -49,7 +52,6 @@ pub trait Buffers {
 }
 
 /// Everything the model needs from a compute backend. See the module docs for the conventions.
-#[allow(clippy::too_many_arguments)]
 pub trait Backend: Buffers {
     /// A short name for logs (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
@@ -109,10 +111,7 @@ pub trait Backend: Buffers {
     fn rms_norm(
         &self,
         x: &Self::Buf,
-        weight: &Self::Buf,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        norm: RowNorm<'_, Self::Buf>,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
@@ -121,10 +120,7 @@ pub trait Backend: Buffers {
         &self,
         residual: &mut Self::Buf,
         delta: &Self::Buf,
-        weight: &Self::Buf,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        norm: RowNorm<'_, Self::Buf>,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
@@ -133,12 +129,10 @@ pub trait Backend: Buffers {
         &self,
         x: &Self::Buf,
         w: &Self::Buf,
-        rows: usize,
-        in_dim: usize,
-        out_dim: usize,
+        shape: GemmShape,
         y: &mut Self::Buf,
     ) -> KernelResult<()> {
-        self.gemm_to(x, w, rows, in_dim, out_dim, Store::Replace, y)
+        self.gemm_to(x, w, shape, Store::Replace, y)
     }
 
     /// [`Self::gemm`], replacing `y` or adding to it as `store` says.
@@ -146,9 +140,7 @@ pub trait Backend: Buffers {
         &self,
         x: &Self::Buf,
         w: &Self::Buf,
-        rows: usize,
-        in_dim: usize,
-        out_dim: usize,
+        shape: GemmShape,
         store: Store,
         y: &mut Self::Buf,
     ) -> KernelResult<()>;
@@ -231,18 +223,14 @@ pub trait Backend: Buffers {
 
     /// One gated attention layer's core on its stacked projection `qkv` (rows
     /// [`AttentionDims::stacked_width`] wide: q|gate per query head, then k, then v): the q and k
-    /// head norms and rope ([`Self::qk_norm_rope`] with `norms`: the q then the k weight), then
+    /// head norms and rope ([`Self::qk_norm_rope`] as `prologue` says), then
     /// [`Self::attention`] (every row into `out`, `[batch.rows, q_heads·head_dim]`) or, with
     /// `last_only`, [`Self::attention_last`] (`[num_seqs, q_heads·head_dim]`). `qkv` is scratch
     /// afterwards. `out` may come from [`Self::alloc_gemm_input`]: o_proj is its only reader.
-    #[allow(clippy::too_many_arguments)]
     fn gated_attention(
         &self,
         qkv: &mut Self::Buf,
-        norms: (&Self::Buf, &Self::Buf),
-        positions: &Self::Idx,
-        rope: &Rope,
-        eps: f32,
+        prologue: QkPrologue<'_, Self>,
         batch: Varlen<'_, Self::Idx>,
         dims: AttentionDims,
         last_only: bool,
@@ -252,19 +240,15 @@ pub trait Backend: Buffers {
     /// Causal depthwise conv1d (no bias) then SiLU, per sequence: `out_t[c] = silu(Σ_i w[c][i] ·
     /// x_{t-kernel+1+i}[c])`, `w: [channels, kernel]`. `x` rows (of `channels`) sit at `x_at`, so
     /// the conv can read its block of a stacked projection; `out` is dense `[rows, channels]`.
-    /// Inputs before a sequence's start are zero, or come from `window_in` (`[num_seqs, kernel-1,
-    /// channels]`, oldest first: the last pre-conv rows before the sequence). `window_out`, if
-    /// given, receives the same layout for the end of each sequence (for resuming it later).
+    /// Inputs before a sequence's start are zero, or come from `window.input` (`[num_seqs,
+    /// kernel-1, channels]`, oldest first: the last pre-conv rows before the sequence).
+    /// `window.output`, if given, receives the same layout for the end of each sequence (for
+    /// resuming it later).
     fn conv1d_silu(
         &self,
-        x: &Self::Buf,
-        x_at: Strided,
-        weight: &Self::Buf,
+        conv: Conv1d<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
-        channels: usize,
-        kernel: usize,
-        window_in: Option<&Self::Buf>,
-        window_out: Option<&mut Self::Buf>,
+        window: ConvWindow<'_, Self::Buf>,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
@@ -282,38 +266,28 @@ pub trait Backend: Buffers {
     /// bit (rows of `out` that belong to no sequence are left as `conv1d_silu` leaves them).
     fn conv1d_silu_l2(
         &self,
-        x: &Self::Buf,
-        x_at: Strided,
-        weight: &Self::Buf,
+        conv: Conv1d<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
-        channels: usize,
-        kernel: usize,
-        l2: HeadLayout,
-        eps: f32,
+        l2: L2Heads,
         out: &mut Self::Buf,
     ) -> KernelResult<()> {
-        conv1d_silu_then_l2(self, x, x_at, weight, batch, channels, kernel, l2, eps, out)
+        conv1d_silu_then_l2(self, conv, batch, l2, out)
     }
 
     /// [`Self::conv1d_silu_l2`] and [`Self::delta_gates`] (over the batch's rows) of one Gated
     /// DeltaNet layer, in one pass where the backend can: the same values, bit for bit, as the two
     /// calls.
-    #[allow(clippy::too_many_arguments)]
     fn conv1d_silu_l2_gates(
         &self,
-        x: &Self::Buf,
-        x_at: Strided,
-        weight: &Self::Buf,
+        conv: Conv1d<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
-        channels: usize,
-        kernel: usize,
-        (l2, eps): (HeadLayout, f32),
+        l2: L2Heads,
         out: &mut Self::Buf,
         gates: DeltaGates<'_, Self::Buf>,
-        (beta, g): (&mut Self::Buf, &mut Self::Buf),
+        gates_out: GateOutputs<'_, Self::Buf>,
     ) -> KernelResult<()> {
-        self.conv1d_silu_l2(x, x_at, weight, batch, channels, kernel, l2, eps, out)?;
-        gates_apart(self, gates, batch.rows, (beta, g))
+        self.conv1d_silu_l2(conv, batch, l2, out)?;
+        self.delta_gates(gates, batch.rows, gates_out)
     }
 
     /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and
@@ -322,25 +296,16 @@ pub trait Backend: Buffers {
     /// projection); `beta` and `g` are dense `[rows, heads]`, as the delta rule reads them.
     fn delta_gates(
         &self,
-        b: &Self::Buf,
-        b_at: Strided,
-        a: &Self::Buf,
-        a_at: Strided,
-        a_log: &Self::Buf,
-        dt_bias: &Self::Buf,
+        gates: DeltaGates<'_, Self::Buf>,
         rows: usize,
-        heads: usize,
-        beta: &mut Self::Buf,
-        g: &mut Self::Buf,
+        out: GateOutputs<'_, Self::Buf>,
     ) -> KernelResult<()>;
 
     /// Gated delta rule over each sequence, chunked (64 tokens, chunk grid starting at each
     /// sequence start). Same result as [`Self::gated_delta_rule_recurrent`] up to rounding.
     fn gated_delta_rule_chunked(
         &self,
-        qkv: &Self::Buf,
-        beta: &Self::Buf,
-        g: &Self::Buf,
+        inputs: DeltaInputs<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
         dims: DeltaDims,
         state: DeltaState<'_, Self>,
@@ -348,42 +313,27 @@ pub trait Backend: Buffers {
     ) -> KernelResult<()>;
 
     /// A Gated DeltaNet layer's core on its stacked input projection `x`:
-    /// [`Self::conv1d_silu_l2_gates`] (the conv + SiLU over the q|k|v block at `x_at`, with `kernel`
-    /// taps and no carried window; q and k L2-normalised per head ([`DeltaDims::qk_layout`],
-    /// `l2_eps`); the gates) into the scratch `conv`, `beta`, `g`, then
+    /// [`Self::conv1d_silu_l2_gates`] (the conv + SiLU over the q|k|v block at `input.x_at`, with
+    /// `input.kernel` taps and no carried window; q and k L2-normalised per head
+    /// ([`DeltaDims::qk_layout`], `input.l2_eps`); the gates) into `scratch`, then
     /// [`Self::gated_delta_rule_chunked`] into `out`. A backend that reads the projection in the
     /// delta rule itself (CUDA) may leave the scratch untouched; the result is the same.
-    #[allow(clippy::too_many_arguments)]
     fn delta_net_core(
         &self,
-        (x, x_at): (&Self::Buf, Strided),
-        (conv_weight, kernel, l2_eps): (&Self::Buf, usize, f32),
-        gates: DeltaGates<'_, Self::Buf>,
+        input: DeltaNetInput<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
         dims: DeltaDims,
         state: DeltaState<'_, Self>,
-        (conv, beta, g): (&mut Self::Buf, &mut Self::Buf, &mut Self::Buf),
+        scratch: DeltaNetScratch<'_, Self::Buf>,
         out: &mut Self::Buf,
     ) -> KernelResult<()> {
-        delta_net_core_apart(
-            self,
-            (x, x_at),
-            (conv_weight, kernel, l2_eps),
-            gates,
-            batch,
-            dims,
-            state,
-            (conv, beta, g),
-            out,
-        )
+        delta_net_core_apart(self, input, batch, dims, state, scratch, out)
     }
 
     /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.
     fn gated_delta_rule_recurrent(
         &self,
-        qkv: &Self::Buf,
-        beta: &Self::Buf,
-        g: &Self::Buf,
+        inputs: DeltaInputs<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
         dims: DeltaDims,
         state: DeltaState<'_, Self>,
@@ -393,17 +343,8 @@ pub trait Backend: Buffers {
     /// Gated RMSNorm in place, each head of `dim` on its own: `x ← w · x / sqrt(mean(x²) + eps) ·
     /// silu(z)` (plain `w: [dim]`, shared by all heads). `x` is dense `[rows, heads·dim]`; the rows
     /// of `z` (`heads·dim` each) sit at `z_at` (a column block of a stacked projection).
-    fn gated_rms_norm(
-        &self,
-        x: &mut Self::Buf,
-        z: &Self::Buf,
-        z_at: Strided,
-        weight: &Self::Buf,
-        rows: usize,
-        heads: usize,
-        dim: usize,
-        eps: f32,
-    ) -> KernelResult<()>;
+    fn gated_rms_norm(&self, x: &mut Self::Buf, norm: GatedNorm<'_, Self::Buf>)
+        -> KernelResult<()>;
 
     /// SwiGLU: `out[t][i] = silu(gate_up[t][i]) · gate_up[t][inter + i]` with `gate_up:
     /// [rows, 2·inter]`.
@@ -415,47 +356,36 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
-    /// Gated RMSNorm then a projection: `y = g Wᵀ` (or `y += g Wᵀ`, as `store` says) with
-    /// `g = gated_rms_norm(x, z)` (as [`Self::gated_rms_norm`]) and the GEMM over `rows` rows of
-    /// `heads·dim`. `x` may be left
-    /// normalised in place, or untouched by a backend that feeds the normalised values straight
-    /// into its GEMM.
+    /// Gated RMSNorm then a projection: `y = g Wᵀ` (or `y += g Wᵀ`, as `proj.store` says) with
+    /// `g = gated_rms_norm(x, norm)` (as [`Self::gated_rms_norm`]) and the GEMM over `norm.rows`
+    /// rows of `heads·dim`. `x` may be left normalised in place, or untouched by a backend that
+    /// feeds the normalised values straight into its GEMM.
     fn gated_rms_norm_gemm(
         &self,
         x: &mut Self::Buf,
-        z: &Self::Buf,
-        z_at: Strided,
-        norm_weight: &Self::Buf,
-        rows: usize,
-        heads: usize,
-        dim: usize,
-        eps: f32,
-        w: &Self::Buf,
-        out_dim: usize,
-        store: Store,
+        norm: GatedNorm<'_, Self::Buf>,
+        proj: Projection<'_, Self::Buf>,
         y: &mut Self::Buf,
     ) -> KernelResult<()> {
-        self.gated_rms_norm(x, z, z_at, norm_weight, rows, heads, dim, eps)?;
-        self.gemm_to(x, w, rows, heads * dim, out_dim, store, y)
+        self.gated_rms_norm(x, norm)?;
+        let shape = proj.shape(norm.rows, norm.width());
+        self.gemm_to(x, proj.w, shape, proj.store, y)
     }
 
-    /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ` (or `+=`, as `store` says),
-    /// `gate_up: [rows, 2·inter]`,
-    /// `w: [out_dim, inter]`. `act` (`[rows, inter]`) may receive the SwiGLU output; a backend that
-    /// feeds it straight into its GEMM leaves `act` untouched.
+    /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ` (or `+=`, as `proj.store` says),
+    /// `gate_up: [rows, 2·inter]`, `proj.w: [out_dim, inter]`. `act` (`[rows, inter]`) may receive
+    /// the SwiGLU output; a backend that feeds it straight into its GEMM leaves `act` untouched.
     fn swiglu_gemm(
         &self,
         gate_up: &Self::Buf,
         rows: usize,
         inter: usize,
-        w: &Self::Buf,
-        out_dim: usize,
+        proj: Projection<'_, Self::Buf>,
         act: &mut Self::Buf,
-        store: Store,
         y: &mut Self::Buf,
     ) -> KernelResult<()> {
         self.swiglu(gate_up, rows, inter, act)?;
-        self.gemm_to(act, w, rows, inter, out_dim, store, y)
+        self.gemm_to(act, proj.w, proj.shape(rows, inter), proj.store, y)
     }
 
     /// `out[s] = x[cu_seqlens[s + 1] − 1]` (each sequence's last row), `[num_seqs, dim]`.
@@ -478,18 +408,14 @@ pub enum Gelu {
 
 /// The extra ops of the Qwen3.5 vision tower (a ViT), on top of [`Backend`]. A separate trait so
 /// a backend can serve text before it has them.
-#[allow(clippy::too_many_arguments)]
 pub trait VisionBackend: Backend {
     /// LayerNorm with weight and bias per row of `dim`: `out = (x − mean) / sqrt(var + eps) · w + b`
     /// (biased variance).
     fn layer_norm(
         &self,
         x: &Self::Buf,
-        weight: &Self::Buf,
+        norm: RowNorm<'_, Self::Buf>,
         bias: &Self::Buf,
-        rows: usize,
-        dim: usize,
-        eps: f32,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 

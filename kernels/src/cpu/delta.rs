@@ -5,7 +5,7 @@
 //! sequence start, and a partial last chunk is simply shorter (no padding).
 
 use super::{check_len, seq_ranges, CpuBackend};
-use crate::backend::{DeltaDims, DeltaState, KernelResult, Varlen};
+use crate::backend::{DeltaDims, DeltaInputs, DeltaState, KernelResult, Varlen};
 use crate::error::KernelError;
 
 /// Tokens per chunk of the chunked form.
@@ -31,18 +31,20 @@ struct Head {
     dv: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     mode: Mode,
-    qkv: &[f32],
-    beta: &[f32],
-    g: &[f32],
+    inputs: DeltaInputs<'_, Vec<f32>>,
     batch: Varlen<'_, Vec<u32>>,
     dims: DeltaDims,
     state: DeltaState<'_, CpuBackend>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "gated_delta_rule";
+    let (qkv, beta, g) = (
+        inputs.qkv.as_slice(),
+        inputs.beta.as_slice(),
+        inputs.g.as_slice(),
+    );
     let DeltaDims {
         k_heads,
         v_heads,

@@ -1,7 +1,9 @@
 //! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
 
 use super::{check_len, seq_ranges, sigmoid, silu};
-use crate::backend::{HeadLayout, KernelResult, Store, Strided, Varlen};
+use crate::backend::{
+    DeltaGates, GateOutputs, GatedNorm, GemmShape, HeadLayout, KernelResult, RowNorm, Store, Varlen,
+};
 use crate::error::KernelError;
 
 pub(super) fn embedding(
@@ -45,13 +47,16 @@ fn norm_row_zero_centred(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 pub(super) fn rms_norm(
     x: &[f32],
-    weight: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RowNorm<'_, Vec<f32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "rms_norm";
+    let RowNorm {
+        weight,
+        rows,
+        dim,
+        eps,
+    } = norm;
     check_len(OP, "x", x, rows * dim)?;
     check_len(OP, "weight", weight, dim)?;
     check_len(OP, "out", out, rows * dim)?;
@@ -65,13 +70,16 @@ pub(super) fn rms_norm(
 pub(super) fn add_rms_norm(
     residual: &mut [f32],
     delta: &[f32],
-    weight: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RowNorm<'_, Vec<f32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "add_rms_norm";
+    let RowNorm {
+        weight,
+        rows,
+        dim,
+        eps,
+    } = norm;
     check_len(OP, "residual", residual, rows * dim)?;
     check_len(OP, "delta", delta, rows * dim)?;
     check_len(OP, "weight", weight, dim)?;
@@ -89,13 +97,16 @@ pub(super) fn add_rms_norm(
 pub(super) fn gemm(
     x: &[f32],
     w: &[f32],
-    rows: usize,
-    in_dim: usize,
-    out_dim: usize,
+    shape: GemmShape,
     store: Store,
     y: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "gemm";
+    let GemmShape {
+        rows,
+        in_dim,
+        out_dim,
+    } = shape;
     check_len(OP, "x", x, rows * in_dim)?;
     check_len(OP, "w", w, out_dim * in_dim)?;
     check_len(OP, "y", y, rows * out_dim)?;
@@ -106,7 +117,7 @@ pub(super) fn gemm(
         // The product first, then the add: the same bits as a separate residual add
         // (matrixmultiply's own β = 1 adds each block of the depth in turn, another rounding).
         let mut product = vec![0.0; rows * out_dim];
-        gemm(x, w, rows, in_dim, out_dim, Store::Replace, &mut product)?;
+        gemm(x, w, shape, Store::Replace, &mut product)?;
         for (y, p) in y.iter_mut().zip(product) {
             *y += p;
         }
@@ -197,20 +208,22 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn delta_gates(
-    b: &[f32],
-    b_at: Strided,
-    a: &[f32],
-    a_at: Strided,
-    a_log: &[f32],
-    dt_bias: &[f32],
+    gates: DeltaGates<'_, Vec<f32>>,
     rows: usize,
-    heads: usize,
-    beta: &mut [f32],
-    g: &mut [f32],
+    out: GateOutputs<'_, Vec<f32>>,
 ) -> KernelResult<()> {
     const OP: &str = "delta_gates";
+    let DeltaGates {
+        b,
+        b_at,
+        a,
+        a_at,
+        a_log,
+        dt_bias,
+        heads,
+    } = gates;
+    let GateOutputs { beta, g } = out;
     check_len(OP, "b", b, b_at.required_len(rows, heads))?;
     check_len(OP, "a", a, a_at.required_len(rows, heads))?;
     check_len(OP, "a_log", a_log, heads)?;
@@ -227,18 +240,17 @@ pub(super) fn delta_gates(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gated_rms_norm(
-    x: &mut [f32],
-    z: &[f32],
-    z_at: Strided,
-    weight: &[f32],
-    rows: usize,
-    heads: usize,
-    dim: usize,
-    eps: f32,
-) -> KernelResult<()> {
+pub(super) fn gated_rms_norm(x: &mut [f32], norm: GatedNorm<'_, Vec<f32>>) -> KernelResult<()> {
     const OP: &str = "gated_rms_norm";
+    let GatedNorm {
+        z,
+        z_at,
+        weight,
+        rows,
+        heads,
+        dim,
+        eps,
+    } = norm;
     let width = heads * dim;
     check_len(OP, "x", x, rows * width)?;
     check_len(OP, "z", z, z_at.required_len(rows, width))?;

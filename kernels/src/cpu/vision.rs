@@ -2,19 +2,22 @@
 //! bidirectional segment attention.
 
 use super::{check_len, seq_ranges};
-use crate::backend::{Gelu, HeadLayout, KernelResult, Varlen};
+use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
 
 pub(super) fn layer_norm(
     x: &[f32],
-    weight: &[f32],
+    norm: RowNorm<'_, Vec<f32>>,
     bias: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "layer_norm";
+    let RowNorm {
+        weight,
+        rows,
+        dim,
+        eps,
+    } = norm;
     if dim == 0 {
         return Err(KernelError::invalid(OP, "dim is 0"));
     }

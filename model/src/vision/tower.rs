@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, ensure, Context, Result};
 use instinct_kernels::backend::{Gelu, VisionBackend};
-use instinct_kernels::{HeadLayout, Varlen};
+use instinct_kernels::{GemmShape, HeadLayout, RowNorm, Varlen};
 
 use super::config::{VisionConfig, VISION_LAYER_NORM_EPS};
 use super::grid::{add_position_embedding, patch_coords};
@@ -121,7 +121,7 @@ impl<B: VisionBackend> VisionTower<B> {
 
     fn linear(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
         let be = &self.backend;
-        be.gemm(x, &l.weight, rows, l.in_dim, l.out_dim, y)
+        be.gemm(x, &l.weight, GemmShape::new(rows, l.in_dim, l.out_dim), y)
             .map_err(|e| anyhow!(e))?;
         be.add_bias(y, &l.bias, rows, l.out_dim)
             .map_err(|e| anyhow!(e))
@@ -189,15 +189,19 @@ impl<B: VisionBackend> VisionTower<B> {
             ..q_layout
         };
         let scale = (d as f64).powf(-0.5) as f32;
+        // Every LayerNorm of the tower runs over the n patch rows of width h.
+        let norm = |weight| RowNorm {
+            weight,
+            rows: n,
+            dim: h,
+            eps: VISION_LAYER_NORM_EPS,
+        };
         for (i, block) in self.blocks.iter().enumerate() {
             let ctx = || format!("vision block {i}");
             be.layer_norm(
                 &hidden,
-                &block.norm1.weight,
+                norm(&block.norm1.weight),
                 &block.norm1.bias,
-                n,
-                h,
-                VISION_LAYER_NORM_EPS,
                 &mut normed,
             )
             .map_err(e)?;
@@ -220,11 +224,8 @@ impl<B: VisionBackend> VisionTower<B> {
 
             be.layer_norm(
                 &hidden,
-                &block.norm2.weight,
+                norm(&block.norm2.weight),
                 &block.norm2.bias,
-                n,
-                h,
-                VISION_LAYER_NORM_EPS,
                 &mut normed,
             )
             .map_err(e)?;
@@ -241,16 +242,9 @@ impl<B: VisionBackend> VisionTower<B> {
         // [n, h] buffer read as [n / merge², merge²·h] is their concatenation in block order.
         let tokens = n / cfg.merge_unit();
         let m = cfg.merged_width();
-        be.layer_norm(
-            &hidden,
-            &self.merger_norm.weight,
-            &self.merger_norm.bias,
-            n,
-            h,
-            VISION_LAYER_NORM_EPS,
-            &mut normed,
-        )
-        .map_err(e)?;
+        let merger_norm = norm(&self.merger_norm.weight);
+        be.layer_norm(&hidden, merger_norm, &self.merger_norm.bias, &mut normed)
+            .map_err(e)?;
         let mut merged = be.alloc(tokens * m).map_err(e)?;
         self.linear(&normed, &self.merger_fc1, tokens, &mut merged)?;
         be.gelu(&mut merged, tokens * m, Gelu::Erf).map_err(e)?;
