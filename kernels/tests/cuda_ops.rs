@@ -1749,13 +1749,7 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
         let rows = *cu.last().unwrap() as usize;
         let mut qkv = rand_vec(&mut rng, rows * width, 1.0);
         // q and k must arrive L2-normalised, as the model's l2_norm leaves them.
-        let qk = HeadLayout {
-            heads: 2 * dims.k_heads,
-            head_dim: dims.k_dim,
-            head_stride: dims.k_dim,
-            row_stride: width,
-            offset: 0,
-        };
+        let qk = dims.qk_layout();
         cpu.l2_norm(&mut qkv, qk, rows, 1e-6).unwrap();
         let beta: Vec<f32> = (0..rows * dims.v_heads)
             .map(|_| rng.gen_range(0.0..1.0))

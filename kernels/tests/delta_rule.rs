@@ -1,7 +1,7 @@
 //! The chunked gated delta rule against the token-by-token recurrence and an f64 reference, over
 //! chunk boundaries, ragged packed batches, initial and final states.
 
-use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Strided, Varlen};
+use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, Strided, Varlen};
 use instinct_kernels::{DeltaGates, DeltaInputs, GateOutputs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,13 +26,7 @@ fn make_inputs(rng: &mut StdRng, dims: DeltaDims, lens: &[usize]) -> Inputs {
     let mut qkv: Vec<f32> = (0..rows * width)
         .map(|_| rng.gen_range(-1.0..1.0))
         .collect();
-    let qk = HeadLayout {
-        heads: 2 * dims.k_heads,
-        head_dim: dims.k_dim,
-        head_stride: dims.k_dim,
-        row_stride: width,
-        offset: 0,
-    };
+    let qk = dims.qk_layout();
     cpu.l2_norm(&mut qkv, qk, rows, 1e-6).unwrap();
     let hv = dims.v_heads;
     // Real gate ranges: A in [0.01, 16], dt_bias around 0, logits a, b ~ N(0, 2).

@@ -9,19 +9,10 @@ use instinct_kernels::{
     RowNorm,
 };
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
-fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+mod common;
+use common::{max_diff, rand_unit as rand_vec};
 
 fn silu64(x: f64) -> f64 {
     x / (1.0 + (-x).exp())

@@ -37,12 +37,7 @@ pub(super) fn gated_causal_gqa_at(
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "attention";
-    let AttentionDims {
-        q_heads,
-        kv_heads,
-        head_dim: d,
-        scale,
-    } = dims;
+    let (q_heads, kv_heads, d, scale) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.scale);
     if kv_heads == 0 || d == 0 || q_heads % kv_heads != 0 {
         return Err(KernelError::invalid(
             OP,

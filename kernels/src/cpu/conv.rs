@@ -11,13 +11,8 @@ pub(super) fn causal_conv1d_silu(
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "conv1d_silu";
-    let Conv1d {
-        x,
-        x_at,
-        weight,
-        channels,
-        kernel,
-    } = conv;
+    let (x, x_at, weight, channels, kernel) =
+        (conv.x, conv.x_at, conv.weight, conv.channels, conv.kernel);
     let window_in = window.input.map(|w| w.as_slice());
     let window_out = window.output.map(|w| w.as_mut_slice());
     if kernel == 0 || channels == 0 {

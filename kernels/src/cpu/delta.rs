@@ -45,12 +45,7 @@ pub(super) fn run(
         inputs.beta.as_slice(),
         inputs.g.as_slice(),
     );
-    let DeltaDims {
-        k_heads,
-        v_heads,
-        k_dim: dk,
-        v_dim: dv,
-    } = dims;
+    let (k_heads, v_heads, dk, dv) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     if k_heads == 0 || dk == 0 || dv == 0 || v_heads % k_heads != 0 {
         return Err(KernelError::invalid(
             OP,

@@ -1,6 +1,6 @@
 //! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
 
-use super::{check_len, seq_ranges, sigmoid, silu};
+use super::{check_len, check_row_norm, seq_ranges, sigmoid, silu};
 use crate::backend::{
     DeltaGates, GateOutputs, GatedNorm, GemmShape, HeadLayout, KernelResult, RowNorm, Store, Varlen,
 };
@@ -50,21 +50,18 @@ pub(super) fn rms_norm(
     norm: RowNorm<'_, Vec<f32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    const OP: &str = "rms_norm";
-    let RowNorm {
-        weight,
-        rows,
-        dim,
-        eps,
-    } = norm;
-    check_len(OP, "x", x, rows * dim)?;
-    check_len(OP, "weight", weight, dim)?;
-    check_len(OP, "out", out, rows * dim)?;
-    for t in 0..rows {
-        let r = t * dim..(t + 1) * dim;
-        norm_row_zero_centred(&x[r.clone()], &weight[..dim], eps, &mut out[r]);
-    }
+    check_row_norm("rms_norm", "x", x, &norm, out)?;
+    norm_rows_zero_centred(x, norm, out);
     Ok(())
+}
+
+/// Zero-centred RMSNorm of every row of `x` into `out` (lengths checked by the caller).
+fn norm_rows_zero_centred(x: &[f32], norm: RowNorm<'_, Vec<f32>>, out: &mut [f32]) {
+    let dim = norm.dim;
+    for t in 0..norm.rows {
+        let r = t * dim..(t + 1) * dim;
+        norm_row_zero_centred(&x[r.clone()], &norm.weight[..dim], norm.eps, &mut out[r]);
+    }
 }
 
 pub(super) fn add_rms_norm(
@@ -74,23 +71,13 @@ pub(super) fn add_rms_norm(
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "add_rms_norm";
-    let RowNorm {
-        weight,
-        rows,
-        dim,
-        eps,
-    } = norm;
-    check_len(OP, "residual", residual, rows * dim)?;
-    check_len(OP, "delta", delta, rows * dim)?;
-    check_len(OP, "weight", weight, dim)?;
-    check_len(OP, "out", out, rows * dim)?;
-    for (r, d) in residual[..rows * dim].iter_mut().zip(&delta[..rows * dim]) {
+    let len = norm.len();
+    check_row_norm(OP, "residual", residual, &norm, out)?;
+    check_len(OP, "delta", delta, len)?;
+    for (r, d) in residual[..len].iter_mut().zip(&delta[..len]) {
         *r += d;
     }
-    for t in 0..rows {
-        let r = t * dim..(t + 1) * dim;
-        norm_row_zero_centred(&residual[r.clone()], &weight[..dim], eps, &mut out[r]);
-    }
+    norm_rows_zero_centred(residual, norm, out);
     Ok(())
 }
 
@@ -102,11 +89,7 @@ pub(super) fn gemm(
     y: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "gemm";
-    let GemmShape {
-        rows,
-        in_dim,
-        out_dim,
-    } = shape;
+    let (rows, in_dim, out_dim) = (shape.rows, shape.in_dim, shape.out_dim);
     check_len(OP, "x", x, rows * in_dim)?;
     check_len(OP, "w", w, out_dim * in_dim)?;
     check_len(OP, "y", y, rows * out_dim)?;
@@ -214,22 +197,15 @@ pub(super) fn delta_gates(
     out: GateOutputs<'_, Vec<f32>>,
 ) -> KernelResult<()> {
     const OP: &str = "delta_gates";
-    let DeltaGates {
-        b,
-        b_at,
-        a,
-        a_at,
-        a_log,
-        dt_bias,
-        heads,
-    } = gates;
-    let GateOutputs { beta, g } = out;
-    check_len(OP, "b", b, b_at.required_len(rows, heads))?;
-    check_len(OP, "a", a, a_at.required_len(rows, heads))?;
-    check_len(OP, "a_log", a_log, heads)?;
-    check_len(OP, "dt_bias", dt_bias, heads)?;
+    let (b_at, a_at, heads) = (gates.b_at, gates.a_at, gates.heads);
+    let (beta, g) = (out.beta, out.g);
+    check_len(OP, "b", gates.b, b_at.required_len(rows, heads))?;
+    check_len(OP, "a", gates.a, a_at.required_len(rows, heads))?;
+    check_len(OP, "a_log", gates.a_log, heads)?;
+    check_len(OP, "dt_bias", gates.dt_bias, heads)?;
     check_len(OP, "beta", beta, rows * heads)?;
     check_len(OP, "g", g, rows * heads)?;
+    let (b, a, a_log, dt_bias) = (gates.b, gates.a, gates.a_log, gates.dt_bias);
     for t in 0..rows {
         for h in 0..heads {
             let i = t * heads + h;
@@ -242,16 +218,8 @@ pub(super) fn delta_gates(
 
 pub(super) fn gated_rms_norm(x: &mut [f32], norm: GatedNorm<'_, Vec<f32>>) -> KernelResult<()> {
     const OP: &str = "gated_rms_norm";
-    let GatedNorm {
-        z,
-        z_at,
-        weight,
-        rows,
-        heads,
-        dim,
-        eps,
-    } = norm;
-    let width = heads * dim;
+    let (z, z_at, weight, eps) = (norm.z, norm.z_at, norm.weight, norm.eps);
+    let (rows, dim, width) = (norm.rows, norm.dim, norm.width());
     check_len(OP, "x", x, rows * width)?;
     check_len(OP, "z", z, z_at.required_len(rows, width))?;
     check_len(OP, "weight", weight, dim)?;

@@ -43,6 +43,20 @@ pub(crate) fn check_len<T>(
     Ok(())
 }
 
+/// Fails unless `x` (named `what`), the norm's weight and `out` hold what a row norm of `norm`
+/// reads and writes: the checks every row norm makes first.
+pub(crate) fn check_row_norm(
+    op: &'static str,
+    what: &str,
+    x: &[f32],
+    norm: &RowNorm<'_, Vec<f32>>,
+    out: &[f32],
+) -> KernelResult<()> {
+    check_len(op, what, x, norm.len())?;
+    check_len(op, "weight", norm.weight, norm.dim)?;
+    check_len(op, "out", out, norm.len())
+}
+
 /// The row ranges of each sequence, checked: starts at 0, never decreases, ends within `rows_cap`.
 pub(crate) fn seq_ranges(
     op: &'static str,
@@ -235,19 +249,12 @@ impl Backend for CpuBackend {
         last_only: bool,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        let QkPrologue {
-            q_norm,
-            k_norm,
-            positions,
-            rope,
-            eps,
-        } = prologue;
-        let rows = batch.rows;
+        let (rows, eps, positions) = (batch.rows, prologue.eps, prologue.positions);
         let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
-        self.head_rms_norm(qkv, q_norm, q_at, rows, eps)?;
-        self.head_rms_norm(qkv, k_norm, k_at, rows, eps)?;
-        self.rope(qkv, q_at, positions, rows, rope)?;
-        self.rope(qkv, k_at, positions, rows, rope)?;
+        self.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
+        self.head_rms_norm(qkv, prologue.k_norm, k_at, rows, eps)?;
+        self.rope(qkv, q_at, positions, rows, prologue.rope)?;
+        self.rope(qkv, k_at, positions, rows, prologue.rope)?;
         let [qg_at, kv_at, v_at] = dims.stacked_blocks();
         let inputs = [(&qkv[..], qg_at), (&qkv[..], kv_at), (&qkv[..], v_at)];
         if !last_only {

@@ -1,7 +1,7 @@
 //! CPU ops of the vision tower: LayerNorm, bias and residual adds, GELU, 2-D axial RoPE and
 //! bidirectional segment attention.
 
-use super::{check_len, seq_ranges};
+use super::{check_len, check_row_norm, seq_ranges};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
 
@@ -12,19 +12,12 @@ pub(super) fn layer_norm(
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "layer_norm";
-    let RowNorm {
-        weight,
-        rows,
-        dim,
-        eps,
-    } = norm;
+    let (weight, rows, dim, eps) = (norm.weight, norm.rows, norm.dim, norm.eps);
     if dim == 0 {
         return Err(KernelError::invalid(OP, "dim is 0"));
     }
-    check_len(OP, "x", x, rows * dim)?;
-    check_len(OP, "weight", weight, dim)?;
+    check_row_norm(OP, "x", x, &norm, out)?;
     check_len(OP, "bias", bias, dim)?;
-    check_len(OP, "out", out, rows * dim)?;
     for (xr, or) in x[..rows * dim]
         .chunks_exact(dim)
         .zip(out[..rows * dim].chunks_exact_mut(dim))

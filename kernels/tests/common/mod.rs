@@ -1,4 +1,5 @@
-//! Helpers shared by the CUDA test files (each uses a subset).
+//! Helpers shared by the test files (each uses a subset): host data for every file, device
+//! buffers for the CUDA ones.
 #![allow(dead_code)]
 
 use cudarc::driver::CudaSlice;
@@ -15,6 +16,20 @@ pub fn gpu() -> CudaBackend {
 /// `n` values uniform in ±`scale`.
 pub fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
+}
+
+/// `n` values uniform in ±1 (the CPU tests' inputs).
+pub fn rand_unit(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    rand_vec(rng, n, 1.0)
+}
+
+/// The largest absolute difference between `a` and `b` (of one length).
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// An f32 buffer holding `data`, then `extra` copies of `fill` (so ops must respect the lengths

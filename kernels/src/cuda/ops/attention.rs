@@ -28,12 +28,7 @@ fn attention_rows(
     (qg, k, v): Qkv<'_>,
     dims: AttentionDims,
 ) -> KernelResult<usize> {
-    let AttentionDims {
-        q_heads,
-        kv_heads,
-        head_dim,
-        ..
-    } = dims;
+    let (q_heads, kv_heads, head_dim) = (dims.q_heads, dims.kv_heads, dims.head_dim);
     if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) || head_dim == 0 {
         return Err(KernelError::invalid(
             op,
@@ -68,12 +63,8 @@ pub(crate) fn attention(
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "attention";
-    let AttentionDims {
-        q_heads,
-        kv_heads,
-        head_dim,
-        scale,
-    } = dims;
+    let (q_heads, kv_heads, head_dim, scale) =
+        (dims.q_heads, dims.kv_heads, dims.head_dim, dims.scale);
     let out_rows = out.len() / (q_heads * head_dim).max(1);
     let rows_cap = attention_rows(OP, (qg, k, v), dims)?.min(out_rows);
     let rows_cap = check_batch(OP, &batch, rows_cap)?;
@@ -162,12 +153,7 @@ pub(crate) fn gated_attention<B: CudaBuffers + ?Sized>(
     out_b: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "gated_attention";
-    let AttentionDims {
-        q_heads,
-        kv_heads,
-        head_dim,
-        ..
-    } = dims;
+    let (q_heads, kv_heads, head_dim) = (dims.q_heads, dims.kv_heads, dims.head_dim);
     if kv_heads == 0 || q_heads % kv_heads != 0 || flash_variant(head_dim).is_none() {
         return Err(KernelError::invalid(
             OP,

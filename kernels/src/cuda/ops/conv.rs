@@ -100,13 +100,8 @@ pub(crate) fn conv1d_silu(
     gates: Option<GatesOut<'_>>,
 ) -> KernelResult<()> {
     const OP: &str = "conv1d_silu";
-    let Conv1d {
-        x,
-        x_at,
-        weight: weight_buf,
-        channels,
-        kernel,
-    } = conv;
+    let (x, x_at, weight_buf, channels, kernel) =
+        (conv.x, conv.x_at, conv.weight, conv.channels, conv.kernel);
     let l2_channels = to_i32(OP, "l2 channels", l2_channels)?;
     if kernel == 0 || channels == 0 || kernel > CONV_MAX_KERNEL {
         return Err(KernelError::invalid(

@@ -24,12 +24,7 @@ pub(crate) fn delta_rule<B: CudaBuffers + ?Sized>(
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "gated_delta_rule";
-    let DeltaDims {
-        k_heads,
-        v_heads,
-        k_dim,
-        v_dim,
-    } = dims;
+    let (k_heads, v_heads, k_dim, v_dim) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     if k_heads == 0 || k_dim == 0 || v_dim == 0 || !v_heads.is_multiple_of(k_heads) {
         return Err(KernelError::invalid(
             OP,

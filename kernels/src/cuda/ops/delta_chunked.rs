@@ -72,12 +72,7 @@ fn wide_slices_win(pairs: usize, v_dim: usize, sms: usize) -> bool {
 /// Whether [`delta_rule_chunked`] takes `dims` on this GPU (else the recurrent kernel runs,
 /// which also reports invalid dims).
 pub(crate) fn supports(gpu: &Gpu, dims: DeltaDims) -> bool {
-    let DeltaDims {
-        k_heads,
-        v_heads,
-        k_dim,
-        v_dim,
-    } = dims;
+    let (k_heads, v_heads, k_dim, v_dim) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     let shapes = k_heads > 0
         && v_heads.is_multiple_of(k_heads)
         && (1..=MAX_HEAD).contains(&k_dim)
@@ -114,12 +109,7 @@ pub(crate) fn delta_rule_chunked<B: CudaBuffers + ?Sized>(
     proj: Option<DeltaProjection<'_>>,
 ) -> KernelResult<()> {
     const OP: &str = "gated_delta_rule_chunked";
-    let DeltaDims {
-        k_heads,
-        v_heads,
-        k_dim,
-        v_dim,
-    } = dims;
+    let (k_heads, v_heads, k_dim, v_dim) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     if !supports(gpu, dims) {
         return Err(KernelError::invalid(
             OP,
@@ -275,16 +265,9 @@ pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "delta_net_core";
-    let DeltaNetInput {
-        x,
-        x_at,
-        conv_weight,
-        kernel,
-        l2_eps,
-        gates,
-    } = input;
+    let x_at = input.x_at;
     let width = dims.qkv_width();
-    let CudaBuf::Bf16(x) = x else {
+    let CudaBuf::Bf16(x) = input.x else {
         unreachable!("checked bf16 by `fuses`")
     };
     let x_rows = x_at.rows_in(x.len(), width);
@@ -301,9 +284,9 @@ pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
         x,
         x_stride: to_i32(OP, "x row stride", x_at.row_stride)?,
         x_offset: to_i32(OP, "x offset", x_at.offset)?,
-        conv_weight: weight(OP, "conv weight", conv_weight, width * kernel)?,
-        gates: GateInputs::new(OP, &gates, batch.rows, true)?,
-        l2_eps,
+        conv_weight: weight(OP, "conv weight", input.conv_weight, width * input.kernel)?,
+        gates: GateInputs::new(OP, &input.gates, batch.rows, true)?,
+        l2_eps: input.l2_eps,
     };
     // The scratch is the plain form's input; here it only stands in for absent states.
     let inputs = DeltaInputs {

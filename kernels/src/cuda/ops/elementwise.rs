@@ -134,17 +134,9 @@ pub(crate) fn delta_gates(
     out: GateOutputs<'_, CudaBuf>,
 ) -> KernelResult<()> {
     const OP: &str = "delta_gates";
-    let DeltaGates {
-        b,
-        b_at,
-        a,
-        a_at,
-        a_log,
-        dt_bias,
-        heads,
-    } = gates;
-    let b = in_buf(OP, "b", b, b_at.required_len(rows, heads))?;
-    let a = in_buf(OP, "a", a, a_at.required_len(rows, heads))?;
+    let (b_at, a_at, heads) = (gates.b_at, gates.a_at, gates.heads);
+    let b = in_buf(OP, "b", gates.b, b_at.required_len(rows, heads))?;
+    let a = in_buf(OP, "a", gates.a, a_at.required_len(rows, heads))?;
     let kernel = match (&b, &a) {
         (InBuf::F32(_), InBuf::F32(_)) => "delta_gates",
         (InBuf::Bf16(_), InBuf::Bf16(_)) => "delta_gates_bf16x",
@@ -155,8 +147,8 @@ pub(crate) fn delta_gates(
             ))
         }
     };
-    let a_log = weight(OP, "a_log", a_log, heads)?;
-    let dt_bias = weight(OP, "dt_bias", dt_bias, heads)?;
+    let a_log = weight(OP, "a_log", gates.a_log, heads)?;
+    let dt_bias = weight(OP, "dt_bias", gates.dt_bias, heads)?;
     let beta = act_mut(OP, "beta", out.beta, rows * heads)?;
     let g = act_mut(OP, "g", out.g, rows * heads)?;
     if rows * heads == 0 {

@@ -35,11 +35,7 @@ pub(crate) fn gemm_to(
     y: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "gemm";
-    let GemmShape {
-        rows,
-        in_dim,
-        out_dim,
-    } = shape;
+    let (rows, in_dim, out_dim) = (shape.rows, shape.in_dim, shape.out_dim);
     let x = gemm_input(OP, x, shape.x_len())?;
     let w = weight(OP, "w", w, shape.w_len())?;
     let y = out_buf(OP, "y", y, shape.y_len())?;
@@ -83,11 +79,7 @@ fn blas_gemm(
     (w, y): (&CudaSlice<bf16>, OutBuf<'_>),
     store: Store,
 ) -> KernelResult<bool> {
-    let GemmShape {
-        rows,
-        in_dim,
-        out_dim,
-    } = shape;
+    let (rows, in_dim, out_dim) = (shape.rows, shape.in_dim, shape.out_dim);
     let output = (w, out_dim, y);
     match x {
         CudaBuf::F32(x) => {
@@ -112,11 +104,7 @@ fn tiled_gemm(
     y: &mut CudaSlice<f32>,
 ) -> KernelResult<()> {
     const OP: &str = "gemm";
-    let GemmShape {
-        rows,
-        in_dim,
-        out_dim,
-    } = shape;
+    let (rows, in_dim, out_dim) = (shape.rows, shape.in_dim, shape.out_dim);
     let add = i32::from(store == Store::Add);
     let rows_a = to_i32(OP, "rows", rows)?;
     let in_a = to_i32(OP, "in_dim", in_dim)?;
