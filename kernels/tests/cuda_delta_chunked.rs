@@ -8,9 +8,7 @@
 //! `cargo test --release -p instinct-kernels --test cuda_delta_chunked -- --ignored --nocapture --test-threads 1`.
 
 mod common;
-use common::{cu_of, gpu, indices, padded, rand_vec};
-
-use std::time::Instant;
+use common::{cu_of, gpu, indices, mean_seconds, padded, rand_vec};
 
 use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::DeltaInputs;
@@ -324,15 +322,8 @@ fn chunked_clamps_corrupt_cu_seqlens_to_the_batch_rows() {
 }
 
 /// Mean wall time of `f` over `iters` runs after one warm-up, in ms.
-fn time_ms(gpu: &CudaBackend, iters: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    gpu.synchronize().unwrap();
-    let t = Instant::now();
-    for _ in 0..iters {
-        f();
-    }
-    gpu.synchronize().unwrap();
-    t.elapsed().as_secs_f64() * 1e3 / iters as f64
+fn time_ms(gpu: &CudaBackend, iters: usize, f: impl FnMut()) -> f64 {
+    mean_seconds(gpu, iters, f) * 1e3
 }
 
 #[test]

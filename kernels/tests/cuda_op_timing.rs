@@ -6,7 +6,8 @@
 //! Times are host wall time over back-to-back launches followed by one synchronize, so a tiny op
 //! shows its launch cost, as it does inside a forward pass.
 
-use std::time::Instant;
+mod common;
+use common::mean_seconds as time;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
 use instinct_kernels::{
@@ -32,18 +33,6 @@ const ATTN: AttentionDims = AttentionDims {
 };
 const DELTA_LAYERS: usize = 24;
 const ATTN_LAYERS: usize = 8;
-
-/// Mean seconds of `f` over `runs` launches, after one warm-up call.
-fn time(gpu: &CudaBackend, runs: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    gpu.synchronize().unwrap();
-    let t = Instant::now();
-    for _ in 0..runs {
-        f();
-    }
-    gpu.synchronize().unwrap();
-    t.elapsed().as_secs_f64() / runs as f64
-}
 
 fn filled(gpu: &CudaBackend, len: usize, value: f32) -> CudaBuf {
     let mut b = gpu.alloc(len).unwrap();

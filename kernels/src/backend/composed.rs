@@ -23,13 +23,12 @@ pub(crate) fn conv1d_silu_then_l2<B: Backend + ?Sized>(
 /// shapes its kernel does not take.
 pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
     be: &B,
-    (q, q_norm, q_layout): (&mut B::Buf, &B::Buf, HeadLayout),
-    (k, k_norm, k_layout): (&mut B::Buf, &B::Buf, HeadLayout),
-    positions: &B::Idx,
-    rows: usize,
-    rope: &Rope,
-    eps: f32,
+    q: (&mut B::Buf, &B::Buf, HeadLayout),
+    k: (&mut B::Buf, &B::Buf, HeadLayout),
+    (positions, rows): (&B::Idx, usize),
+    (rope, eps): (&Rope, f32),
 ) -> KernelResult<()> {
+    let ((q, q_norm, q_layout), (k, k_norm, k_layout)) = (q, k);
     be.head_rms_norm(q, q_norm, q_layout, rows, eps)?;
     be.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
     be.rope(q, q_layout, positions, rows, rope)?;
@@ -41,8 +40,7 @@ pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
 pub(crate) fn delta_net_core_apart<B: Backend + ?Sized>(
     be: &B,
     input: DeltaNetInput<'_, B::Buf>,
-    batch: Varlen<'_, B::Idx>,
-    dims: DeltaDims,
+    (batch, dims): (Varlen<'_, B::Idx>, DeltaDims),
     state: DeltaState<'_, B>,
     scratch: DeltaNetScratch<'_, B::Buf>,
     out: &mut B::Buf,

@@ -178,22 +178,14 @@ pub trait Backend: Buffers {
     /// [`Self::rope`] on both. The same values, bit for bit, as those four calls.
     fn qk_norm_rope(
         &self,
-        (q, q_norm, q_layout): (&mut Self::Buf, &Self::Buf, HeadLayout),
-        (k, k_norm, k_layout): (&mut Self::Buf, &Self::Buf, HeadLayout),
+        q: (&mut Self::Buf, &Self::Buf, HeadLayout),
+        k: (&mut Self::Buf, &Self::Buf, HeadLayout),
         positions: &Self::Idx,
         rows: usize,
         rope: &Rope,
         eps: f32,
     ) -> KernelResult<()> {
-        qk_norm_then_rope(
-            self,
-            (q, q_norm, q_layout),
-            (k, k_norm, k_layout),
-            positions,
-            rows,
-            rope,
-            eps,
-        )
+        qk_norm_then_rope(self, q, k, (positions, rows), (rope, eps))
     }
 
     /// Causal GQA attention within each sequence, with the sigmoid output gate (see
@@ -327,7 +319,7 @@ pub trait Backend: Buffers {
         scratch: DeltaNetScratch<'_, Self::Buf>,
         out: &mut Self::Buf,
     ) -> KernelResult<()> {
-        delta_net_core_apart(self, input, batch, dims, state, scratch, out)
+        delta_net_core_apart(self, input, (batch, dims), state, scratch, out)
     }
 
     /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.

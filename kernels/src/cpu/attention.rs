@@ -1,6 +1,6 @@
 //! Gated causal GQA attention within each packed sequence.
 
-use super::{check_len, seq_ranges, sigmoid};
+use super::{check_len, exp_shifted, seq_ranges, sigmoid};
 use crate::backend::{AttentionDims, KernelResult, Strided, Varlen};
 use crate::error::KernelError;
 
@@ -70,11 +70,7 @@ pub(super) fn gated_causal_gqa_at(
                     max = max.max(s);
                     probs.push(s);
                 }
-                let mut denom = 0.0f32;
-                for p in probs.iter_mut() {
-                    *p = (*p - max).exp();
-                    denom += *p;
-                }
+                let denom = exp_shifted(&mut probs, max);
                 acc.fill(0.0);
                 for (j, &p) in (r.start..=i).zip(probs.iter()) {
                     let vj = &v[v_at.at(j, kh * d)..][..d];

@@ -101,6 +101,17 @@ pub(crate) fn seq_ranges(
     Ok(ranges)
 }
 
+/// Replaces each score by `exp(score − max)` and returns their sum (in order): a softmax's
+/// numerators and denominator, shared by both attentions.
+pub(crate) fn exp_shifted(scores: &mut [f32], max: f32) -> f32 {
+    let mut denom = 0.0f32;
+    for p in scores.iter_mut() {
+        *p = (*p - max).exp();
+        denom += *p;
+    }
+    denom
+}
+
 pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

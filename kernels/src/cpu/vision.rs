@@ -1,7 +1,7 @@
 //! CPU ops of the vision tower: LayerNorm, bias and residual adds, GELU, 2-D axial RoPE and
 //! bidirectional segment attention.
 
-use super::{check_len, check_row_norm, seq_ranges};
+use super::{check_len, check_row_norm, exp_shifted, seq_ranges};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
 
@@ -149,11 +149,7 @@ pub(super) fn attention_bidirectional(
                     max = max.max(s);
                     probs.push(s);
                 }
-                let mut denom = 0.0f32;
-                for p in probs.iter_mut() {
-                    *p = (*p - max).exp();
-                    denom += *p;
-                }
+                let denom = exp_shifted(&mut probs, max);
                 let o = &mut out[i * width + h * d..][..d];
                 o.fill(0.0);
                 for (j, &p) in r.clone().zip(probs.iter()) {

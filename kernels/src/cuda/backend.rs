@@ -293,7 +293,7 @@ impl Backend for CudaBackend {
         store: Store,
         y: &mut CudaBuf,
     ) -> KernelResult<()> {
-        gemm::gemm_to(&self.gpu, x, w, shape, store, y)
+        gemm::gemm_to(&self.gpu, (x, w), shape, store, y)
     }
 
     fn reserve_gemm_input(&self, values: usize) -> KernelResult<()> {
@@ -308,7 +308,7 @@ impl Backend for CudaBackend {
         rows: usize,
         eps: f32,
     ) -> KernelResult<()> {
-        norms::head_rms_norm(&self.gpu, x, weight, layout, rows, eps)
+        norms::head_rms_norm(&self.gpu, (x, weight), layout, (rows, eps))
     }
 
     fn rope(
@@ -333,7 +333,7 @@ impl Backend for CudaBackend {
     ) -> KernelResult<()> {
         if k.2.head_dim != q.2.head_dim {
             // One kernel serves one head size; other shapes take the four kernels.
-            return qk_norm_then_rope(self, q, k, positions, rows, rope, eps);
+            return qk_norm_then_rope(self, q, k, (positions, rows), (rope, eps));
         }
         rope::qk_norm_rope(&self.gpu, q, k, (positions, rows), rope, eps)
     }
@@ -438,7 +438,7 @@ impl Backend for CudaBackend {
         rows: usize,
         eps: f32,
     ) -> KernelResult<()> {
-        norms::l2_norm(&self.gpu, x, layout, rows, eps)
+        norms::l2_norm(&self.gpu, x, layout, (rows, eps))
     }
 
     fn delta_gates(
@@ -460,9 +460,10 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         if delta_chunked::supports(&self.gpu, dims) {
-            delta_chunked::delta_rule_chunked(&self.gpu, inputs, batch, dims, state, out, None)
+            let batch = (batch, dims);
+            delta_chunked::delta_rule_chunked(&self.gpu, (inputs, None), batch, state, out)
         } else {
-            delta::delta_rule(&self.gpu, inputs, batch, dims, state, out)
+            delta::delta_rule(&self.gpu, inputs, (batch, dims), state, out)
         }
     }
 
@@ -479,9 +480,10 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         if delta_chunked::fuses(&self.gpu, &input, dims) {
-            delta_chunked::delta_net_core(&self.gpu, input, batch, dims, state, scratch, out)
+            let batch = (batch, dims);
+            delta_chunked::delta_net_core(&self.gpu, input, batch, state, scratch, out)
         } else {
-            delta_net_core_apart(self, input, batch, dims, state, scratch, out)
+            delta_net_core_apart(self, input, (batch, dims), state, scratch, out)
         }
     }
 
@@ -493,7 +495,7 @@ impl Backend for CudaBackend {
         state: DeltaState<'_, Self>,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        delta::delta_rule(&self.gpu, inputs, batch, dims, state, out)
+        delta::delta_rule(&self.gpu, inputs, (batch, dims), state, out)
     }
 
     fn gated_rms_norm(&self, x: &mut CudaBuf, norm: GatedNorm<'_, CudaBuf>) -> KernelResult<()> {
@@ -550,6 +552,6 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        elementwise::gather_last(&self.gpu, x, batch, dim, out)
+        elementwise::gather_last(&self.gpu, x, (batch, dim), out)
     }
 }

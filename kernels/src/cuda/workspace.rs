@@ -2,7 +2,6 @@
 //! the largest batch seen, never shrunk: the start-up warm-up runs the largest, so serving never
 //! allocates) and the count of every activation byte, scratch included.
 
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -65,15 +64,9 @@ impl<T> Default for GrownScratch<T> {
 /// The locked scratch, holding at least what was asked.
 pub(crate) struct ScratchGuard<'a, T>(MutexGuard<'a, Option<T>>);
 
-impl<T> Deref for ScratchGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        self.0.as_ref().expect("filled by GrownScratch::get")
-    }
-}
-
-impl<T> DerefMut for ScratchGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
+impl<T> ScratchGuard<'_, T> {
+    /// The scratch, for as long as the lock is held.
+    pub(crate) fn scratch(&mut self) -> &mut T {
         self.0.as_mut().expect("filled by GrownScratch::get")
     }
 }

@@ -32,6 +32,19 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Mean wall seconds of `f` over `runs` runs after one warm-up call (the queue drained before and
+/// after).
+pub fn mean_seconds(gpu: &CudaBackend, runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    gpu.synchronize().unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..runs {
+        f();
+    }
+    gpu.synchronize().unwrap();
+    t.elapsed().as_secs_f64() / runs as f64
+}
+
 /// An f32 buffer holding `data`, then `extra` copies of `fill` (so ops must respect the lengths
 /// they are given rather than the buffer's, and must not write past them).
 pub fn padded(gpu: &CudaBackend, data: &[f32], extra: usize, fill: f32) -> CudaBuf {

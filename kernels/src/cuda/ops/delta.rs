@@ -18,8 +18,7 @@ const DELTA_MAX_THREADS: usize = 256;
 pub(crate) fn delta_rule<B: CudaBuffers + ?Sized>(
     gpu: &Gpu,
     inputs: DeltaInputs<'_, CudaBuf>,
-    batch: Varlen<'_, CudaSlice<u32>>,
-    dims: DeltaDims,
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, DeltaDims),
     state: DeltaState<'_, B>,
     out: &mut CudaBuf,
 ) -> KernelResult<()> {

@@ -98,15 +98,13 @@ fn opt_in_smem(gpu: &Gpu, op: &'static str, kernel: &str, bytes: usize) -> Kerne
 
 /// The gated delta rule by 64-token chunks; the caller checked [`supports`]. With `proj`, the
 /// first kernel reads the projection (`gdr_prepare_conv`) and `qkv`, `beta` and `g` are only
-/// checked (they stand in for absent states).
+/// checked (they stand in for absent states): the inputs and where the first kernel reads them.
 pub(crate) fn delta_rule_chunked<B: CudaBuffers + ?Sized>(
     gpu: &Gpu,
-    inputs: DeltaInputs<'_, CudaBuf>,
-    batch: Varlen<'_, CudaSlice<u32>>,
-    dims: DeltaDims,
+    (inputs, proj): (DeltaInputs<'_, CudaBuf>, Option<DeltaProjection<'_>>),
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, DeltaDims),
     state: DeltaState<'_, B>,
     out: &mut CudaBuf,
-    proj: Option<DeltaProjection<'_>>,
 ) -> KernelResult<()> {
     const OP: &str = "gated_delta_rule_chunked";
     let (k_heads, v_heads, k_dim, v_dim) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
@@ -130,7 +128,7 @@ pub(crate) fn delta_rule_chunked<B: CudaBuffers + ?Sized>(
             .get(&gpu.workspace, OP, rows.max(1) * v_heads, |pairs| {
                 DeltaScratch::new(stream, pairs)
             })?;
-    let scratch = &mut *guard;
+    let scratch = guard.scratch();
 
     let num_seqs_a = to_i32(OP, "num_seqs", batch.num_seqs)?;
     let k_heads_a = to_i32(OP, "k_heads", k_heads)?;
@@ -258,8 +256,7 @@ pub(crate) fn fuses(gpu: &Gpu, input: &DeltaNetInput<'_, CudaBuf>, dims: DeltaDi
 pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
     gpu: &Gpu,
     input: DeltaNetInput<'_, CudaBuf>,
-    batch: Varlen<'_, CudaSlice<u32>>,
-    dims: DeltaDims,
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, DeltaDims),
     state: DeltaState<'_, B>,
     scratch: DeltaNetScratch<'_, CudaBuf>,
     out: &mut CudaBuf,
@@ -294,5 +291,5 @@ pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
         beta: &*scratch.beta,
         g: &*scratch.g,
     };
-    delta_rule_chunked(gpu, inputs, batch, dims, state, out, Some(proj))
+    delta_rule_chunked(gpu, (inputs, Some(proj)), (batch, dims), state, out)
 }

@@ -183,8 +183,7 @@ pub(crate) fn delta_gates(
 pub(crate) fn gather_last(
     gpu: &Gpu,
     x: &CudaBuf,
-    batch: Varlen<'_, CudaSlice<u32>>,
-    dim: usize,
+    (batch, dim): (Varlen<'_, CudaSlice<u32>>, usize),
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "gather_last";

@@ -238,7 +238,7 @@ pub(crate) fn flash_attention(
                         .map_err(|e| driver_err("attention partial rows", e))?,
                 })
             })?;
-    let scratch = &mut *guard;
+    let scratch = guard.scratch();
     let rows = to_u32(OP, "rows", batch.rows)?;
     let q_heads = to_i32(OP, "q_heads", dims.q_heads)?;
     let kv_heads = to_i32(OP, "kv_heads", dims.kv_heads)?;

@@ -28,8 +28,7 @@ fn gemm_input<'a>(op: &'static str, x: &'a CudaBuf, need: usize) -> KernelResult
 
 pub(crate) fn gemm_to(
     gpu: &Gpu,
-    x: &CudaBuf,
-    w: &CudaBuf,
+    (x, w): (&CudaBuf, &CudaBuf),
     shape: GemmShape,
     store: Store,
     y: &mut CudaBuf,

@@ -123,11 +123,9 @@ pub(crate) fn add_rms_norm(
 
 pub(crate) fn head_rms_norm(
     gpu: &Gpu,
-    x: &mut CudaBuf,
-    weight_buf: &CudaBuf,
+    (x, weight_buf): (&mut CudaBuf, &CudaBuf),
     layout: HeadLayout,
-    rows: usize,
-    eps: f32,
+    (rows, eps): (usize, f32),
 ) -> KernelResult<()> {
     const OP: &str = "head_rms_norm";
     layout.check_fits(OP, x.len(), rows)?;
@@ -140,8 +138,7 @@ pub(crate) fn l2_norm(
     gpu: &Gpu,
     x: &mut CudaBuf,
     layout: HeadLayout,
-    rows: usize,
-    eps: f32,
+    (rows, eps): (usize, f32),
 ) -> KernelResult<()> {
     const OP: &str = "l2_norm";
     layout.check_fits(OP, x.len(), rows)?;
