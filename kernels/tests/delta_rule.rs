@@ -2,8 +2,11 @@
 //! chunk boundaries, ragged packed batches, initial and final states.
 
 use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, Strided, Varlen};
-use instinct_kernels::{DeltaGates, DeltaInputs, GateOutputs};
+use instinct_kernels::{DeltaGates, DeltaInputs};
 use rand::rngs::StdRng;
+
+mod common;
+use common::cpu_gates;
 use rand::{Rng, SeedableRng};
 
 /// Inputs of one packed batch, already through the gates and the q/k L2 norm.
@@ -34,25 +37,17 @@ fn make_inputs(rng: &mut StdRng, dims: DeltaDims, lens: &[usize]) -> Inputs {
     let dt_bias: Vec<f32> = (0..hv).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let b: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-4.0..4.0)).collect();
     let a: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-6.0..3.0)).collect();
-    let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
     let dense = Strided::dense(hv);
-    cpu.delta_gates(
-        DeltaGates {
-            b: &b,
-            b_at: dense,
-            a: &a,
-            a_at: dense,
-            a_log: &a_log,
-            dt_bias: &dt_bias,
-            heads: hv,
-        },
-        rows,
-        GateOutputs {
-            beta: &mut beta,
-            g: &mut g,
-        },
-    )
-    .unwrap();
+    let gates = DeltaGates {
+        b: &b,
+        b_at: dense,
+        a: &a,
+        a_at: dense,
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+        heads: hv,
+    };
+    let (beta, g) = cpu_gates(gates, rows);
     Inputs {
         dims,
         cu,

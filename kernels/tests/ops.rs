@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 mod common;
-use common::{max_diff, rand_unit as rand_vec};
+use common::{cpu_gates, max_diff, rand_unit as rand_vec};
 
 fn silu64(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
@@ -863,25 +863,16 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
     let a_log = rand_vec(&mut rng, hv);
     let dt_bias = rand_vec(&mut rng, hv);
     let gates = |b: &Vec<f32>, b_at, a: &Vec<f32>, a_at| {
-        let (mut beta, mut g) = (vec![f32::NAN; rows * hv], vec![f32::NAN; rows * hv]);
-        cpu.delta_gates(
-            DeltaGates {
-                b,
-                b_at,
-                a,
-                a_at,
-                a_log: &a_log,
-                dt_bias: &dt_bias,
-                heads: hv,
-            },
-            rows,
-            GateOutputs {
-                beta: &mut beta,
-                g: &mut g,
-            },
-        )
-        .unwrap();
-        (beta, g)
+        let gates = DeltaGates {
+            b,
+            b_at,
+            a,
+            a_at,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            heads: hv,
+        };
+        cpu_gates(gates, rows)
     };
     let dense_hv = Strided::dense(hv);
     assert_eq!(

@@ -174,8 +174,9 @@ pub trait Backend: Buffers {
     ) -> KernelResult<()>;
 
     /// An attention layer's q and k preparation, in one pass where the backend can:
-    /// [`Self::head_rms_norm`] of `q`'s heads (weight `q_norm`) and of `k`'s (`k_norm`), then
-    /// [`Self::rope`] on both. The same values, bit for bit, as those four calls.
+    /// [`Self::head_rms_norm`] of `q`'s heads and of `k`'s (each given as buffer, norm weight,
+    /// head layout), then [`Self::rope`] on both. The same values, bit for bit, as those four
+    /// calls.
     fn qk_norm_rope(
         &self,
         q: (&mut Self::Buf, &Self::Buf, HeadLayout),

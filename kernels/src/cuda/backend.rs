@@ -359,7 +359,7 @@ impl Backend for CudaBackend {
         dims: AttentionDims,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        attention::attention_last(&self.gpu, (qg, k, v), batch, dims, out)
+        attention::attention_last(&self.gpu, (qg, k, v), (batch, dims), out)
     }
 
     fn gated_attention(

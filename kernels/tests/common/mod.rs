@@ -4,7 +4,7 @@
 
 use cudarc::driver::CudaSlice;
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
-use instinct_kernels::Backend;
+use instinct_kernels::{Backend, CpuBackend, DeltaGates, GateOutputs};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -43,6 +43,18 @@ pub fn mean_seconds(gpu: &CudaBackend, runs: usize, mut f: impl FnMut()) -> f64 
     }
     gpu.synchronize().unwrap();
     t.elapsed().as_secs_f64() / runs as f64
+}
+
+/// The CPU reference's beta and g of `gates` over `rows` rows (NaN where it writes nothing).
+pub fn cpu_gates(gates: DeltaGates<'_, Vec<f32>>, rows: usize) -> (Vec<f32>, Vec<f32>) {
+    let n = rows * gates.heads;
+    let (mut beta, mut g) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+    let out = GateOutputs {
+        beta: &mut beta,
+        g: &mut g,
+    };
+    CpuBackend::new().delta_gates(gates, rows, out).unwrap();
+    (beta, g)
 }
 
 /// An f32 buffer holding `data`, then `extra` copies of `fill` (so ops must respect the lengths

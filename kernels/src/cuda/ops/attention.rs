@@ -109,11 +109,11 @@ pub(crate) fn attention(
     }
 }
 
+/// [`attention`] at each sequence's last row (the flash kernel's last-row form only).
 pub(crate) fn attention_last(
     gpu: &Gpu,
     (qg, k, v): Qkv<'_>,
-    batch: Varlen<'_, CudaSlice<u32>>,
-    dims: AttentionDims,
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, AttentionDims),
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "attention_last";

@@ -4,13 +4,12 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::super::blas::GemmInput;
-use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf, OutBuf};
+use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf};
 use super::super::launch::{grid_2d, linear, to_i32, to_u32, Gpu, BLOCK};
 use crate::backend::{DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
 use crate::error::KernelError;
 
-use super::check_batch;
+use super::{check_batch, fused_gemm, projection_operands};
 
 pub(crate) fn embedding(
     gpu: &Gpu,
@@ -97,8 +96,7 @@ pub(crate) fn swiglu_gemm(
         InBuf::F32(_) => "swiglu_bf16",
         InBuf::Bf16(_) => "swiglu_bf16_from_bf16",
     };
-    let w = weight(OP, "w", proj.w, out_dim * inter)?;
-    let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
+    let (w, y) = projection_operands(OP, &proj, (rows, inter), y_buf)?;
     if rows == 0 || out_dim == 0 {
         return Ok(true);
     }
@@ -117,14 +115,7 @@ pub(crate) fn swiglu_gemm(
             })
         }
     };
-    Ok(inter > 0
-        && gpu.blas.gemm(
-            rows,
-            inter,
-            (w, out_dim, OutBuf::F32(y)),
-            proj.store,
-            GemmInput::Convert(convert),
-        )?)
+    fused_gemm(gpu, (rows, inter), (w, out_dim, y), proj.store, convert)
 }
 
 pub(crate) fn delta_gates(

@@ -16,10 +16,12 @@ pub(crate) mod rope;
 use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use half::bf16;
 
-use super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf};
-use super::launch::to_i32;
+use super::blas::GemmInput;
+use super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf, OutBuf};
+use super::launch::{to_i32, Gpu};
 use crate::backend::{
-    Buffers, DeltaDims, DeltaGates, DeltaInputs, DeltaState, KernelResult, Varlen,
+    Buffers, DeltaDims, DeltaGates, DeltaInputs, DeltaState, KernelResult, Projection, Store,
+    Varlen,
 };
 use crate::error::KernelError;
 
@@ -45,6 +47,36 @@ pub(crate) fn check_batch(
         ));
     }
     Ok(batch.rows)
+}
+
+/// The checked weight and f32 output of the projection a fused op ends with, over `rows` rows of
+/// `in_dim`.
+pub(crate) fn projection_operands<'w, 'y>(
+    op: &'static str,
+    proj: &Projection<'w, CudaBuf>,
+    (rows, in_dim): (usize, usize),
+    y: &'y mut CudaBuf,
+) -> KernelResult<(&'w CudaSlice<bf16>, &'y mut CudaSlice<f32>)> {
+    let w = weight(op, "w", proj.w, proj.out_dim * in_dim)?;
+    let y = act_mut(op, "y", y, rows * proj.out_dim)?;
+    Ok((w, y))
+}
+
+/// The cuBLASLt GEMM of a fused op, whose `convert` writes the bf16 input (the op's first half)
+/// into the GEMM's scratch. `Ok(false)`, nothing launched, where cuBLASLt has no plan for the
+/// shape (or `in_dim` is 0): the caller then runs the op's two halves.
+pub(crate) fn fused_gemm(
+    gpu: &Gpu,
+    (rows, in_dim): (usize, usize),
+    (w, out_dim, y): (&CudaSlice<bf16>, usize, &mut CudaSlice<f32>),
+    store: Store,
+    convert: impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>,
+) -> KernelResult<bool> {
+    let output = (w, out_dim, OutBuf::F32(y));
+    Ok(in_dim > 0
+        && gpu
+            .blas
+            .gemm(rows, in_dim, output, store, GemmInput::Convert(convert))?)
 }
 
 /// The checked inputs of the gates as the conv kernel and `gdr_prepare_conv` read them (`gb` ..

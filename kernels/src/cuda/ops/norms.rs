@@ -4,9 +4,9 @@
 use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use half::bf16;
 
-use super::super::blas::GemmInput;
 use super::super::buffers::{act, act_mut, in_buf, out_buf, weight, CudaBuf, InBuf, OutBuf};
 use super::super::launch::{linear, per_row, to_i32, Gpu, BLOCK};
+use super::{fused_gemm, projection_operands};
 use crate::backend::{GatedNorm, HeadLayout, KernelResult, Projection, RowNorm, Strided};
 
 /// Values per thread of the register-held norm kernels: row kernels (BLOCK threads per row) and
@@ -266,8 +266,7 @@ pub(crate) fn gated_rms_norm_gemm(
     let x = act(OP, "x", x_buf, norm_rows * dim)?;
     let gate = GateArgs::check(OP, &norm)?;
     let nw = weight(OP, "norm weight", norm.weight, dim)?;
-    let w = weight(OP, "w", proj.w, out_dim * in_dim)?;
-    let y = act_mut(OP, "y", y_buf, rows * out_dim)?;
+    let (w, y) = projection_operands(OP, &proj, (rows, in_dim), y_buf)?;
     if rows == 0 || out_dim == 0 {
         return Ok(true);
     }
@@ -299,13 +298,5 @@ pub(crate) fn gated_rms_norm_gemm(
             })
         }
     };
-    let input = GemmInput::Convert(convert);
-    Ok(in_dim > 0
-        && gpu.blas.gemm(
-            rows,
-            in_dim,
-            (w, out_dim, OutBuf::F32(y)),
-            proj.store,
-            input,
-        )?)
+    fused_gemm(gpu, (rows, in_dim), (w, out_dim, y), proj.store, convert)
 }
