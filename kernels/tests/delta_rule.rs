@@ -77,30 +77,15 @@ fn run(inp: &Inputs, chunked: bool, initial: Option<&Vec<f32>>) -> (Vec<f32>, Ve
         initial,
         final_out: Some(&mut fin),
     };
+    let inputs = DeltaInputs {
+        qkv: &inp.qkv,
+        beta: &inp.beta,
+        g: &inp.g,
+    };
     if chunked {
-        cpu.gated_delta_rule_chunked(
-            DeltaInputs {
-                qkv: &inp.qkv,
-                beta: &inp.beta,
-                g: &inp.g,
-            },
-            batch,
-            inp.dims,
-            state,
-            &mut out,
-        )
+        cpu.gated_delta_rule_chunked(inputs, batch, inp.dims, state, &mut out)
     } else {
-        cpu.gated_delta_rule_recurrent(
-            DeltaInputs {
-                qkv: &inp.qkv,
-                beta: &inp.beta,
-                g: &inp.g,
-            },
-            batch,
-            inp.dims,
-            state,
-            &mut out,
-        )
+        cpu.gated_delta_rule_recurrent(inputs, batch, inp.dims, state, &mut out)
     }
     .unwrap();
     (out, fin)

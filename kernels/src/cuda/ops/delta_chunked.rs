@@ -107,7 +107,6 @@ pub(crate) fn delta_rule_chunked<B: CudaBuffers + ?Sized>(
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
     const OP: &str = "gated_delta_rule_chunked";
-    let (k_heads, v_heads, k_dim, v_dim) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     if !supports(gpu, dims) {
         return Err(KernelError::invalid(
             OP,
@@ -116,6 +115,7 @@ pub(crate) fn delta_rule_chunked<B: CudaBuffers + ?Sized>(
             ),
         ));
     }
+    let (k_heads, v_heads, k_dim, v_dim) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     let Some(mut args) = DeltaArgs::check(OP, inputs, batch, dims, state, out)? else {
         return Ok(());
     };

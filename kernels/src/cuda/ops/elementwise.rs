@@ -96,16 +96,12 @@ pub(crate) fn swiglu_gemm(
         InBuf::F32(_) => "swiglu_bf16",
         InBuf::Bf16(_) => "swiglu_bf16_from_bf16",
     };
-    let (w, y) = projection_operands(OP, &proj, (rows, inter), y_buf)?;
-    if rows == 0 || out_dim == 0 {
+    let Some((w, y)) = projection_operands(OP, &proj, (rows, inter), y_buf)? else {
         return Ok(true);
-    }
+    };
     let rows_a = to_i32(OP, "rows", rows)?;
     let inter_a = to_i32(OP, "inter", inter)?;
     let convert = |x_bf16: &mut CudaSlice<bf16>| {
-        if inter == 0 {
-            return Ok(());
-        }
         // SAFETY: argument types match the kernel; gate_up holds rows·2·inter values and the
         // scratch rows·inter (sized by the GEMM).
         unsafe {

@@ -50,21 +50,22 @@ pub(crate) fn check_batch(
 }
 
 /// The checked weight and f32 output of the projection a fused op ends with, over `rows` rows of
-/// `in_dim`.
+/// `in_dim`; `None` when the projection writes nothing (no rows or no output columns).
 pub(crate) fn projection_operands<'w, 'y>(
     op: &'static str,
     proj: &Projection<'w, CudaBuf>,
     (rows, in_dim): (usize, usize),
     y: &'y mut CudaBuf,
-) -> KernelResult<(&'w CudaSlice<bf16>, &'y mut CudaSlice<f32>)> {
+) -> KernelResult<Option<(&'w CudaSlice<bf16>, &'y mut CudaSlice<f32>)>> {
     let w = weight(op, "w", proj.w, proj.out_dim * in_dim)?;
     let y = act_mut(op, "y", y, rows * proj.out_dim)?;
-    Ok((w, y))
+    Ok((rows > 0 && proj.out_dim > 0).then_some((w, y)))
 }
 
 /// The cuBLASLt GEMM of a fused op, whose `convert` writes the bf16 input (the op's first half)
 /// into the GEMM's scratch. `Ok(false)`, nothing launched, where cuBLASLt has no plan for the
-/// shape (or `in_dim` is 0): the caller then runs the op's two halves.
+/// shape (or `in_dim` is 0, so `convert` only ever runs with a non-empty input): the caller then
+/// runs the op's two halves.
 pub(crate) fn fused_gemm(
     gpu: &Gpu,
     (rows, in_dim): (usize, usize),

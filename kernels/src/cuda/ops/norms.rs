@@ -266,16 +266,12 @@ pub(crate) fn gated_rms_norm_gemm(
     let x = act(OP, "x", x_buf, norm_rows * dim)?;
     let gate = GateArgs::check(OP, &norm)?;
     let nw = weight(OP, "norm weight", norm.weight, dim)?;
-    let (w, y) = projection_operands(OP, &proj, (rows, in_dim), y_buf)?;
-    if rows == 0 || out_dim == 0 {
+    let Some((w, y)) = projection_operands(OP, &proj, (rows, in_dim), y_buf)? else {
         return Ok(true);
-    }
+    };
     let rows_a = to_i32(OP, "rows", norm_rows)?;
     let dim_a = to_i32(OP, "dim", dim)?;
     let convert = |x_bf16: &mut CudaSlice<bf16>| {
-        if in_dim == 0 {
-            return Ok(());
-        }
         let held = held_variant(dim, 32, &WARP_HELD);
         let kernel = if gate.is_bf16() {
             GATED_RMS_NORM_BF16_ZBF16[held]
