@@ -6,10 +6,10 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf, OutBuf};
 use super::super::launch::{to_i32, to_u32, Gpu};
-use super::check_batch;
 use super::flash_attention::{flash_attention, flash_variant, FlashInputs};
 use super::rope::RopeTable;
-use super::CudaBuffers;
+use super::shared::check_batch;
+use super::shared::CudaBuffers;
 use crate::backend::{AttentionDims, KernelResult, QkPrologue, Strided, Varlen};
 use crate::error::KernelError;
 

@@ -5,7 +5,7 @@ use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, in_buf, weight, CudaBuf, InBuf};
 use super::super::launch::{linear, to_i32, to_u32, Gpu, BLOCK};
-use super::{check_batch, GateInputs};
+use super::shared::{check_batch, GateInputs};
 use crate::backend::{
     Conv1d, ConvWindow, DeltaGates, GateOutputs, HeadLayout, KernelResult, Varlen,
 };

@@ -5,7 +5,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::CudaBuf;
 use super::super::launch::{to_i32, to_u32, Gpu};
-use super::{CudaBuffers, DeltaArgs};
+use super::shared::{CudaBuffers, DeltaArgs};
 use crate::backend::{DeltaDims, DeltaInputs, DeltaState, KernelResult, Varlen};
 use crate::error::KernelError;
 

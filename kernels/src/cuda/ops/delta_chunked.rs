@@ -18,7 +18,7 @@ use super::super::buffers::{weight, CudaBuf, DType};
 use super::super::device::driver_err;
 use super::super::launch::{to_i32, to_u32, Gpu};
 use super::super::workspace::{DeltaScratch, DELTA_CHUNK as CHUNK, DELTA_MAX_HEAD as MAX_HEAD};
-use super::{CudaBuffers, DeltaArgs, GateInputs};
+use super::shared::{CudaBuffers, DeltaArgs, GateInputs};
 use crate::backend::{
     DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, KernelResult, Varlen,
 };

@@ -9,7 +9,7 @@ use super::super::launch::{grid_2d, linear, to_i32, to_u32, Gpu, BLOCK};
 use crate::backend::{DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
 use crate::error::KernelError;
 
-use super::{check_batch, fused_gemm, projection_operands};
+use super::shared::{check_batch, fused_gemm, projection_operands};
 
 pub(crate) fn embedding(
     gpu: &Gpu,

@@ -6,7 +6,7 @@ use half::bf16;
 
 use super::super::buffers::{act, act_mut, in_buf, out_buf, weight, CudaBuf, InBuf, OutBuf};
 use super::super::launch::{linear, per_row, to_i32, Gpu, BLOCK};
-use super::{fused_gemm, projection_operands};
+use super::shared::{fused_gemm, projection_operands};
 use crate::backend::{GatedNorm, HeadLayout, KernelResult, Projection, RowNorm, Strided};
 
 /// Values per thread of the register-held norm kernels: row kernels (BLOCK threads per row) and
