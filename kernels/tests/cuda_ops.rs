@@ -809,14 +809,15 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                     rows,
                 };
                 let mut fused = gpu.alloc(rows * channels).unwrap();
+                let conv = Conv1d {
+                    x: &x_d,
+                    x_at,
+                    weight: &w_d,
+                    channels,
+                    kernel: 4,
+                };
                 gpu.conv1d_silu_l2(
-                    Conv1d {
-                        x: &x_d,
-                        x_at,
-                        weight: &w_d,
-                        channels,
-                        kernel: 4,
-                    },
+                    conv,
                     batch,
                     L2Heads {
                         layout: l2,
@@ -826,22 +827,8 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                 )
                 .unwrap();
                 let mut apart = gpu.alloc(rows * channels).unwrap();
-                gpu.conv1d_silu(
-                    Conv1d {
-                        x: &x_d,
-                        x_at,
-                        weight: &w_d,
-                        channels,
-                        kernel: 4,
-                    },
-                    batch,
-                    ConvWindow {
-                        input: None,
-                        output: None,
-                    },
-                    &mut apart,
-                )
-                .unwrap();
+                gpu.conv1d_silu(conv, batch, ConvWindow::none(), &mut apart)
+                    .unwrap();
                 gpu.l2_norm(&mut apart, l2, rows, 1e-6).unwrap();
                 let got = gpu.read(&fused, rows * channels).unwrap();
                 assert_eq!(
@@ -934,6 +921,17 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
                     dt_bias: &dt_bias,
                     heads,
                 };
+                let conv = Conv1d {
+                    x: &x_d,
+                    x_at,
+                    weight: &w_d,
+                    channels,
+                    kernel: 4,
+                };
+                let l2_heads = L2Heads {
+                    layout: l2,
+                    eps: 1e-6,
+                };
                 let n = rows * heads;
                 let (mut out, mut beta, mut g) = (
                     gpu.alloc(rows * channels).unwrap(),
@@ -941,18 +939,9 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
                     gpu.alloc(n).unwrap(),
                 );
                 gpu.conv1d_silu_l2_gates(
-                    Conv1d {
-                        x: &x_d,
-                        x_at,
-                        weight: &w_d,
-                        channels,
-                        kernel: 4,
-                    },
+                    conv,
                     batch,
-                    L2Heads {
-                        layout: l2,
-                        eps: 1e-6,
-                    },
+                    l2_heads,
                     &mut out,
                     gates,
                     GateOutputs {
@@ -966,32 +955,10 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
                     gpu.alloc(n).unwrap(),
                     gpu.alloc(n).unwrap(),
                 );
-                gpu.conv1d_silu_l2(
-                    Conv1d {
-                        x: &x_d,
-                        x_at,
-                        weight: &w_d,
-                        channels,
-                        kernel: 4,
-                    },
-                    batch,
-                    L2Heads {
-                        layout: l2,
-                        eps: 1e-6,
-                    },
-                    &mut out2,
-                )
-                .unwrap();
+                gpu.conv1d_silu_l2(conv, batch, l2_heads, &mut out2)
+                    .unwrap();
                 gpu.delta_gates(
-                    DeltaGates {
-                        b: gates_in,
-                        b_at,
-                        a: gates_in,
-                        a_at,
-                        a_log: &a_log,
-                        dt_bias: &dt_bias,
-                        heads,
-                    },
+                    gates,
                     rows,
                     GateOutputs {
                         beta: &mut beta2,

@@ -885,33 +885,22 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
     let norm_w = rand_vec(&mut rng, dim);
     let out_w = rand_vec(&mut rng, hidden * vw);
     let gated = |z: &Vec<f32>, z_at| {
+        let norm = GatedNorm {
+            z,
+            z_at,
+            weight: &norm_w,
+            rows,
+            heads,
+            dim,
+            eps: 1e-6,
+        };
         let mut x = core.clone();
-        cpu.gated_rms_norm(
-            &mut x,
-            GatedNorm {
-                z,
-                z_at,
-                weight: &norm_w,
-                rows,
-                heads,
-                dim,
-                eps: 1e-6,
-            },
-        )
-        .unwrap();
+        cpu.gated_rms_norm(&mut x, norm).unwrap();
         let mut x2 = core.clone();
         let mut y = vec![f32::NAN; rows * hidden];
         cpu.gated_rms_norm_gemm(
             &mut x2,
-            GatedNorm {
-                z,
-                z_at,
-                weight: &norm_w,
-                rows,
-                heads,
-                dim,
-                eps: 1e-6,
-            },
+            norm,
             Projection {
                 w: &out_w,
                 out_dim: hidden,
