@@ -7,8 +7,9 @@ pub mod cuda;
 pub mod error;
 
 pub use backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelResult,
-    Rope, Store, Strided, Varlen,
+    AttentionDims, Backend, Buffers, Conv1d, ConvWindow, DeltaDims, DeltaGates, DeltaInputs,
+    DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, GemmShape, HeadLayout,
+    KernelResult, L2Heads, Projection, QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
 };
 pub use cpu::CpuBackend;
 pub use error::KernelError;

@@ -23,6 +23,7 @@ use common::{bf16_round, cu_of, gpu, indices, padded, rand_vec};
 use std::time::Instant;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf};
+use instinct_kernels::QkPrologue;
 use instinct_kernels::{AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -510,10 +511,13 @@ fn gated_attention_is_norm_rope_then_attention_bit_for_bit() {
                 };
                 cpu.gated_attention(
                     &mut input.qkv.clone(),
-                    (&input.q_norm, &input.k_norm),
-                    &input.positions,
-                    &input.rope,
-                    eps,
+                    QkPrologue {
+                        q_norm: &input.q_norm,
+                        k_norm: &input.k_norm,
+                        positions: &input.positions,
+                        rope: &input.rope,
+                        eps,
+                    },
                     cpu_batch,
                     dims,
                     last,
@@ -569,10 +573,13 @@ fn gated_attention_is_norm_rope_then_attention_bit_for_bit() {
                         gpu.write(&mut out, &vec![7.0; out_len + width]).unwrap();
                         gpu.gated_attention(
                             &mut qkv_d,
-                            (&qn_d, &kn_d),
-                            &pos_d,
-                            &input.rope,
-                            eps,
+                            QkPrologue {
+                                q_norm: &qn_d,
+                                k_norm: &kn_d,
+                                positions: &pos_d,
+                                rope: &input.rope,
+                                eps,
+                            },
                             batch,
                             dims,
                             last,
@@ -627,10 +634,13 @@ fn gated_attention_is_norm_rope_then_attention_bit_for_bit() {
     let err = gpu
         .gated_attention(
             &mut qkv,
-            (&n, &n),
-            &pos_d,
-            &rope,
-            eps,
+            QkPrologue {
+                q_norm: &n,
+                k_norm: &n,
+                positions: &pos_d,
+                rope: &rope,
+                eps,
+            },
             batch,
             odd,
             false,

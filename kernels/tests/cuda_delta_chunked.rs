@@ -8,11 +8,10 @@
 //! `cargo test --release -p instinct-kernels --test cuda_delta_chunked -- --ignored --nocapture --test-threads 1`.
 
 mod common;
-use common::{cu_of, gpu, indices, padded, rand_vec};
-
-use std::time::Instant;
+use common::{cu_of, gpu, indices, mean_seconds, padded, rand_vec};
 
 use instinct_kernels::cuda::CudaBackend;
+use instinct_kernels::DeltaInputs;
 use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -113,7 +112,15 @@ impl Inputs {
             final_out: Some(&mut fin),
         };
         cpu.gated_delta_rule_recurrent(
-            &self.qkv, &self.beta, &self.g, batch, self.dims, state, &mut out,
+            DeltaInputs {
+                qkv: &self.qkv,
+                beta: &self.beta,
+                g: &self.g,
+            },
+            batch,
+            self.dims,
+            state,
+            &mut out,
         )
         .unwrap();
         (out, fin)
@@ -147,8 +154,18 @@ impl Inputs {
             initial: with_initial.then_some(&initial),
             final_out: Some(&mut fin),
         };
-        gpu.gated_delta_rule_chunked(&qkv, &beta, &g, batch, dims, state, &mut out)
-            .unwrap();
+        gpu.gated_delta_rule_chunked(
+            DeltaInputs {
+                qkv: &qkv,
+                beta: &beta,
+                g: &g,
+            },
+            batch,
+            dims,
+            state,
+            &mut out,
+        )
+        .unwrap();
         let mut out = gpu.read(&out, self.out_len() + out_extra).unwrap();
         let mut fin = gpu.read(&fin, self.state_len() + state_extra).unwrap();
         assert!(
@@ -284,8 +301,18 @@ fn chunked_clamps_corrupt_cu_seqlens_to_the_batch_rows() {
         initial: None,
         final_out: Some(&mut fin),
     };
-    gpu.gated_delta_rule_chunked(&qkv, &beta, &g, batch, dims, state, &mut out)
-        .unwrap();
+    gpu.gated_delta_rule_chunked(
+        DeltaInputs {
+            qkv: &qkv,
+            beta: &beta,
+            g: &g,
+        },
+        batch,
+        dims,
+        state,
+        &mut out,
+    )
+    .unwrap();
     gpu.synchronize().unwrap();
     let got = gpu.read(&out, inputs.out_len()).unwrap();
     assert_close(&got, &want, TOL, "sequence 0");
@@ -295,15 +322,8 @@ fn chunked_clamps_corrupt_cu_seqlens_to_the_batch_rows() {
 }
 
 /// Mean wall time of `f` over `iters` runs after one warm-up, in ms.
-fn time_ms(gpu: &CudaBackend, iters: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    gpu.synchronize().unwrap();
-    let t = Instant::now();
-    for _ in 0..iters {
-        f();
-    }
-    gpu.synchronize().unwrap();
-    t.elapsed().as_secs_f64() * 1e3 / iters as f64
+fn time_ms(gpu: &CudaBackend, iters: usize, f: impl FnMut()) -> f64 {
+    mean_seconds(gpu, iters, f) * 1e3
 }
 
 #[test]
@@ -349,9 +369,29 @@ fn timing_chunked_vs_recurrent() {
                     final_out: Some(&mut fin),
                 };
                 if chunked {
-                    gpu.gated_delta_rule_chunked(&qkv, &beta, &g, batch, dims, state, &mut out)
+                    gpu.gated_delta_rule_chunked(
+                        DeltaInputs {
+                            qkv: &qkv,
+                            beta: &beta,
+                            g: &g,
+                        },
+                        batch,
+                        dims,
+                        state,
+                        &mut out,
+                    )
                 } else {
-                    gpu.gated_delta_rule_recurrent(&qkv, &beta, &g, batch, dims, state, &mut out)
+                    gpu.gated_delta_rule_recurrent(
+                        DeltaInputs {
+                            qkv: &qkv,
+                            beta: &beta,
+                            g: &g,
+                        },
+                        batch,
+                        dims,
+                        state,
+                        &mut out,
+                    )
                 }
                 .unwrap();
             })

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::Backend;
+use instinct_kernels::GemmShape;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -31,7 +32,8 @@ fn gemm_bits(gpu: &CudaBackend, rows: usize) -> Vec<u32> {
     let x_d = activation(gpu, &x, 0);
     let w_d = gpu.upload(&w).unwrap();
     let mut y = gpu.alloc(rows * out_dim).unwrap();
-    gpu.gemm(&x_d, &w_d, rows, in_dim, out_dim, &mut y).unwrap();
+    gpu.gemm(&x_d, &w_d, GemmShape::new(rows, in_dim, out_dim), &mut y)
+        .unwrap();
     let y = gpu.read(&y, rows * out_dim).unwrap();
     y.iter().map(|v| v.to_bits()).collect()
 }

@@ -6,11 +6,15 @@
 //! Times are host wall time over back-to-back launches followed by one synchronize, so a tiny op
 //! shows its launch cost, as it does inside a forward pass.
 
-use std::time::Instant;
+mod common;
+use common::mean_seconds as time;
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
 use instinct_kernels::{
     AttentionDims, Backend, DeltaDims, DeltaGates, DeltaState, Rope, Store, Strided, Varlen,
+};
+use instinct_kernels::{
+    DeltaNetInput, DeltaNetScratch, GatedNorm, GemmShape, Projection, QkPrologue, RowNorm,
 };
 
 const HIDDEN: usize = 2560;
@@ -29,18 +33,6 @@ const ATTN: AttentionDims = AttentionDims {
 };
 const DELTA_LAYERS: usize = 24;
 const ATTN_LAYERS: usize = 8;
-
-/// Mean seconds of `f` over `runs` launches, after one warm-up call.
-fn time(gpu: &CudaBackend, runs: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    gpu.synchronize().unwrap();
-    let t = Instant::now();
-    for _ in 0..runs {
-        f();
-    }
-    gpu.synchronize().unwrap();
-    t.elapsed().as_secs_f64() / runs as f64
-}
 
 fn filled(gpu: &CudaBackend, len: usize, value: f32) -> CudaBuf {
     let mut b = gpu.alloc(len).unwrap();
@@ -131,8 +123,13 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     gpu.reserve_gemm_input(rows * INTER).unwrap();
 
     let t = time(gpu, runs, || {
-        gpu.gemm(&normed, &w_in, rows, HIDDEN, in_w, &mut proj)
-            .unwrap()
+        gpu.gemm(
+            &normed,
+            &w_in,
+            GemmShape::new(rows, HIDDEN, in_w),
+            &mut proj,
+        )
+        .unwrap()
     });
     row("deltanet in_proj (stacked GEMM)", DELTA_LAYERS, t);
     // Small values in every block: the gates and gated norm below read them.
@@ -154,13 +151,22 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
             final_out: None,
         };
         gpu.delta_net_core(
-            (&proj, qkv_at),
-            (&conv_w, 4, 1e-6),
-            gates,
+            DeltaNetInput {
+                x: &proj,
+                x_at: qkv_at,
+                conv_weight: &conv_w,
+                kernel: 4,
+                l2_eps: 1e-6,
+                gates,
+            },
             batch(),
             DELTA,
             state,
-            (&mut conv, &mut beta, &mut decay),
+            DeltaNetScratch {
+                conv: &mut conv,
+                beta: &mut beta,
+                g: &mut decay,
+            },
             &mut core,
         )
         .unwrap()
@@ -169,16 +175,20 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let t = time(gpu, runs, || {
         gpu.gated_rms_norm_gemm(
             &mut core,
-            &proj,
-            z_at,
-            &small,
-            rows,
-            hv,
-            DELTA.v_dim,
-            1e-6,
-            &w_out,
-            HIDDEN,
-            Store::Add,
+            GatedNorm {
+                z: &proj,
+                z_at,
+                weight: &small,
+                rows,
+                heads: hv,
+                dim: DELTA.v_dim,
+                eps: 1e-6,
+            },
+            Projection {
+                w: &w_out,
+                out_dim: HIDDEN,
+                store: Store::Add,
+            },
             &mut residual,
         )
         .unwrap()
@@ -189,9 +199,7 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
         gpu.gemm(
             &normed,
             &w_qkv,
-            rows,
-            HIDDEN,
-            ATTN.stacked_width(),
+            GemmShape::new(rows, HIDDEN, ATTN.stacked_width()),
             &mut attn_qkv,
         )
         .unwrap()
@@ -208,10 +216,13 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let t = time(gpu, runs.min(5), || {
         gpu.gated_attention(
             &mut attn_qkv,
-            (&small, &small),
-            &pos_d,
-            &rope,
-            1e-6,
+            QkPrologue {
+                q_norm: &small,
+                k_norm: &small,
+                positions: &pos_d,
+                rope: &rope,
+                eps: 1e-6,
+            },
             batch(),
             ATTN,
             false,
@@ -224,9 +235,7 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
         gpu.gemm_to(
             &attn_out,
             &w_o,
-            rows,
-            ATTN.q_heads * ATTN.head_dim,
-            HIDDEN,
+            GemmShape::new(rows, ATTN.q_heads * ATTN.head_dim, HIDDEN),
             Store::Add,
             &mut residual,
         )
@@ -237,13 +246,27 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
     let layers = DELTA_LAYERS + ATTN_LAYERS;
     let mut normed_out = gpu.alloc_gemm_input(rows * HIDDEN).unwrap();
     let t = time(gpu, runs, || {
-        gpu.rms_norm(&residual, &norm_w, rows, HIDDEN, 1e-6, &mut normed_out)
-            .unwrap()
+        gpu.rms_norm(
+            &residual,
+            RowNorm {
+                weight: &norm_w,
+                rows,
+                dim: HIDDEN,
+                eps: 1e-6,
+            },
+            &mut normed_out,
+        )
+        .unwrap()
     });
     row("rms norm", 2 * layers, t);
     let t = time(gpu, runs, || {
-        gpu.gemm(&normed, &w_gate_up, rows, HIDDEN, 2 * INTER, &mut gate_up)
-            .unwrap()
+        gpu.gemm(
+            &normed,
+            &w_gate_up,
+            GemmShape::new(rows, HIDDEN, 2 * INTER),
+            &mut gate_up,
+        )
+        .unwrap()
     });
     row("mlp gate|up GEMM", layers, t);
     let t = time(gpu, runs, || {
@@ -251,10 +274,12 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
             &gate_up,
             rows,
             INTER,
-            &w_down,
-            HIDDEN,
+            Projection {
+                w: &w_down,
+                out_dim: HIDDEN,
+                store: Store::Add,
+            },
             &mut core,
-            Store::Add,
             &mut residual,
         )
         .unwrap()

@@ -11,13 +11,18 @@
 
 mod common;
 use common::{
-    activation, activation_as, bf16_activation, bf16_round, cu_of, gpu, indices, rand_vec,
+    activation, activation_as, bf16_activation, bf16_round, cpu_gates, cu_of, gpu, indices,
+    rand_vec,
 };
 
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions, DType};
 use instinct_kernels::{
     AttentionDims, Backend, CpuBackend, DeltaDims, DeltaGates, DeltaState, HeadLayout, KernelError,
     Rope, Store, Strided, Varlen,
+};
+use instinct_kernels::{
+    Conv1d, ConvWindow, DeltaInputs, DeltaNetInput, DeltaNetScratch, GateOutputs, GatedNorm,
+    GemmShape, L2Heads, Projection, RowNorm,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -126,7 +131,16 @@ fn ops_reject_an_activation_where_a_weight_belongs() {
     let not_a_weight = activation(&gpu, &[0.0; 4], 0);
     let mut out = gpu.alloc(8).unwrap();
     let err = gpu
-        .rms_norm(&x, &not_a_weight, 2, 4, 1e-6, &mut out)
+        .rms_norm(
+            &x,
+            RowNorm {
+                weight: &not_a_weight,
+                rows: 2,
+                dim: 4,
+                eps: 1e-6,
+            },
+            &mut out,
+        )
         .unwrap_err();
     assert!(
         matches!(err, KernelError::Invalid { op: "rms_norm", .. }),
@@ -176,10 +190,30 @@ fn rms_norm_and_fused_add_match_cpu() {
         let (w_h, w_d) = weight(&gpu, &mut rng, dim, 0.5);
 
         let mut want = vec![0.0; rows * dim];
-        cpu.rms_norm(&x, &w_h, rows, dim, 1e-6, &mut want).unwrap();
+        cpu.rms_norm(
+            &x,
+            RowNorm {
+                weight: &w_h,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
+            &mut want,
+        )
+        .unwrap();
         let x_d = activation(&gpu, &x, 0);
         let mut out = gpu.alloc(rows * dim).unwrap();
-        gpu.rms_norm(&x_d, &w_d, rows, dim, 1e-6, &mut out).unwrap();
+        gpu.rms_norm(
+            &x_d,
+            RowNorm {
+                weight: &w_d,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_close(
             &gpu.read(&out, rows * dim).unwrap(),
             &want,
@@ -188,12 +222,32 @@ fn rms_norm_and_fused_add_match_cpu() {
         );
 
         let mut residual_h = x.clone();
-        cpu.add_rms_norm(&mut residual_h, &delta, &w_h, rows, dim, 1e-6, &mut want)
-            .unwrap();
+        cpu.add_rms_norm(
+            &mut residual_h,
+            &delta,
+            RowNorm {
+                weight: &w_h,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
+            &mut want,
+        )
+        .unwrap();
         let mut residual_d = activation(&gpu, &x, 0);
         let delta_d = activation(&gpu, &delta, 0);
-        gpu.add_rms_norm(&mut residual_d, &delta_d, &w_d, rows, dim, 1e-6, &mut out)
-            .unwrap();
+        gpu.add_rms_norm(
+            &mut residual_d,
+            &delta_d,
+            RowNorm {
+                weight: &w_d,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_close(
             &gpu.read(&residual_d, rows * dim).unwrap(),
             &residual_h,
@@ -214,26 +268,49 @@ fn rms_norm_and_fused_add_match_cpu() {
         gpu.add_rms_norm(
             &mut residual_d,
             &delta_d,
-            &w_d,
-            rows,
-            dim,
-            1e-6,
+            RowNorm {
+                weight: &w_d,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
             &mut out_bf16,
         )
         .unwrap();
         let got = gpu.read(&out_bf16, rows * dim).unwrap();
         assert_close(&got, &bf16_round(&want), 8e-3, "add_rms_norm bf16 out");
-        gpu.rms_norm(&x_d, &w_d, rows, dim, 1e-6, &mut out_bf16)
-            .unwrap();
-        cpu.rms_norm(&x, &w_h, rows, dim, 1e-6, &mut want).unwrap();
+        gpu.rms_norm(
+            &x_d,
+            RowNorm {
+                weight: &w_d,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
+            &mut out_bf16,
+        )
+        .unwrap();
+        cpu.rms_norm(
+            &x,
+            RowNorm {
+                weight: &w_h,
+                rows,
+                dim,
+                eps: 1e-6,
+            },
+            &mut want,
+        )
+        .unwrap();
         let got = gpu.read(&out_bf16, rows * dim).unwrap();
         assert_close(&got, &bf16_round(&want), 8e-3, "rms_norm bf16 out");
         // A GEMM reads it as is.
         let (w2_h, w2_d) = weight(&gpu, &mut rng, 8 * dim, 0.1);
         let mut y = gpu.alloc(rows * 8).unwrap();
-        gpu.gemm(&out_bf16, &w2_d, rows, dim, 8, &mut y).unwrap();
+        gpu.gemm(&out_bf16, &w2_d, GemmShape::new(rows, dim, 8), &mut y)
+            .unwrap();
         let mut y_want = vec![0.0; rows * 8];
-        cpu.gemm(&got, &w2_h, rows, dim, 8, &mut y_want).unwrap();
+        cpu.gemm(&got, &w2_h, GemmShape::new(rows, dim, 8), &mut y_want)
+            .unwrap();
         assert_close(
             &gpu.read(&y, rows * 8).unwrap(),
             &y_want,
@@ -260,20 +337,33 @@ fn gated_rms_norm_matches_cpu() {
         let mut want = x.clone();
         cpu.gated_rms_norm(
             &mut want,
-            &z,
-            Strided::dense(heads * dim),
-            &w_h,
-            rows,
-            heads,
-            dim,
-            1e-6,
+            GatedNorm {
+                z: &z,
+                z_at: Strided::dense(heads * dim),
+                weight: &w_h,
+                rows,
+                heads,
+                dim,
+                eps: 1e-6,
+            },
         )
         .unwrap();
         for z_at in layouts(heads * dim) {
             let mut x_d = activation(&gpu, &x, 0);
             let z_d = activation_as(&gpu, &strided(&z, rows, heads * dim, z_at), 0, bf16_z);
-            gpu.gated_rms_norm(&mut x_d, &z_d, z_at, &w_d, rows, heads, dim, 1e-6)
-                .unwrap();
+            gpu.gated_rms_norm(
+                &mut x_d,
+                GatedNorm {
+                    z: &z_d,
+                    z_at,
+                    weight: &w_d,
+                    rows,
+                    heads,
+                    dim,
+                    eps: 1e-6,
+                },
+            )
+            .unwrap();
             assert_close(
                 &gpu.read(&x_d, n).unwrap(),
                 &want,
@@ -302,13 +392,15 @@ fn gated_rms_norm_gemm_matches_cpu() {
         let mut normed = x.clone();
         cpu.gated_rms_norm(
             &mut normed,
-            &z,
-            Strided::dense(in_dim),
-            &nw_h,
-            rows,
-            heads,
-            dim,
-            1e-6,
+            GatedNorm {
+                z: &z,
+                z_at: Strided::dense(in_dim),
+                weight: &nw_h,
+                rows,
+                heads,
+                dim,
+                eps: 1e-6,
+            },
         )
         .unwrap();
         let bf16_path = in_dim % 8 == 0;
@@ -318,7 +410,7 @@ fn gated_rms_norm_gemm_matches_cpu() {
             normed
         };
         let mut want = vec![0.0; rows * out_dim];
-        cpu.gemm(&g, &w_h, rows, in_dim, out_dim, &mut want)
+        cpu.gemm(&g, &w_h, GemmShape::new(rows, in_dim, out_dim), &mut want)
             .unwrap();
         // Added to, the output starts from values of the size of a residual stream.
         let y0 = rand_vec(&mut rng, rows * out_dim, 1.0);
@@ -331,7 +423,22 @@ fn gated_rms_norm_gemm_matches_cpu() {
             let z_d = activation(&gpu, &strided(&z, rows, in_dim, z_at), 0);
             let mut y = activation(&gpu, &y0, 0);
             gpu.gated_rms_norm_gemm(
-                &mut x_d, &z_d, z_at, &nw_d, rows, heads, dim, 1e-6, &w_d, out_dim, store, &mut y,
+                &mut x_d,
+                GatedNorm {
+                    z: &z_d,
+                    z_at,
+                    weight: &nw_d,
+                    rows,
+                    heads,
+                    dim,
+                    eps: 1e-6,
+                },
+                Projection {
+                    w: &w_d,
+                    out_dim,
+                    store,
+                },
+                &mut y,
             )
             .unwrap();
             let what = format!(
@@ -354,16 +461,20 @@ fn gated_rms_norm_gemm_matches_cpu() {
         let err = gpu
             .gated_rms_norm_gemm(
                 &mut x_d,
-                &z_d,
-                z_at,
-                &nw_d,
-                rows,
-                heads,
-                dim,
-                1e-6,
-                &w_d,
-                out_dim,
-                Store::Replace,
+                GatedNorm {
+                    z: &z_d,
+                    z_at,
+                    weight: &nw_d,
+                    rows,
+                    heads,
+                    dim,
+                    eps: 1e-6,
+                },
+                Projection {
+                    w: &w_d,
+                    out_dim,
+                    store: Store::Replace,
+                },
                 &mut y,
             )
             .unwrap_err();
@@ -601,14 +712,18 @@ fn conv1d_case(
             let mut want = vec![0.0; rows * channels];
             let mut want_window = vec![0.0; win_len];
             cpu.conv1d_silu(
-                &x,
-                Strided::dense(channels),
-                &w_h,
+                Conv1d {
+                    x: &x,
+                    x_at: Strided::dense(channels),
+                    weight: &w_h,
+                    channels,
+                    kernel,
+                },
                 cpu_batch,
-                channels,
-                kernel,
-                with_window.then_some(&window),
-                Some(&mut want_window),
+                ConvWindow {
+                    input: with_window.then_some(&window),
+                    output: Some(&mut want_window),
+                },
                 &mut want,
             )
             .unwrap();
@@ -621,14 +736,18 @@ fn conv1d_case(
             let mut out = gpu.alloc(rows * channels).unwrap();
             let mut window_out = gpu.alloc(win_len).unwrap();
             gpu.conv1d_silu(
-                &x_d,
-                x_at,
-                &w_d,
+                Conv1d {
+                    x: &x_d,
+                    x_at,
+                    weight: &w_d,
+                    channels,
+                    kernel,
+                },
                 gpu_batch,
-                channels,
-                kernel,
-                with_window.then_some(&window_d),
-                Some(&mut window_out),
+                ConvWindow {
+                    input: with_window.then_some(&window_d),
+                    output: Some(&mut window_out),
+                },
                 &mut out,
             )
             .unwrap();
@@ -690,10 +809,25 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                     rows,
                 };
                 let mut fused = gpu.alloc(rows * channels).unwrap();
-                gpu.conv1d_silu_l2(&x_d, x_at, &w_d, batch, channels, 4, l2, 1e-6, &mut fused)
-                    .unwrap();
+                let conv = Conv1d {
+                    x: &x_d,
+                    x_at,
+                    weight: &w_d,
+                    channels,
+                    kernel: 4,
+                };
+                gpu.conv1d_silu_l2(
+                    conv,
+                    batch,
+                    L2Heads {
+                        layout: l2,
+                        eps: 1e-6,
+                    },
+                    &mut fused,
+                )
+                .unwrap();
                 let mut apart = gpu.alloc(rows * channels).unwrap();
-                gpu.conv1d_silu(&x_d, x_at, &w_d, batch, channels, 4, None, None, &mut apart)
+                gpu.conv1d_silu(conv, batch, ConvWindow::none(), &mut apart)
                     .unwrap();
                 gpu.l2_norm(&mut apart, l2, rows, 1e-6).unwrap();
                 let got = gpu.read(&fused, rows * channels).unwrap();
@@ -710,14 +844,18 @@ fn conv1d_silu_l2_is_conv_then_l2_bit_for_bit() {
                 };
                 let mut want = vec![0.0; rows * channels];
                 cpu.conv1d_silu_l2(
-                    &x,
-                    Strided::dense(channels),
-                    &w_h,
+                    Conv1d {
+                        x: &x,
+                        x_at: Strided::dense(channels),
+                        weight: &w_h,
+                        channels,
+                        kernel: 4,
+                    },
                     cpu_batch,
-                    channels,
-                    4,
-                    l2,
-                    1e-6,
+                    L2Heads {
+                        layout: l2,
+                        eps: 1e-6,
+                    },
                     &mut want,
                 )
                 .unwrap();
@@ -783,6 +921,17 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
                     dt_bias: &dt_bias,
                     heads,
                 };
+                let conv = Conv1d {
+                    x: &x_d,
+                    x_at,
+                    weight: &w_d,
+                    channels,
+                    kernel: 4,
+                };
+                let l2_heads = L2Heads {
+                    layout: l2,
+                    eps: 1e-6,
+                };
                 let n = rows * heads;
                 let (mut out, mut beta, mut g) = (
                     gpu.alloc(rows * channels).unwrap(),
@@ -790,16 +939,15 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
                     gpu.alloc(n).unwrap(),
                 );
                 gpu.conv1d_silu_l2_gates(
-                    &x_d,
-                    x_at,
-                    &w_d,
+                    conv,
                     batch,
-                    channels,
-                    4,
-                    (l2, 1e-6),
+                    l2_heads,
                     &mut out,
                     gates,
-                    (&mut beta, &mut g),
+                    GateOutputs {
+                        beta: &mut beta,
+                        g: &mut g,
+                    },
                 )
                 .unwrap();
                 let (mut out2, mut beta2, mut g2) = (
@@ -807,11 +955,15 @@ fn conv1d_silu_l2_gates_is_the_conv_and_the_gates_bit_for_bit() {
                     gpu.alloc(n).unwrap(),
                     gpu.alloc(n).unwrap(),
                 );
-                gpu.conv1d_silu_l2(&x_d, x_at, &w_d, batch, channels, 4, l2, 1e-6, &mut out2)
+                gpu.conv1d_silu_l2(conv, batch, l2_heads, &mut out2)
                     .unwrap();
                 gpu.delta_gates(
-                    gates_in, b_at, gates_in, a_at, &a_log, &dt_bias, rows, heads, &mut beta2,
-                    &mut g2,
+                    gates,
+                    rows,
+                    GateOutputs {
+                        beta: &mut beta2,
+                        g: &mut g2,
+                    },
                 )
                 .unwrap();
                 for (name, got, want, len) in [
@@ -899,33 +1051,60 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
             let (mut conv, mut beta, mut g) = scratch(&gpu);
             let mut fused = gpu.alloc(out_len).unwrap();
             gpu.delta_net_core(
-                (&x_d, x_at),
-                (&w_d, taps, 1e-6),
-                gates,
+                DeltaNetInput {
+                    x: &x_d,
+                    x_at,
+                    conv_weight: &w_d,
+                    kernel: taps,
+                    l2_eps: 1e-6,
+                    gates,
+                },
                 batch,
                 dims,
                 no_state(),
-                (&mut conv, &mut beta, &mut g),
+                DeltaNetScratch {
+                    conv: &mut conv,
+                    beta: &mut beta,
+                    g: &mut g,
+                },
                 &mut fused,
             )
             .unwrap();
             let (mut conv2, mut beta2, mut g2) = scratch(&gpu);
             let mut apart = gpu.alloc(out_len).unwrap();
             gpu.conv1d_silu_l2_gates(
-                &x_d,
-                x_at,
-                &w_d,
+                Conv1d {
+                    x: &x_d,
+                    x_at,
+                    weight: &w_d,
+                    channels,
+                    kernel: taps,
+                },
                 batch,
-                channels,
-                taps,
-                (dims.qk_layout(), 1e-6),
+                L2Heads {
+                    layout: dims.qk_layout(),
+                    eps: 1e-6,
+                },
                 &mut conv2,
                 gates,
-                (&mut beta2, &mut g2),
+                GateOutputs {
+                    beta: &mut beta2,
+                    g: &mut g2,
+                },
             )
             .unwrap();
-            gpu.gated_delta_rule_chunked(&conv2, &beta2, &g2, batch, dims, no_state(), &mut apart)
-                .unwrap();
+            gpu.gated_delta_rule_chunked(
+                DeltaInputs {
+                    qkv: &conv2,
+                    beta: &beta2,
+                    g: &g2,
+                },
+                batch,
+                dims,
+                no_state(),
+                &mut apart,
+            )
+            .unwrap();
             let got = gpu.read(&fused, out_len).unwrap();
             assert_eq!(
                 bits(&got),
@@ -962,16 +1141,25 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
                     cpu.alloc(out_len).unwrap(),
                 );
                 cpu.delta_net_core(
-                    (&cb, x_at),
-                    (&cw, taps, 1e-6),
-                    cgates,
+                    DeltaNetInput {
+                        x: &cb,
+                        x_at,
+                        conv_weight: &cw,
+                        kernel: taps,
+                        l2_eps: 1e-6,
+                        gates: cgates,
+                    },
                     cbatch,
                     dims,
                     DeltaState {
                         initial: None,
                         final_out: None,
                     },
-                    (&mut c1, &mut c2, &mut c3),
+                    DeltaNetScratch {
+                        conv: &mut c1,
+                        beta: &mut c2,
+                        g: &mut c3,
+                    },
                     &mut cout,
                 )
                 .unwrap();
@@ -995,16 +1183,21 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
     let h = dims.v_heads;
     let err = gpu
         .delta_net_core(
-            (&short, Strided::cols(width, 0)),
-            (&w_d, 4, 1e-6),
-            DeltaGates {
-                b: &short,
-                b_at: Strided::cols(width, width - 2 * h),
-                a: &short,
-                a_at: Strided::cols(width, width - h),
-                a_log: &ab,
-                dt_bias: &ab,
-                heads: h,
+            DeltaNetInput {
+                x: &short,
+                x_at: Strided::cols(width, 0),
+                conv_weight: &w_d,
+                kernel: 4,
+                l2_eps: 1e-6,
+                gates: DeltaGates {
+                    b: &short,
+                    b_at: Strided::cols(width, width - 2 * h),
+                    a: &short,
+                    a_at: Strided::cols(width, width - h),
+                    a_log: &ab,
+                    dt_bias: &ab,
+                    heads: h,
+                },
             },
             Varlen {
                 cu_seqlens: &cu_d,
@@ -1016,11 +1209,11 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
                 initial: None,
                 final_out: None,
             },
-            (
-                &mut gpu.alloc(10 * dims.qkv_width()).unwrap(),
-                &mut gpu.alloc(10 * h).unwrap(),
-                &mut gpu.alloc(10 * h).unwrap(),
-            ),
+            DeltaNetScratch {
+                conv: &mut gpu.alloc(10 * dims.qkv_width()).unwrap(),
+                beta: &mut gpu.alloc(10 * h).unwrap(),
+                g: &mut gpu.alloc(10 * h).unwrap(),
+            },
             &mut gpu.alloc(10 * h * dims.v_dim).unwrap(),
         )
         .unwrap_err();
@@ -1039,25 +1232,34 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
     let (a_log_h, a_log_d) = weight(&gpu, &mut rng, heads, 2.0);
     let (dt_h, dt_d) = weight(&gpu, &mut rng, heads, 5.0);
     let dense = Strided::dense(heads);
-    let (mut beta_want, mut g_want) = (vec![0.0; rows * heads], vec![0.0; rows * heads]);
-    cpu.delta_gates(
-        &b,
-        dense,
-        &a,
-        dense,
-        &a_log_h,
-        &dt_h,
-        rows,
+    let gates_want = DeltaGates {
+        b: &b,
+        b_at: dense,
+        a: &a,
+        a_at: dense,
+        a_log: &a_log_h,
+        dt_bias: &dt_h,
         heads,
-        &mut beta_want,
-        &mut g_want,
-    )
-    .unwrap();
+    };
+    let (beta_want, g_want) = cpu_gates(gates_want, rows);
     let check = |b_d: &CudaBuf, b_at, a_d: &CudaBuf, a_at, want: (&[f32], &[f32]), what: &str| {
         let mut beta = gpu.alloc(rows * heads).unwrap();
         let mut g = gpu.alloc(rows * heads).unwrap();
         gpu.delta_gates(
-            b_d, b_at, a_d, a_at, &a_log_d, &dt_d, rows, heads, &mut beta, &mut g,
+            DeltaGates {
+                b: b_d,
+                b_at,
+                a: a_d,
+                a_at,
+                a_log: &a_log_d,
+                dt_bias: &dt_d,
+                heads,
+            },
+            rows,
+            GateOutputs {
+                beta: &mut beta,
+                g: &mut g,
+            },
         )
         .unwrap();
         let n = rows * heads;
@@ -1107,16 +1309,20 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
     let (b16, a16) = (bf16_round(&b), bf16_round(&a));
     let (mut beta16_want, mut g16_want) = (vec![0.0; rows * heads], vec![0.0; rows * heads]);
     cpu.delta_gates(
-        &b16,
-        dense,
-        &a16,
-        dense,
-        &a_log_h,
-        &dt_h,
+        DeltaGates {
+            b: &b16,
+            b_at: dense,
+            a: &a16,
+            a_at: dense,
+            a_log: &a_log_h,
+            dt_bias: &dt_h,
+            heads,
+        },
         rows,
-        heads,
-        &mut beta16_want,
-        &mut g16_want,
+        GateOutputs {
+            beta: &mut beta16_want,
+            g: &mut g16_want,
+        },
     )
     .unwrap();
     let stacked16 = bf16_activation(&gpu, &host, 0);
@@ -1134,7 +1340,20 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
     );
     let err = gpu
         .delta_gates(
-            &stacked16, b_at, &stacked, a_at, &a_log_d, &dt_d, rows, heads, &mut beta, &mut g,
+            DeltaGates {
+                b: &stacked16,
+                b_at,
+                a: &stacked,
+                a_at,
+                a_log: &a_log_d,
+                dt_bias: &dt_d,
+                heads,
+            },
+            rows,
+            GateOutputs {
+                beta: &mut beta,
+                g: &mut g,
+            },
         )
         .unwrap_err();
     assert!(matches!(err, KernelError::Invalid { .. }), "{err}");
@@ -1146,7 +1365,20 @@ fn delta_gates_match_cpu_across_the_softplus_threshold() {
     );
     let err = gpu
         .delta_gates(
-            &short, b_at, &short, a_at, &a_log_d, &dt_d, rows, heads, &mut beta, &mut g,
+            DeltaGates {
+                b: &short,
+                b_at,
+                a: &short,
+                a_at,
+                a_log: &a_log_d,
+                dt_bias: &dt_d,
+                heads,
+            },
+            rows,
+            GateOutputs {
+                beta: &mut beta,
+                g: &mut g,
+            },
         )
         .unwrap_err();
     assert!(
@@ -1193,7 +1425,7 @@ fn swiglu_gemm_matches_cpu() {
         cpu.swiglu(&gate_up, rows, inter, &mut act).unwrap();
         let act = bf16_round(&act);
         let mut want = vec![0.0; rows * out_dim];
-        cpu.gemm(&act, &w_h, rows, inter, out_dim, &mut want)
+        cpu.gemm(&act, &w_h, GemmShape::new(rows, inter, out_dim), &mut want)
             .unwrap();
         let gate_up_d = activation(&gpu, &gate_up, 0);
         let mut act_d = gpu.alloc(rows * inter).unwrap();
@@ -1201,7 +1433,16 @@ fn swiglu_gemm_matches_cpu() {
         for store in [Store::Replace, Store::Add] {
             let mut y = activation(&gpu, &y0, 0);
             gpu.swiglu_gemm(
-                &gate_up_d, rows, inter, &w_d, out_dim, &mut act_d, store, &mut y,
+                &gate_up_d,
+                rows,
+                inter,
+                Projection {
+                    w: &w_d,
+                    out_dim,
+                    store,
+                },
+                &mut act_d,
+                &mut y,
             )
             .unwrap();
             let what = format!("swiglu_gemm {rows}x{inter}x{out_dim} {store:?}");
@@ -1234,20 +1475,35 @@ fn gemm_into_bf16_then_swiglu_matches_cpu() {
         let (gu_h, gu_d) = weight(&gpu, &mut rng, 2 * inter * hidden, 0.05);
         let (w_h, w_d) = weight(&gpu, &mut rng, out_dim * inter, 0.05);
         let mut gate_up = vec![0.0; rows * 2 * inter];
-        cpu.gemm(&x, &gu_h, rows, hidden, 2 * inter, &mut gate_up)
-            .unwrap();
+        cpu.gemm(
+            &x,
+            &gu_h,
+            GemmShape::new(rows, hidden, 2 * inter),
+            &mut gate_up,
+        )
+        .unwrap();
         let gate_up = bf16_round(&gate_up);
         let mut act = vec![0.0; rows * inter];
         cpu.swiglu(&gate_up, rows, inter, &mut act).unwrap();
         let mut want = vec![0.0; rows * out_dim];
-        cpu.gemm(&bf16_round(&act), &w_h, rows, inter, out_dim, &mut want)
-            .unwrap();
+        cpu.gemm(
+            &bf16_round(&act),
+            &w_h,
+            GemmShape::new(rows, inter, out_dim),
+            &mut want,
+        )
+        .unwrap();
 
         let x_d = activation(&gpu, &x, 0);
         let mut gate_up_d = gpu.alloc_gemm_input(rows * 2 * inter).unwrap();
         assert_eq!(gate_up_d.dtype(), DType::Bf16);
-        gpu.gemm(&x_d, &gu_d, rows, hidden, 2 * inter, &mut gate_up_d)
-            .unwrap();
+        gpu.gemm(
+            &x_d,
+            &gu_d,
+            GemmShape::new(rows, hidden, 2 * inter),
+            &mut gate_up_d,
+        )
+        .unwrap();
         let what = format!("gemm into bf16 {rows}x{hidden}x{}", 2 * inter);
         // Both sides round the same f32 sums (up to summation order) to bf16: one bf16 ulp.
         let got = gpu.read(&gate_up_d, rows * 2 * inter).unwrap();
@@ -1264,10 +1520,12 @@ fn gemm_into_bf16_then_swiglu_matches_cpu() {
             &gate_up_d,
             rows,
             inter,
-            &w_d,
-            out_dim,
+            Projection {
+                w: &w_d,
+                out_dim,
+                store: Store::Replace,
+            },
             &mut act_d,
-            Store::Replace,
             &mut y,
         )
         .unwrap();
@@ -1350,11 +1608,12 @@ fn gemm_matches_cpu_on_odd_sizes() {
         let x = bf16_round(&rand_vec(&mut rng, rows * in_dim, 1.0));
         let (w_h, w_d) = weight(&gpu, &mut rng, out_dim * in_dim, 0.1);
         let mut want = vec![0.0; rows * out_dim];
-        cpu.gemm(&x, &w_h, rows, in_dim, out_dim, &mut want)
+        cpu.gemm(&x, &w_h, GemmShape::new(rows, in_dim, out_dim), &mut want)
             .unwrap();
         let x_d = activation(&gpu, &x, 0);
         let mut y = gpu.alloc(rows * out_dim).unwrap();
-        gpu.gemm(&x_d, &w_d, rows, in_dim, out_dim, &mut y).unwrap();
+        gpu.gemm(&x_d, &w_d, GemmShape::new(rows, in_dim, out_dim), &mut y)
+            .unwrap();
         let what = format!("gemm {rows}x{in_dim}x{out_dim}");
         assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 1e-4, &what);
 
@@ -1363,8 +1622,14 @@ fn gemm_matches_cpu_on_odd_sizes() {
         let y0 = rand_vec(&mut rng, rows * out_dim, 1.0);
         let mut y = activation(&gpu, &y0, 0);
         for _ in 0..2 {
-            gpu.gemm_to(&x_d, &w_d, rows, in_dim, out_dim, Store::Add, &mut y)
-                .unwrap();
+            gpu.gemm_to(
+                &x_d,
+                &w_d,
+                GemmShape::new(rows, in_dim, out_dim),
+                Store::Add,
+                &mut y,
+            )
+            .unwrap();
         }
         let twice: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + 2.0 * b).collect();
         let what = format!("gemm += twice {rows}x{in_dim}x{out_dim}");
@@ -1375,7 +1640,7 @@ fn gemm_matches_cpu_on_odd_sizes() {
     let (_, w_d) = weight(&gpu, &mut rng, 64 * 64, 0.1);
     let mut y = gpu.alloc_gemm_input(4 * 64).unwrap();
     let err = gpu
-        .gemm_to(&x_d, &w_d, 4, 64, 64, Store::Add, &mut y)
+        .gemm_to(&x_d, &w_d, GemmShape::new(4, 64, 64), Store::Add, &mut y)
         .unwrap_err();
     assert!(matches!(err, KernelError::Invalid { .. }), "{err}");
 }
@@ -1444,13 +1709,7 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
         let rows = *cu.last().unwrap() as usize;
         let mut qkv = rand_vec(&mut rng, rows * width, 1.0);
         // q and k must arrive L2-normalised, as the model's l2_norm leaves them.
-        let qk = HeadLayout {
-            heads: 2 * dims.k_heads,
-            head_dim: dims.k_dim,
-            head_stride: dims.k_dim,
-            row_stride: width,
-            offset: 0,
-        };
+        let qk = dims.qk_layout();
         cpu.l2_norm(&mut qkv, qk, rows, 1e-6).unwrap();
         let beta: Vec<f32> = (0..rows * dims.v_heads)
             .map(|_| rng.gen_range(0.0..1.0))
@@ -1481,8 +1740,18 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
                 initial: with_initial.then_some(&initial),
                 final_out: Some(&mut want_final),
             };
-            cpu.gated_delta_rule_recurrent(&qkv, &beta, &g, cpu_batch, dims, cpu_state, &mut want)
-                .unwrap();
+            cpu.gated_delta_rule_recurrent(
+                DeltaInputs {
+                    qkv: &qkv,
+                    beta: &beta,
+                    g: &g,
+                },
+                cpu_batch,
+                dims,
+                cpu_state,
+                &mut want,
+            )
+            .unwrap();
             for chunked in [false, true] {
                 let gpu_batch = Varlen {
                     cu_seqlens: &cu_d,
@@ -1497,11 +1766,27 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
                 };
                 if chunked {
                     gpu.gated_delta_rule_chunked(
-                        &qkv_d, &beta_d, &g_d, gpu_batch, dims, gpu_state, &mut out,
+                        DeltaInputs {
+                            qkv: &qkv_d,
+                            beta: &beta_d,
+                            g: &g_d,
+                        },
+                        gpu_batch,
+                        dims,
+                        gpu_state,
+                        &mut out,
                     )
                 } else {
                     gpu.gated_delta_rule_recurrent(
-                        &qkv_d, &beta_d, &g_d, gpu_batch, dims, gpu_state, &mut out,
+                        DeltaInputs {
+                            qkv: &qkv_d,
+                            beta: &beta_d,
+                            g: &g_d,
+                        },
+                        gpu_batch,
+                        dims,
+                        gpu_state,
+                        &mut out,
                     )
                 }
                 .unwrap();

@@ -1,8 +1,12 @@
 //! The chunked gated delta rule against the token-by-token recurrence and an f64 reference, over
 //! chunk boundaries, ragged packed batches, initial and final states.
 
-use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, HeadLayout, Strided, Varlen};
+use instinct_kernels::{Backend, CpuBackend, DeltaDims, DeltaState, Strided, Varlen};
+use instinct_kernels::{DeltaGates, DeltaInputs};
 use rand::rngs::StdRng;
+
+mod common;
+use common::cpu_gates;
 use rand::{Rng, SeedableRng};
 
 /// Inputs of one packed batch, already through the gates and the q/k L2 norm.
@@ -25,13 +29,7 @@ fn make_inputs(rng: &mut StdRng, dims: DeltaDims, lens: &[usize]) -> Inputs {
     let mut qkv: Vec<f32> = (0..rows * width)
         .map(|_| rng.gen_range(-1.0..1.0))
         .collect();
-    let qk = HeadLayout {
-        heads: 2 * dims.k_heads,
-        head_dim: dims.k_dim,
-        head_stride: dims.k_dim,
-        row_stride: width,
-        offset: 0,
-    };
+    let qk = dims.qk_layout();
     cpu.l2_norm(&mut qkv, qk, rows, 1e-6).unwrap();
     let hv = dims.v_heads;
     // Real gate ranges: A in [0.01, 16], dt_bias around 0, logits a, b ~ N(0, 2).
@@ -39,12 +37,17 @@ fn make_inputs(rng: &mut StdRng, dims: DeltaDims, lens: &[usize]) -> Inputs {
     let dt_bias: Vec<f32> = (0..hv).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let b: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-4.0..4.0)).collect();
     let a: Vec<f32> = (0..rows * hv).map(|_| rng.gen_range(-6.0..3.0)).collect();
-    let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
     let dense = Strided::dense(hv);
-    cpu.delta_gates(
-        &b, dense, &a, dense, &a_log, &dt_bias, rows, hv, &mut beta, &mut g,
-    )
-    .unwrap();
+    let gates = DeltaGates {
+        b: &b,
+        b_at: dense,
+        a: &a,
+        a_at: dense,
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+        heads: hv,
+    };
+    let (beta, g) = cpu_gates(gates, rows);
     Inputs {
         dims,
         cu,
@@ -74,14 +77,15 @@ fn run(inp: &Inputs, chunked: bool, initial: Option<&Vec<f32>>) -> (Vec<f32>, Ve
         initial,
         final_out: Some(&mut fin),
     };
+    let inputs = DeltaInputs {
+        qkv: &inp.qkv,
+        beta: &inp.beta,
+        g: &inp.g,
+    };
     if chunked {
-        cpu.gated_delta_rule_chunked(
-            &inp.qkv, &inp.beta, &inp.g, batch, inp.dims, state, &mut out,
-        )
+        cpu.gated_delta_rule_chunked(inputs, batch, inp.dims, state, &mut out)
     } else {
-        cpu.gated_delta_rule_recurrent(
-            &inp.qkv, &inp.beta, &inp.g, batch, inp.dims, state, &mut out,
-        )
+        cpu.gated_delta_rule_recurrent(inputs, batch, inp.dims, state, &mut out)
     }
     .unwrap();
     (out, fin)
@@ -273,9 +277,11 @@ fn rejects_bad_shapes() {
     let beta = vec![0.5f32; 20];
     let g = vec![-0.1f32; 20];
     let r = cpu.gated_delta_rule_chunked(
-        &qkv,
-        &beta,
-        &g,
+        DeltaInputs {
+            qkv: &qkv,
+            beta: &beta,
+            g: &g,
+        },
         Varlen {
             cu_seqlens: &cu,
             num_seqs: 1,
@@ -294,9 +300,11 @@ fn rejects_bad_shapes() {
         ..SMALL
     };
     let r = cpu.gated_delta_rule_recurrent(
-        &qkv,
-        &beta,
-        &g,
+        DeltaInputs {
+            qkv: &qkv,
+            beta: &beta,
+            g: &g,
+        },
         Varlen {
             cu_seqlens: &vec![0u32, 1],
             num_seqs: 1,

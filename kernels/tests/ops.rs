@@ -4,20 +4,15 @@
 use instinct_kernels::{
     AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Store, Strided, Varlen,
 };
+use instinct_kernels::{
+    Conv1d, ConvWindow, DeltaGates, GateOutputs, GatedNorm, GemmShape, Projection, QkPrologue,
+    RowNorm,
+};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
-fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+mod common;
+use common::{cpu_gates, max_diff, rand_unit as rand_vec};
 
 fn silu64(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
@@ -43,7 +38,17 @@ fn rms_norm_matches_formula_and_fused_add() {
     let x = rand_vec(&mut rng, rows * dim);
     let w = rand_vec(&mut rng, dim);
     let mut out = vec![0.0; rows * dim];
-    cpu.rms_norm(&x, &w, rows, dim, 1e-6, &mut out).unwrap();
+    cpu.rms_norm(
+        &x,
+        RowNorm {
+            weight: &w,
+            rows,
+            dim,
+            eps: 1e-6,
+        },
+        &mut out,
+    )
+    .unwrap();
     for t in 0..rows {
         let row = &x[t * dim..(t + 1) * dim];
         let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
@@ -59,13 +64,32 @@ fn rms_norm_matches_formula_and_fused_add() {
     let delta = rand_vec(&mut rng, rows * dim);
     let mut residual = x.clone();
     let mut fused = vec![0.0; rows * dim];
-    cpu.add_rms_norm(&mut residual, &delta, &w, rows, dim, 1e-6, &mut fused)
-        .unwrap();
+    cpu.add_rms_norm(
+        &mut residual,
+        &delta,
+        RowNorm {
+            weight: &w,
+            rows,
+            dim,
+            eps: 1e-6,
+        },
+        &mut fused,
+    )
+    .unwrap();
     let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
     assert_eq!(residual, sum);
     let mut separate = vec![0.0; rows * dim];
-    cpu.rms_norm(&sum, &w, rows, dim, 1e-6, &mut separate)
-        .unwrap();
+    cpu.rms_norm(
+        &sum,
+        RowNorm {
+            weight: &w,
+            rows,
+            dim,
+            eps: 1e-6,
+        },
+        &mut separate,
+    )
+    .unwrap();
     assert_eq!(fused, separate);
 }
 
@@ -77,7 +101,8 @@ fn gemm_matches_naive_on_odd_sizes() {
         let x = rand_vec(&mut rng, rows * k);
         let w = rand_vec(&mut rng, n * k);
         let mut y = vec![f32::NAN; rows * n];
-        cpu.gemm(&x, &w, rows, k, n, &mut y).unwrap();
+        cpu.gemm(&x, &w, GemmShape::new(rows, k, n), &mut y)
+            .unwrap();
         for r in 0..rows {
             for o in 0..n {
                 let want: f64 = (0..k)
@@ -92,7 +117,12 @@ fn gemm_matches_naive_on_odd_sizes() {
     }
     let mut y = vec![0.0; 3];
     assert!(cpu
-        .gemm(&vec![0.0; 5], &vec![0.0; 6], 2, 3, 2, &mut y)
+        .gemm(
+            &vec![0.0; 5],
+            &vec![0.0; 6],
+            GemmShape::new(2, 3, 2),
+            &mut y
+        )
         .is_err());
 }
 
@@ -107,20 +137,28 @@ fn gemm_adding_to_y_is_the_gemm_then_the_add() {
         let w = rand_vec(&mut rng, n * k);
         let y0 = rand_vec(&mut rng, rows * n);
         let mut product = vec![0.0; rows * n];
-        cpu.gemm(&x, &w, rows, k, n, &mut product).unwrap();
+        cpu.gemm(&x, &w, GemmShape::new(rows, k, n), &mut product)
+            .unwrap();
         let want: Vec<u32> = y0
             .iter()
             .zip(&product)
             .map(|(a, b)| (a + b).to_bits())
             .collect();
         let mut y = y0.clone();
-        cpu.gemm_to(&x, &w, rows, k, n, Store::Add, &mut y).unwrap();
+        cpu.gemm_to(&x, &w, GemmShape::new(rows, k, n), Store::Add, &mut y)
+            .unwrap();
         let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want, "{rows}x{k}x{n}");
     }
     let mut y = vec![1.5; 4];
-    cpu.gemm_to(&vec![], &vec![], 2, 0, 2, Store::Add, &mut y)
-        .unwrap();
+    cpu.gemm_to(
+        &vec![],
+        &vec![],
+        GemmShape::new(2, 0, 2),
+        Store::Add,
+        &mut y,
+    )
+    .unwrap();
     assert_eq!(y, [1.5; 4]);
 }
 
@@ -447,10 +485,13 @@ fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
         let mut got = vec![f32::NAN; out_rows * 64];
         cpu.gated_attention(
             &mut qkv.clone(),
-            (&q_norm, &k_norm),
-            &positions,
-            &rope,
-            1e-6,
+            QkPrologue {
+                q_norm: &q_norm,
+                k_norm: &k_norm,
+                positions: &positions,
+                rope: &rope,
+                eps: 1e-6,
+            },
             batch,
             dims,
             last,
@@ -483,14 +524,18 @@ fn conv_with_carried_window_equals_conv_over_concatenation() {
             rows,
         };
         cpu.conv1d_silu(
-            &x.to_vec(),
-            Strided::dense(ch),
-            &w,
+            Conv1d {
+                x: &x.to_vec(),
+                x_at: Strided::dense(ch),
+                weight: &w,
+                channels: ch,
+                kernel: kern,
+            },
             batch,
-            ch,
-            kern,
-            win,
-            Some(&mut win_out),
+            ConvWindow {
+                input: win,
+                output: Some(&mut win_out),
+            },
             &mut out,
         )
         .unwrap();
@@ -571,7 +616,20 @@ fn delta_gates_match_formula_with_softplus_threshold() {
     let (mut b, mut a) = (vec![f32::NAN; 4], vec![f32::NAN; 4]);
     let dense = Strided::dense(2);
     cpu.delta_gates(
-        &b0, dense, &a0, dense, &a_log, &dt_bias, 2, 2, &mut b, &mut a,
+        DeltaGates {
+            b: &b0,
+            b_at: dense,
+            a: &a0,
+            a_at: dense,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            heads: 2,
+        },
+        2,
+        GateOutputs {
+            beta: &mut b,
+            g: &mut a,
+        },
     )
     .unwrap();
     for i in 0..4 {
@@ -599,8 +657,19 @@ fn gated_rms_norm_and_swiglu_match_formulas() {
     let z = rand_vec(&mut rng, rows * dim);
     let w = rand_vec(&mut rng, dim);
     let mut x = orig.clone();
-    cpu.gated_rms_norm(&mut x, &z, Strided::dense(dim), &w, rows, 1, dim, 1e-6)
-        .unwrap();
+    cpu.gated_rms_norm(
+        &mut x,
+        GatedNorm {
+            z: &z,
+            z_at: Strided::dense(dim),
+            weight: &w,
+            rows,
+            heads: 1,
+            dim,
+            eps: 1e-6,
+        },
+    )
+    .unwrap();
     for t in 0..rows {
         let row = &orig[t * dim..(t + 1) * dim];
         let ms: f64 = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
@@ -742,13 +811,14 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
         .collect();
     let stacked: Vec<f32> = parts.iter().flat_map(|(w, _)| w.clone()).collect();
     let mut proj = vec![f32::NAN; rows * width];
-    cpu.gemm(&x, &stacked, rows, hidden, width, &mut proj)
+    cpu.gemm(&x, &stacked, GemmShape::new(rows, hidden, width), &mut proj)
         .unwrap();
     let mut dense = Vec::new();
     let mut offset = 0;
     for (w, out) in &parts {
         let mut y = vec![0.0; rows * out];
-        cpu.gemm(&x, w, rows, hidden, *out, &mut y).unwrap();
+        cpu.gemm(&x, w, GemmShape::new(rows, hidden, *out), &mut y)
+            .unwrap();
         for t in 0..rows {
             let block = &proj[t * width + offset..][..*out];
             assert_eq!(
@@ -770,14 +840,18 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
         let mut out = vec![f32::NAN; rows * qkv];
         let mut win_out = vec![f32::NAN; window.len()];
         cpu.conv1d_silu(
-            x,
-            at,
-            &conv_w,
+            Conv1d {
+                x,
+                x_at: at,
+                weight: &conv_w,
+                channels: qkv,
+                kernel,
+            },
             batch,
-            qkv,
-            kernel,
-            Some(&window),
-            Some(&mut win_out),
+            ConvWindow {
+                input: Some(&window),
+                output: Some(&mut win_out),
+            },
             &mut out,
         )
         .unwrap();
@@ -789,12 +863,16 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
     let a_log = rand_vec(&mut rng, hv);
     let dt_bias = rand_vec(&mut rng, hv);
     let gates = |b: &Vec<f32>, b_at, a: &Vec<f32>, a_at| {
-        let (mut beta, mut g) = (vec![f32::NAN; rows * hv], vec![f32::NAN; rows * hv]);
-        cpu.delta_gates(
-            b, b_at, a, a_at, &a_log, &dt_bias, rows, hv, &mut beta, &mut g,
-        )
-        .unwrap();
-        (beta, g)
+        let gates = DeltaGates {
+            b,
+            b_at,
+            a,
+            a_at,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            heads: hv,
+        };
+        cpu_gates(gates, rows)
     };
     let dense_hv = Strided::dense(hv);
     assert_eq!(
@@ -807,23 +885,27 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
     let norm_w = rand_vec(&mut rng, dim);
     let out_w = rand_vec(&mut rng, hidden * vw);
     let gated = |z: &Vec<f32>, z_at| {
+        let norm = GatedNorm {
+            z,
+            z_at,
+            weight: &norm_w,
+            rows,
+            heads,
+            dim,
+            eps: 1e-6,
+        };
         let mut x = core.clone();
-        cpu.gated_rms_norm(&mut x, z, z_at, &norm_w, rows, heads, dim, 1e-6)
-            .unwrap();
+        cpu.gated_rms_norm(&mut x, norm).unwrap();
         let mut x2 = core.clone();
         let mut y = vec![f32::NAN; rows * hidden];
         cpu.gated_rms_norm_gemm(
             &mut x2,
-            z,
-            z_at,
-            &norm_w,
-            rows,
-            heads,
-            dim,
-            1e-6,
-            &out_w,
-            hidden,
-            Store::Replace,
+            norm,
+            Projection {
+                w: &out_w,
+                out_dim: hidden,
+                store: Store::Replace,
+            },
             &mut y,
         )
         .unwrap();
@@ -835,32 +917,53 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
     let short = proj[..(rows - 1) * width + qkv + vw + hv + 1].to_vec();
     let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
     assert!(cpu
-        .delta_gates(&short, b_at, &short, a_at, &a_log, &dt_bias, rows, hv, &mut beta, &mut g)
+        .delta_gates(
+            DeltaGates {
+                b: &short,
+                b_at,
+                a: &short,
+                a_at,
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+                heads: hv
+            },
+            rows,
+            GateOutputs {
+                beta: &mut beta,
+                g: &mut g
+            }
+        )
         .is_err());
     let mut x = core.clone();
     assert!(cpu
         .gated_rms_norm(
             &mut x,
-            &proj[..(rows - 1) * width + qkv + vw - 1].to_vec(),
-            z_at,
-            &norm_w,
-            rows,
-            heads,
-            dim,
-            1e-6
+            GatedNorm {
+                z: &proj[..(rows - 1) * width + qkv + vw - 1].to_vec(),
+                z_at,
+                weight: &norm_w,
+                rows,
+                heads,
+                dim,
+                eps: 1e-6
+            }
         )
         .is_err());
     let mut out = vec![0.0; rows * qkv];
     assert!(cpu
         .conv1d_silu(
-            &proj[..(rows - 1) * width + qkv - 1].to_vec(),
-            qkv_at,
-            &conv_w,
+            Conv1d {
+                x: &proj[..(rows - 1) * width + qkv - 1].to_vec(),
+                x_at: qkv_at,
+                weight: &conv_w,
+                channels: qkv,
+                kernel
+            },
             batch,
-            qkv,
-            kernel,
-            None,
-            None,
+            ConvWindow {
+                input: None,
+                output: None
+            },
             &mut out
         )
         .is_err());

@@ -3,21 +3,13 @@
 //! scores depend only on relative patch offsets).
 
 use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::RowNorm;
 use instinct_kernels::{CpuBackend, HeadLayout, Varlen};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
-fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+mod common;
+use common::{max_diff, rand_unit as rand_vec};
 
 #[test]
 fn layer_norm_matches_formula() {
@@ -30,7 +22,18 @@ fn layer_norm_matches_formula() {
         .collect();
     let (w, b) = (rand_vec(&mut rng, dim), rand_vec(&mut rng, dim));
     let mut out = vec![0.0; rows * dim];
-    be.layer_norm(&x, &w, &b, rows, dim, eps, &mut out).unwrap();
+    be.layer_norm(
+        &x,
+        RowNorm {
+            weight: &w,
+            rows,
+            dim,
+            eps,
+        },
+        &b,
+        &mut out,
+    )
+    .unwrap();
     let mut want = vec![0.0f32; rows * dim];
     for r in 0..rows {
         let row = &x[r * dim..(r + 1) * dim];
@@ -45,7 +48,17 @@ fn layer_norm_matches_formula() {
     // Too short an output is refused.
     let mut short = vec![0.0; rows * dim - 1];
     assert!(be
-        .layer_norm(&x, &w, &b, rows, dim, eps, &mut short)
+        .layer_norm(
+            &x,
+            RowNorm {
+                weight: &w,
+                rows,
+                dim,
+                eps
+            },
+            &b,
+            &mut short
+        )
         .is_err());
 }
 

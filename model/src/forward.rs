@@ -10,7 +10,8 @@
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use instinct_kernels::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaState, Rope, Store, Strided,
+    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaNetInput, DeltaNetScratch,
+    DeltaState, GatedNorm, GemmShape, Projection, QkPrologue, Rope, RowNorm, Store, Strided,
     Varlen,
 };
 
@@ -533,12 +534,15 @@ impl<B: Backend> TextModel<B> {
             be.embedding(embed, d.vocab, &ws.ids, rows, h, &mut ws.residual)
                 .map_err(e)?;
         }
+        let norm = |weight, rows| RowNorm {
+            weight,
+            rows,
+            dim: h,
+            eps: d.eps,
+        };
         be.rms_norm(
             &ws.residual,
-            &layers[0].input_norm,
-            rows,
-            h,
-            d.eps,
+            norm(&layers[0].input_norm, rows),
             &mut ws.normed,
         )
         .map_err(e)?;
@@ -572,37 +576,30 @@ impl<B: Backend> TextModel<B> {
             }
             let m = if last { n } else { rows };
             let residual = if last { &mut ws.last } else { &mut ws.residual };
-            be.rms_norm(residual, &layer.post_norm, m, h, d.eps, &mut ws.normed)
+            be.rms_norm(residual, norm(&layer.post_norm, m), &mut ws.normed)
                 .map_err(e)?;
             // SwiGLU MLP, its down projection added to the residual stream.
             be.gemm(
                 &ws.normed,
                 &layer.gate_up,
-                m,
-                h,
-                2 * d.inter,
+                GemmShape::new(m, h, 2 * d.inter),
                 &mut ws.gate_up,
             )
             .map_err(e)?;
-            be.swiglu_gemm(
-                &ws.gate_up,
-                m,
-                d.inter,
-                &layer.down,
-                h,
-                &mut ws.core,
-                Store::Add,
-                residual,
-            )
-            .map_err(e)?;
+            let down = Projection {
+                w: &layer.down,
+                out_dim: h,
+                store: Store::Add,
+            };
+            be.swiglu_gemm(&ws.gate_up, m, d.inter, down, &mut ws.core, residual)
+                .map_err(e)?;
             // The next layer's input norm feeds only GEMMs (`normed` may be bf16); the final
             // norm feeds the f32 readout, so it goes to an f32 buffer (`proj` is free by now).
             let (next_norm, out) = match layers.get(i + 1) {
                 Some(next) => (&next.input_norm, &mut ws.normed),
                 None => (&*final_norm, &mut ws.proj),
             };
-            be.rms_norm(residual, next_norm, m, h, d.eps, out)
-                .map_err(e)?;
+            be.rms_norm(residual, norm(next_norm, m), out).map_err(e)?;
         }
         // `proj` holds the final-normed last rows, one per sequence.
         let flat = be.read(&ws.proj, n * h).map_err(e)?;
@@ -726,9 +723,7 @@ impl<B: Backend> TextModel<B> {
         be.gemm(
             &ws.normed,
             &w.in_proj,
-            rows,
-            h,
-            d.delta_in_width(),
+            GemmShape::new(rows, h, d.delta_in_width()),
             &mut ws.mixer_mid,
         )
         .map_err(e)?;
@@ -747,32 +742,37 @@ impl<B: Backend> TextModel<B> {
             initial: None,
             final_out: None,
         };
-        be.delta_net_core(
-            (&ws.mixer_mid, qkv_at),
-            (&w.conv1d, d.conv_kernel, L2_NORM_EPS),
+        let input = DeltaNetInput {
+            x: &ws.mixer_mid,
+            x_at: qkv_at,
+            conv_weight: &w.conv1d,
+            kernel: d.conv_kernel,
+            l2_eps: L2_NORM_EPS,
             gates,
-            batch,
-            d.delta,
-            state,
-            (&mut ws.conv, &mut ws.beta, &mut ws.decay),
-            &mut ws.core,
-        )
-        .map_err(e)?;
-        be.gated_rms_norm_gemm(
-            &mut ws.core,
-            &ws.mixer_mid,
+        };
+        let scratch = DeltaNetScratch {
+            conv: &mut ws.conv,
+            beta: &mut ws.beta,
+            g: &mut ws.decay,
+        };
+        be.delta_net_core(input, batch, d.delta, state, scratch, &mut ws.core)
+            .map_err(e)?;
+        let norm = GatedNorm {
+            z: &ws.mixer_mid,
             z_at,
-            &w.norm,
+            weight: &w.norm,
             rows,
-            hv,
-            d.delta.v_dim,
-            d.eps,
-            &w.out_proj,
-            h,
-            Store::Add,
-            &mut ws.residual,
-        )
-        .map_err(e)?;
+            heads: hv,
+            dim: d.delta.v_dim,
+            eps: d.eps,
+        };
+        let out_proj = Projection {
+            w: &w.out_proj,
+            out_dim: h,
+            store: Store::Add,
+        };
+        be.gated_rms_norm_gemm(&mut ws.core, norm, out_proj, &mut ws.residual)
+            .map_err(e)?;
         Ok(())
     }
 
@@ -793,9 +793,7 @@ impl<B: Backend> TextModel<B> {
         be.gemm(
             &ws.normed,
             &w.qkv_proj,
-            rows,
-            h,
-            d.attn.stacked_width(),
+            GemmShape::new(rows, h, d.attn.stacked_width()),
             &mut ws.proj,
         )
         .map_err(e)?;
@@ -804,12 +802,16 @@ impl<B: Backend> TextModel<B> {
             num_seqs: n,
             rows,
         };
+        let prologue = QkPrologue {
+            q_norm: &w.q_norm,
+            k_norm: &w.k_norm,
+            positions: &ws.positions,
+            rope: &d.rope,
+            eps: d.eps,
+        };
         be.gated_attention(
             &mut ws.proj,
-            (&w.q_norm, &w.k_norm),
-            &ws.positions,
-            &d.rope,
-            d.eps,
+            prologue,
             batch,
             d.attn,
             last_only,
@@ -824,9 +826,7 @@ impl<B: Backend> TextModel<B> {
         be.gemm_to(
             &ws.mixer_mid,
             &w.o_proj,
-            out_rows,
-            d.attn_out_width(),
-            h,
+            GemmShape::new(out_rows, d.attn_out_width(), h),
             Store::Add,
             residual,
         )

@@ -1,6 +1,6 @@
 //! Gated causal GQA attention within each packed sequence.
 
-use super::{check_len, seq_ranges, sigmoid};
+use super::{check_len, exp_shifted, seq_ranges, sigmoid};
 use crate::backend::{AttentionDims, KernelResult, Strided, Varlen};
 use crate::error::KernelError;
 
@@ -37,12 +37,7 @@ pub(super) fn gated_causal_gqa_at(
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "attention";
-    let AttentionDims {
-        q_heads,
-        kv_heads,
-        head_dim: d,
-        scale,
-    } = dims;
+    let (q_heads, kv_heads, d, scale) = (dims.q_heads, dims.kv_heads, dims.head_dim, dims.scale);
     if kv_heads == 0 || d == 0 || q_heads % kv_heads != 0 {
         return Err(KernelError::invalid(
             OP,
@@ -75,11 +70,7 @@ pub(super) fn gated_causal_gqa_at(
                     max = max.max(s);
                     probs.push(s);
                 }
-                let mut denom = 0.0f32;
-                for p in probs.iter_mut() {
-                    *p = (*p - max).exp();
-                    denom += *p;
-                }
+                let denom = exp_shifted(&mut probs, max);
                 acc.fill(0.0);
                 for (j, &p) in (r.start..=i).zip(probs.iter()) {
                     let vj = &v[v_at.at(j, kh * d)..][..d];

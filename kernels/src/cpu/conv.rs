@@ -1,22 +1,20 @@
 //! Causal depthwise conv1d + SiLU per packed sequence, with an optional carried window.
 
 use super::{check_len, seq_ranges, silu};
-use crate::backend::{KernelResult, Strided, Varlen};
+use crate::backend::{Conv1d, ConvWindow, KernelResult, Varlen};
 use crate::error::KernelError;
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn causal_conv1d_silu(
-    x: &[f32],
-    x_at: Strided,
-    weight: &[f32],
+    conv: Conv1d<'_, Vec<f32>>,
     batch: Varlen<'_, Vec<u32>>,
-    channels: usize,
-    kernel: usize,
-    window_in: Option<&[f32]>,
-    window_out: Option<&mut [f32]>,
+    window: ConvWindow<'_, Vec<f32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "conv1d_silu";
+    let (x, x_at, weight, channels, kernel) =
+        (conv.x, conv.x_at, conv.weight, conv.channels, conv.kernel);
+    let window_in = window.input.map(|w| w.as_slice());
+    let window_out = window.output.map(|w| w.as_mut_slice());
     if kernel == 0 || channels == 0 {
         return Err(KernelError::invalid(OP, "kernel and channels must be > 0"));
     }

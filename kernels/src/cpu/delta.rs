@@ -5,7 +5,7 @@
 //! sequence start, and a partial last chunk is simply shorter (no padding).
 
 use super::{check_len, seq_ranges, CpuBackend};
-use crate::backend::{DeltaDims, DeltaState, KernelResult, Varlen};
+use crate::backend::{DeltaDims, DeltaInputs, DeltaState, KernelResult, Varlen};
 use crate::error::KernelError;
 
 /// Tokens per chunk of the chunked form.
@@ -31,24 +31,21 @@ struct Head {
     dv: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     mode: Mode,
-    qkv: &[f32],
-    beta: &[f32],
-    g: &[f32],
+    inputs: DeltaInputs<'_, Vec<f32>>,
     batch: Varlen<'_, Vec<u32>>,
     dims: DeltaDims,
     state: DeltaState<'_, CpuBackend>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "gated_delta_rule";
-    let DeltaDims {
-        k_heads,
-        v_heads,
-        k_dim: dk,
-        v_dim: dv,
-    } = dims;
+    let (qkv, beta, g) = (
+        inputs.qkv.as_slice(),
+        inputs.beta.as_slice(),
+        inputs.g.as_slice(),
+    );
+    let (k_heads, v_heads, dk, dv) = (dims.k_heads, dims.v_heads, dims.k_dim, dims.v_dim);
     if k_heads == 0 || dk == 0 || dv == 0 || v_heads % k_heads != 0 {
         return Err(KernelError::invalid(
             OP,

@@ -1,7 +1,9 @@
 //! Row-wise and element-wise CPU ops: embedding, the norms, GEMM, gates, SwiGLU, last-row gather.
 
-use super::{check_layout, check_len, seq_ranges, sigmoid, silu};
-use crate::backend::{HeadLayout, KernelResult, Store, Strided, Varlen};
+use super::{check_len, check_row_norm, seq_ranges, sigmoid, silu};
+use crate::backend::{
+    DeltaGates, GateOutputs, GatedNorm, GemmShape, HeadLayout, KernelResult, RowNorm, Store, Varlen,
+};
 use crate::error::KernelError;
 
 pub(super) fn embedding(
@@ -45,57 +47,49 @@ fn norm_row_zero_centred(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 pub(super) fn rms_norm(
     x: &[f32],
-    weight: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RowNorm<'_, Vec<f32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    const OP: &str = "rms_norm";
-    check_len(OP, "x", x, rows * dim)?;
-    check_len(OP, "weight", weight, dim)?;
-    check_len(OP, "out", out, rows * dim)?;
-    for t in 0..rows {
-        let r = t * dim..(t + 1) * dim;
-        norm_row_zero_centred(&x[r.clone()], &weight[..dim], eps, &mut out[r]);
-    }
+    check_row_norm("rms_norm", "x", x, &norm, out)?;
+    norm_rows_zero_centred(x, norm, out);
     Ok(())
+}
+
+/// Zero-centred RMSNorm of every row of `x` into `out` (lengths checked by the caller).
+fn norm_rows_zero_centred(x: &[f32], norm: RowNorm<'_, Vec<f32>>, out: &mut [f32]) {
+    let dim = norm.dim;
+    for t in 0..norm.rows {
+        let r = t * dim..(t + 1) * dim;
+        norm_row_zero_centred(&x[r.clone()], &norm.weight[..dim], norm.eps, &mut out[r]);
+    }
 }
 
 pub(super) fn add_rms_norm(
     residual: &mut [f32],
     delta: &[f32],
-    weight: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    norm: RowNorm<'_, Vec<f32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "add_rms_norm";
-    check_len(OP, "residual", residual, rows * dim)?;
-    check_len(OP, "delta", delta, rows * dim)?;
-    check_len(OP, "weight", weight, dim)?;
-    check_len(OP, "out", out, rows * dim)?;
-    for (r, d) in residual[..rows * dim].iter_mut().zip(&delta[..rows * dim]) {
+    let len = norm.len();
+    check_row_norm(OP, "residual", residual, &norm, out)?;
+    check_len(OP, "delta", delta, len)?;
+    for (r, d) in residual[..len].iter_mut().zip(&delta[..len]) {
         *r += d;
     }
-    for t in 0..rows {
-        let r = t * dim..(t + 1) * dim;
-        norm_row_zero_centred(&residual[r.clone()], &weight[..dim], eps, &mut out[r]);
-    }
+    norm_rows_zero_centred(residual, norm, out);
     Ok(())
 }
 
 pub(super) fn gemm(
     x: &[f32],
     w: &[f32],
-    rows: usize,
-    in_dim: usize,
-    out_dim: usize,
+    shape: GemmShape,
     store: Store,
     y: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "gemm";
+    let (rows, in_dim, out_dim) = (shape.rows, shape.in_dim, shape.out_dim);
     check_len(OP, "x", x, rows * in_dim)?;
     check_len(OP, "w", w, out_dim * in_dim)?;
     check_len(OP, "y", y, rows * out_dim)?;
@@ -106,7 +100,7 @@ pub(super) fn gemm(
         // The product first, then the add: the same bits as a separate residual add
         // (matrixmultiply's own β = 1 adds each block of the depth in turn, another rounding).
         let mut product = vec![0.0; rows * out_dim];
-        gemm(x, w, rows, in_dim, out_dim, Store::Replace, &mut product)?;
+        gemm(x, w, shape, Store::Replace, &mut product)?;
         for (y, p) in y.iter_mut().zip(product) {
             *y += p;
         }
@@ -163,7 +157,7 @@ pub(super) fn head_rms_norm(
     eps: f32,
 ) -> KernelResult<()> {
     const OP: &str = "head_rms_norm";
-    check_layout(OP, layout, x.len(), rows)?;
+    layout.check_fits(OP, x.len(), rows)?;
     check_len(OP, "weight", weight, layout.head_dim)?;
     let mut tmp = vec![0.0f32; layout.head_dim];
     for_each_head(x, layout, rows, |_, _, head| {
@@ -179,7 +173,7 @@ pub(super) fn l2_norm(
     rows: usize,
     eps: f32,
 ) -> KernelResult<()> {
-    check_layout("l2_norm", layout, x.len(), rows)?;
+    layout.check_fits("l2_norm", x.len(), rows)?;
     for_each_head(x, layout, rows, |_, _, head| {
         let ss: f64 = head.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
         let inv = 1.0 / (ss as f32 + eps).sqrt();
@@ -197,26 +191,21 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn delta_gates(
-    b: &[f32],
-    b_at: Strided,
-    a: &[f32],
-    a_at: Strided,
-    a_log: &[f32],
-    dt_bias: &[f32],
+    gates: DeltaGates<'_, Vec<f32>>,
     rows: usize,
-    heads: usize,
-    beta: &mut [f32],
-    g: &mut [f32],
+    out: GateOutputs<'_, Vec<f32>>,
 ) -> KernelResult<()> {
     const OP: &str = "delta_gates";
-    check_len(OP, "b", b, b_at.required_len(rows, heads))?;
-    check_len(OP, "a", a, a_at.required_len(rows, heads))?;
-    check_len(OP, "a_log", a_log, heads)?;
-    check_len(OP, "dt_bias", dt_bias, heads)?;
+    let (b_at, a_at, heads) = (gates.b_at, gates.a_at, gates.heads);
+    let (beta, g) = (out.beta, out.g);
+    check_len(OP, "b", gates.b, b_at.required_len(rows, heads))?;
+    check_len(OP, "a", gates.a, a_at.required_len(rows, heads))?;
+    check_len(OP, "a_log", gates.a_log, heads)?;
+    check_len(OP, "dt_bias", gates.dt_bias, heads)?;
     check_len(OP, "beta", beta, rows * heads)?;
     check_len(OP, "g", g, rows * heads)?;
+    let (b, a, a_log, dt_bias) = (gates.b, gates.a, gates.a_log, gates.dt_bias);
     for t in 0..rows {
         for h in 0..heads {
             let i = t * heads + h;
@@ -227,19 +216,10 @@ pub(super) fn delta_gates(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gated_rms_norm(
-    x: &mut [f32],
-    z: &[f32],
-    z_at: Strided,
-    weight: &[f32],
-    rows: usize,
-    heads: usize,
-    dim: usize,
-    eps: f32,
-) -> KernelResult<()> {
+pub(super) fn gated_rms_norm(x: &mut [f32], norm: GatedNorm<'_, Vec<f32>>) -> KernelResult<()> {
     const OP: &str = "gated_rms_norm";
-    let width = heads * dim;
+    let (z, z_at, weight, eps) = (norm.z, norm.z_at, norm.weight, norm.eps);
+    let (rows, dim, width) = (norm.rows, norm.dim, norm.width());
     check_len(OP, "x", x, rows * width)?;
     check_len(OP, "z", z, z_at.required_len(rows, width))?;
     check_len(OP, "weight", weight, dim)?;

@@ -11,8 +11,9 @@ mod vision;
 use std::ops::Range;
 
 use crate::backend::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaState, Gelu, HeadLayout, KernelResult, Rope,
-    Store, Strided, Varlen, VisionBackend,
+    AttentionDims, Backend, Buffers, Conv1d, ConvWindow, DeltaDims, DeltaGates, DeltaInputs,
+    DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, QkPrologue,
+    Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -40,6 +41,20 @@ pub(crate) fn check_len<T>(
         ));
     }
     Ok(())
+}
+
+/// Fails unless `x` (named `what`), the norm's weight and `out` hold what a row norm of `norm`
+/// reads and writes: the checks every row norm makes first.
+pub(crate) fn check_row_norm(
+    op: &'static str,
+    what: &str,
+    x: &[f32],
+    norm: &RowNorm<'_, Vec<f32>>,
+    out: &[f32],
+) -> KernelResult<()> {
+    check_len(op, what, x, norm.len())?;
+    check_len(op, "weight", norm.weight, norm.dim)?;
+    check_len(op, "out", out, norm.len())
 }
 
 /// The row ranges of each sequence, checked: starts at 0, never decreases, ends within `rows_cap`.
@@ -86,24 +101,15 @@ pub(crate) fn seq_ranges(
     Ok(ranges)
 }
 
-/// Fails unless `layout` fits in a buffer of `len` for `rows` rows.
-pub(crate) fn check_layout(
-    op: &'static str,
-    layout: HeadLayout,
-    len: usize,
-    rows: usize,
-) -> KernelResult<()> {
-    if layout.head_dim == 0 {
-        return Err(KernelError::invalid(op, "head_dim is 0"));
+/// Replaces each score by `exp(score − max)` and returns their sum (in order): a softmax's
+/// numerators and denominator, shared by both attentions.
+pub(crate) fn exp_shifted(scores: &mut [f32], max: f32) -> f32 {
+    let mut denom = 0.0f32;
+    for p in scores.iter_mut() {
+        *p = (*p - max).exp();
+        denom += *p;
     }
-    let need = layout.required_len(rows);
-    if len < need {
-        return Err(KernelError::invalid(
-            op,
-            format!("buffer holds {len} values, layout needs {need}"),
-        ));
-    }
-    Ok(())
+    denom
 }
 
 pub(crate) fn silu(x: f32) -> f32 {
@@ -168,39 +174,31 @@ impl Backend for CpuBackend {
     fn rms_norm(
         &self,
         x: &Vec<f32>,
-        weight: &Vec<f32>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        norm: RowNorm<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        dense::rms_norm(x, weight, rows, dim, eps, out)
+        dense::rms_norm(x, norm, out)
     }
 
     fn add_rms_norm(
         &self,
         residual: &mut Vec<f32>,
         delta: &Vec<f32>,
-        weight: &Vec<f32>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        norm: RowNorm<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        dense::add_rms_norm(residual, delta, weight, rows, dim, eps, out)
+        dense::add_rms_norm(residual, delta, norm, out)
     }
 
     fn gemm_to(
         &self,
         x: &Vec<f32>,
         w: &Vec<f32>,
-        rows: usize,
-        in_dim: usize,
-        out_dim: usize,
+        shape: GemmShape,
         store: Store,
         y: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        dense::gemm(x, w, rows, in_dim, out_dim, store, y)
+        dense::gemm(x, w, shape, store, y)
     }
 
     fn head_rms_norm(
@@ -256,21 +254,18 @@ impl Backend for CpuBackend {
     fn gated_attention(
         &self,
         qkv: &mut Vec<f32>,
-        (q_norm, k_norm): (&Vec<f32>, &Vec<f32>),
-        positions: &Vec<u32>,
-        rope: &Rope,
-        eps: f32,
+        prologue: QkPrologue<'_, Self>,
         batch: Varlen<'_, Vec<u32>>,
         dims: AttentionDims,
         last_only: bool,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        let rows = batch.rows;
+        let (rows, eps, positions) = (batch.rows, prologue.eps, prologue.positions);
         let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
-        self.head_rms_norm(qkv, q_norm, q_at, rows, eps)?;
-        self.head_rms_norm(qkv, k_norm, k_at, rows, eps)?;
-        self.rope(qkv, q_at, positions, rows, rope)?;
-        self.rope(qkv, k_at, positions, rows, rope)?;
+        self.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
+        self.head_rms_norm(qkv, prologue.k_norm, k_at, rows, eps)?;
+        self.rope(qkv, q_at, positions, rows, prologue.rope)?;
+        self.rope(qkv, k_at, positions, rows, prologue.rope)?;
         let [qg_at, kv_at, v_at] = dims.stacked_blocks();
         let inputs = [(&qkv[..], qg_at), (&qkv[..], kv_at), (&qkv[..], v_at)];
         if !last_only {
@@ -284,27 +279,12 @@ impl Backend for CpuBackend {
 
     fn conv1d_silu(
         &self,
-        x: &Vec<f32>,
-        x_at: Strided,
-        weight: &Vec<f32>,
+        conv: Conv1d<'_, Vec<f32>>,
         batch: Varlen<'_, Vec<u32>>,
-        channels: usize,
-        kernel: usize,
-        window_in: Option<&Vec<f32>>,
-        window_out: Option<&mut Vec<f32>>,
+        window: ConvWindow<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        conv::causal_conv1d_silu(
-            x,
-            x_at,
-            weight,
-            batch,
-            channels,
-            kernel,
-            window_in.map(|w| w.as_slice()),
-            window_out.map(|w| w.as_mut_slice()),
-            out,
-        )
+        conv::causal_conv1d_silu(conv, batch, window, out)
     }
 
     fn l2_norm(
@@ -319,67 +299,37 @@ impl Backend for CpuBackend {
 
     fn delta_gates(
         &self,
-        b: &Vec<f32>,
-        b_at: Strided,
-        a: &Vec<f32>,
-        a_at: Strided,
-        a_log: &Vec<f32>,
-        dt_bias: &Vec<f32>,
+        gates: DeltaGates<'_, Vec<f32>>,
         rows: usize,
-        heads: usize,
-        beta: &mut Vec<f32>,
-        g: &mut Vec<f32>,
+        out: GateOutputs<'_, Vec<f32>>,
     ) -> KernelResult<()> {
-        dense::delta_gates(b, b_at, a, a_at, a_log, dt_bias, rows, heads, beta, g)
+        dense::delta_gates(gates, rows, out)
     }
 
     fn gated_delta_rule_chunked(
         &self,
-        qkv: &Vec<f32>,
-        beta: &Vec<f32>,
-        g: &Vec<f32>,
+        inputs: DeltaInputs<'_, Vec<f32>>,
         batch: Varlen<'_, Vec<u32>>,
         dims: DeltaDims,
         state: DeltaState<'_, Self>,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        delta::run(delta::Mode::Chunked, qkv, beta, g, batch, dims, state, out)
+        delta::run(delta::Mode::Chunked, inputs, batch, dims, state, out)
     }
 
     fn gated_delta_rule_recurrent(
         &self,
-        qkv: &Vec<f32>,
-        beta: &Vec<f32>,
-        g: &Vec<f32>,
+        inputs: DeltaInputs<'_, Vec<f32>>,
         batch: Varlen<'_, Vec<u32>>,
         dims: DeltaDims,
         state: DeltaState<'_, Self>,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        delta::run(
-            delta::Mode::Recurrent,
-            qkv,
-            beta,
-            g,
-            batch,
-            dims,
-            state,
-            out,
-        )
+        delta::run(delta::Mode::Recurrent, inputs, batch, dims, state, out)
     }
 
-    fn gated_rms_norm(
-        &self,
-        x: &mut Vec<f32>,
-        z: &Vec<f32>,
-        z_at: Strided,
-        weight: &Vec<f32>,
-        rows: usize,
-        heads: usize,
-        dim: usize,
-        eps: f32,
-    ) -> KernelResult<()> {
-        dense::gated_rms_norm(x, z, z_at, weight, rows, heads, dim, eps)
+    fn gated_rms_norm(&self, x: &mut Vec<f32>, norm: GatedNorm<'_, Vec<f32>>) -> KernelResult<()> {
+        dense::gated_rms_norm(x, norm)
     }
 
     fn swiglu(
@@ -407,14 +357,11 @@ impl VisionBackend for CpuBackend {
     fn layer_norm(
         &self,
         x: &Vec<f32>,
-        weight: &Vec<f32>,
+        norm: RowNorm<'_, Vec<f32>>,
         bias: &Vec<f32>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
-        vision::layer_norm(x, weight, bias, rows, dim, eps, out)
+        vision::layer_norm(x, norm, bias, out)
     }
 
     fn add_bias(

@@ -1,6 +1,6 @@
 //! Partial multi-axis rotary embedding (see [`Rope`] for the frequency-to-axis rule).
 
-use super::{check_layout, check_len};
+use super::check_len;
 use crate::backend::{HeadLayout, KernelResult, Rope};
 use crate::error::KernelError;
 
@@ -12,7 +12,7 @@ pub(super) fn apply(
     rope: &Rope,
 ) -> KernelResult<()> {
     const OP: &str = "rope";
-    check_layout(OP, layout, x.len(), rows)?;
+    layout.check_fits(OP, x.len(), rows)?;
     check_len(OP, "positions", positions, rows * 3)?;
     let rot = rope.rotary_dim;
     if !rot.is_multiple_of(2) || rot > layout.head_dim {

@@ -1,27 +1,23 @@
 //! CPU ops of the vision tower: LayerNorm, bias and residual adds, GELU, 2-D axial RoPE and
 //! bidirectional segment attention.
 
-use super::{check_layout, check_len, seq_ranges};
-use crate::backend::{Gelu, HeadLayout, KernelResult, Varlen};
+use super::{check_len, check_row_norm, exp_shifted, seq_ranges};
+use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
 
 pub(super) fn layer_norm(
     x: &[f32],
-    weight: &[f32],
+    norm: RowNorm<'_, Vec<f32>>,
     bias: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "layer_norm";
+    let (weight, rows, dim, eps) = (norm.weight, norm.rows, norm.dim, norm.eps);
     if dim == 0 {
         return Err(KernelError::invalid(OP, "dim is 0"));
     }
-    check_len(OP, "x", x, rows * dim)?;
-    check_len(OP, "weight", weight, dim)?;
+    check_row_norm(OP, "x", x, &norm, out)?;
     check_len(OP, "bias", bias, dim)?;
-    check_len(OP, "out", out, rows * dim)?;
     for (xr, or) in x[..rows * dim]
         .chunks_exact(dim)
         .zip(out[..rows * dim].chunks_exact_mut(dim))
@@ -86,7 +82,7 @@ pub(super) fn rope_axial(
     theta: f32,
 ) -> KernelResult<()> {
     const OP: &str = "rope_axial";
-    check_layout(OP, layout, x.len(), rows)?;
+    layout.check_fits(OP, x.len(), rows)?;
     check_len(OP, "positions", positions, rows * 2)?;
     let d = layout.head_dim;
     if !d.is_multiple_of(4) {
@@ -153,11 +149,7 @@ pub(super) fn attention_bidirectional(
                     max = max.max(s);
                     probs.push(s);
                 }
-                let mut denom = 0.0f32;
-                for p in probs.iter_mut() {
-                    *p = (*p - max).exp();
-                    denom += *p;
-                }
+                let denom = exp_shifted(&mut probs, max);
                 let o = &mut out[i * width + h * d..][..d];
                 o.fill(0.0);
                 for (j, &p) in r.clone().zip(probs.iter()) {

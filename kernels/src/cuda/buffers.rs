@@ -98,6 +98,14 @@ impl OutBuf<'_> {
     pub fn is_bf16(&self) -> bool {
         matches!(self, Self::Bf16(_))
     }
+
+    /// Pushes the slice as the launch's next argument.
+    pub fn push<'b>(&'b mut self, launch: &mut LaunchArgs<'b>) {
+        match self {
+            Self::F32(s) => launch.arg(&mut **s),
+            Self::Bf16(s) => launch.arg(&mut **s),
+        };
+    }
 }
 
 /// `buf` as a writable activation of either type of at least `need` values.

@@ -10,15 +10,15 @@ mod blas;
 mod buffers;
 mod cache;
 mod compile;
-mod delta_chunked;
 mod device;
-mod flash;
+mod launch;
 mod libs;
-mod scratch;
+mod ops;
 mod sources;
 mod toolkit;
 mod tuning;
 mod upload;
+mod workspace;
 
 pub use backend::{CudaBackend, MemoryProbe};
 pub use buffers::{CudaBuf, DType};

@@ -1,9 +1,10 @@
-//! Helpers shared by the CUDA test files (each uses a subset).
+//! Helpers shared by the test files (each uses a subset): host data for every file, device
+//! buffers for the CUDA ones.
 #![allow(dead_code)]
 
 use cudarc::driver::CudaSlice;
 use instinct_kernels::cuda::{CudaBackend, CudaBuf, CudaOptions};
-use instinct_kernels::Backend;
+use instinct_kernels::{Backend, CpuBackend, DeltaGates, GateOutputs};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -15,6 +16,45 @@ pub fn gpu() -> CudaBackend {
 /// `n` values uniform in ±`scale`.
 pub fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-scale..scale)).collect()
+}
+
+/// `n` values uniform in ±1 (the CPU tests' inputs).
+pub fn rand_unit(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    rand_vec(rng, n, 1.0)
+}
+
+/// The largest absolute difference between `a` and `b` (of one length).
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Mean wall seconds of `f` over `runs` runs after one warm-up call (the queue drained before and
+/// after).
+pub fn mean_seconds(gpu: &CudaBackend, runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    gpu.synchronize().unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..runs {
+        f();
+    }
+    gpu.synchronize().unwrap();
+    t.elapsed().as_secs_f64() / runs as f64
+}
+
+/// The CPU reference's beta and g of `gates` over `rows` rows (NaN where it writes nothing).
+pub fn cpu_gates(gates: DeltaGates<'_, Vec<f32>>, rows: usize) -> (Vec<f32>, Vec<f32>) {
+    let n = rows * gates.heads;
+    let (mut beta, mut g) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+    let out = GateOutputs {
+        beta: &mut beta,
+        g: &mut g,
+    };
+    CpuBackend::new().delta_gates(gates, rows, out).unwrap();
+    (beta, g)
 }
 
 /// An f32 buffer holding `data`, then `extra` copies of `fill` (so ops must respect the lengths

@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, ensure, Context, Result};
 use instinct_kernels::backend::{Gelu, VisionBackend};
-use instinct_kernels::{HeadLayout, Varlen};
+use instinct_kernels::{GemmShape, HeadLayout, RowNorm, Varlen};
 
 use super::config::{VisionConfig, VISION_LAYER_NORM_EPS};
 use super::grid::{add_position_embedding, patch_coords};
@@ -121,7 +121,7 @@ impl<B: VisionBackend> VisionTower<B> {
 
     fn linear(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
         let be = &self.backend;
-        be.gemm(x, &l.weight, rows, l.in_dim, l.out_dim, y)
+        be.gemm(x, &l.weight, GemmShape::new(rows, l.in_dim, l.out_dim), y)
             .map_err(|e| anyhow!(e))?;
         be.add_bias(y, &l.bias, rows, l.out_dim)
             .map_err(|e| anyhow!(e))
@@ -189,18 +189,19 @@ impl<B: VisionBackend> VisionTower<B> {
             ..q_layout
         };
         let scale = (d as f64).powf(-0.5) as f32;
+        // Every LayerNorm of the tower runs over the n patch rows of width h.
+        let layer_norm = |x: &B::Buf, norm: &Norm<B>, out: &mut B::Buf| {
+            let row_norm = RowNorm {
+                weight: &norm.weight,
+                rows: n,
+                dim: h,
+                eps: VISION_LAYER_NORM_EPS,
+            };
+            be.layer_norm(x, row_norm, &norm.bias, out).map_err(e)
+        };
         for (i, block) in self.blocks.iter().enumerate() {
             let ctx = || format!("vision block {i}");
-            be.layer_norm(
-                &hidden,
-                &block.norm1.weight,
-                &block.norm1.bias,
-                n,
-                h,
-                VISION_LAYER_NORM_EPS,
-                &mut normed,
-            )
-            .map_err(e)?;
+            layer_norm(&hidden, &block.norm1, &mut normed)?;
             self.linear(&normed, &block.qkv, n, &mut qkv)
                 .with_context(ctx)?;
             be.rope_axial(&mut qkv, q_layout, &positions, n, cfg.rope_theta)
@@ -218,16 +219,7 @@ impl<B: VisionBackend> VisionTower<B> {
                 .with_context(ctx)?;
             be.add_in_place(&mut hidden, &out, n * h).map_err(e)?;
 
-            be.layer_norm(
-                &hidden,
-                &block.norm2.weight,
-                &block.norm2.bias,
-                n,
-                h,
-                VISION_LAYER_NORM_EPS,
-                &mut normed,
-            )
-            .map_err(e)?;
+            layer_norm(&hidden, &block.norm2, &mut normed)?;
             self.linear(&normed, &block.fc1, n, &mut mlp)
                 .with_context(ctx)?;
             be.gelu(&mut mlp, n * cfg.intermediate_size, Gelu::Tanh)
@@ -241,16 +233,7 @@ impl<B: VisionBackend> VisionTower<B> {
         // [n, h] buffer read as [n / merge², merge²·h] is their concatenation in block order.
         let tokens = n / cfg.merge_unit();
         let m = cfg.merged_width();
-        be.layer_norm(
-            &hidden,
-            &self.merger_norm.weight,
-            &self.merger_norm.bias,
-            n,
-            h,
-            VISION_LAYER_NORM_EPS,
-            &mut normed,
-        )
-        .map_err(e)?;
+        layer_norm(&hidden, &self.merger_norm, &mut normed)?;
         let mut merged = be.alloc(tokens * m).map_err(e)?;
         self.linear(&normed, &self.merger_fc1, tokens, &mut merged)?;
         be.gelu(&mut merged, tokens * m, Gelu::Erf).map_err(e)?;

@@ -1,0 +1,263 @@
+//! Argument structs of the [`Backend`](super::Backend) ops: the parameters that always travel
+//! together, named once, so that no call passes eight positional sizes in the right order by luck.
+
+use super::{Buffers, DeltaGates, HeadLayout, Rope, Store, Strided};
+
+/// Copy for structs of shared references (a derive would ask `Buf: Copy`).
+macro_rules! copy_by_reference {
+    ($($name:ident),*) => {$(
+        impl<Buf> Clone for $name<'_, Buf> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl<Buf> Copy for $name<'_, Buf> {}
+    )*};
+}
+
+copy_by_reference!(
+    RowNorm,
+    Projection,
+    GatedNorm,
+    Conv1d,
+    DeltaInputs,
+    DeltaNetInput
+);
+
+/// A row-wise norm over `rows` rows of `dim` with its weight: the weight and the row shape come from
+/// one layer's config together and every norm checks them together.
+pub struct RowNorm<'a, Buf> {
+    pub weight: &'a Buf,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
+impl<Buf> RowNorm<'_, Buf> {
+    /// Values of the `[rows, dim]` input and output.
+    pub fn len(&self) -> usize {
+        self.rows * self.dim
+    }
+
+    /// Whether the norm has nothing to compute.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The sizes of `y = x Wᵀ` (`x: [rows, in_dim]`, `w: [out_dim, in_dim]`, `y: [rows, out_dim]`):
+/// three sizes of one type, which a struct keeps from being swapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmShape {
+    pub rows: usize,
+    pub in_dim: usize,
+    pub out_dim: usize,
+}
+
+impl GemmShape {
+    pub fn new(rows: usize, in_dim: usize, out_dim: usize) -> Self {
+        Self {
+            rows,
+            in_dim,
+            out_dim,
+        }
+    }
+
+    /// Values `x` must hold.
+    pub fn x_len(&self) -> usize {
+        self.rows * self.in_dim
+    }
+
+    /// Values `w` must hold.
+    pub fn w_len(&self) -> usize {
+        self.out_dim * self.in_dim
+    }
+
+    /// Values `y` must hold.
+    pub fn y_len(&self) -> usize {
+        self.rows * self.out_dim
+    }
+}
+
+/// The projection a fused op ends with (`y = · Wᵀ` or `y += · Wᵀ`): its weight, width and store
+/// come from one linear layer; the rows and input width from the op before it.
+pub struct Projection<'a, Buf> {
+    pub w: &'a Buf,
+    pub out_dim: usize,
+    pub store: Store,
+}
+
+impl<Buf> Projection<'_, Buf> {
+    /// The GEMM over `rows` rows of `in_dim`.
+    pub fn shape(&self, rows: usize, in_dim: usize) -> GemmShape {
+        GemmShape::new(rows, in_dim, self.out_dim)
+    }
+}
+
+/// A gated RMSNorm (a Gated DeltaNet layer's output norm): its gate `z` (rows of `heads·dim` at
+/// `z_at`, a column block of the stacked in-projection), the weight shared by all heads, the shape
+/// and epsilon. The norm and the fused norm-then-GEMM take the same set.
+pub struct GatedNorm<'a, Buf> {
+    pub z: &'a Buf,
+    pub z_at: Strided,
+    pub weight: &'a Buf,
+    pub rows: usize,
+    pub heads: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
+impl<Buf> GatedNorm<'_, Buf> {
+    /// Width of a row of `x`: every head.
+    pub fn width(&self) -> usize {
+        self.heads * self.dim
+    }
+
+    /// Rows of `dim` normalised on their own (one per head and row).
+    pub fn norm_rows(&self) -> usize {
+        self.rows * self.heads
+    }
+}
+
+/// A causal depthwise conv: its input (rows of `channels` at `x_at`, possibly a column block of a
+/// stacked projection) and its `[channels, kernel]` weight, which size each other.
+pub struct Conv1d<'a, Buf> {
+    pub x: &'a Buf,
+    pub x_at: Strided,
+    pub weight: &'a Buf,
+    pub channels: usize,
+    pub kernel: usize,
+}
+
+impl<Buf> Conv1d<'_, Buf> {
+    /// Values of one sequence's carried window (`kernel − 1` rows of `channels`; 0 for no taps).
+    pub fn window_len(&self) -> usize {
+        self.kernel.saturating_sub(1) * self.channels
+    }
+}
+
+/// The conv's window carried across calls of one sequence: read before the sequence's first row,
+/// written after its last. Either may be absent (zeros in, nothing out).
+pub struct ConvWindow<'a, Buf> {
+    pub input: Option<&'a Buf>,
+    pub output: Option<&'a mut Buf>,
+}
+
+impl<Buf> ConvWindow<'_, Buf> {
+    /// No window: every sequence starts from zeros and none is resumed.
+    pub fn none() -> Self {
+        Self {
+            input: None,
+            output: None,
+        }
+    }
+}
+
+/// The heads an op L2-normalises in place and the norm's epsilon.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct L2Heads {
+    pub layout: HeadLayout,
+    pub eps: f32,
+}
+
+/// Where the delta gates go: `beta` and `g`, dense `[rows, heads]`, written together.
+pub struct GateOutputs<'a, Buf> {
+    pub beta: &'a mut Buf,
+    pub g: &'a mut Buf,
+}
+
+/// The delta rule's per-row inputs (`qkv`, `beta`, `g` of one batch), read together by every
+/// delta-rule kernel.
+pub struct DeltaInputs<'a, Buf> {
+    pub qkv: &'a Buf,
+    pub beta: &'a Buf,
+    pub g: &'a Buf,
+}
+
+/// What a Gated DeltaNet layer's core reads: the q|k|v block of its stacked in-projection at
+/// `x_at`, the conv weight (`kernel` taps), the q/k L2 norm's epsilon and the gates' inputs. A
+/// fusing backend reads them all in its first kernel.
+pub struct DeltaNetInput<'a, Buf> {
+    pub x: &'a Buf,
+    pub x_at: Strided,
+    pub conv_weight: &'a Buf,
+    pub kernel: usize,
+    pub l2_eps: f32,
+    pub gates: DeltaGates<'a, Buf>,
+}
+
+/// Scratch of a Gated DeltaNet layer's core as its separate ops: the conv output, beta and g.
+pub struct DeltaNetScratch<'a, Buf> {
+    pub conv: &'a mut Buf,
+    pub beta: &'a mut Buf,
+    pub g: &'a mut Buf,
+}
+
+/// The q and k head norms and the rope an attention layer applies before attending: its weights,
+/// the batch's positions (`[rows, 3]`) and the config they come with.
+pub struct QkPrologue<'a, B: Buffers + ?Sized> {
+    pub q_norm: &'a B::Buf,
+    pub k_norm: &'a B::Buf,
+    pub positions: &'a B::Idx,
+    pub rope: &'a Rope,
+    pub eps: f32,
+}
+
+impl<B: Buffers + ?Sized> Clone for QkPrologue<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Buffers + ?Sized> Copy for QkPrologue<'_, B> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gemm_shape_sizes_each_operand_by_its_own_dims() {
+        let shape = GemmShape::new(3, 5, 7);
+        assert_eq!((shape.x_len(), shape.w_len(), shape.y_len()), (15, 35, 21));
+        let proj = Projection {
+            w: &(),
+            out_dim: 7,
+            store: Store::Add,
+        };
+        assert_eq!(proj.shape(3, 5), shape);
+    }
+
+    #[test]
+    fn a_gated_norm_normalises_every_head_of_every_row() {
+        let norm = GatedNorm {
+            z: &(),
+            z_at: Strided::dense(8),
+            weight: &(),
+            rows: 3,
+            heads: 2,
+            dim: 4,
+            eps: 1e-6,
+        };
+        assert_eq!((norm.width(), norm.norm_rows()), (8, 6));
+    }
+
+    #[test]
+    fn a_conv_window_holds_all_taps_but_the_current_row() {
+        let conv = |kernel| Conv1d {
+            x: &(),
+            x_at: Strided::dense(6),
+            weight: &(),
+            channels: 6,
+            kernel,
+        };
+        assert_eq!(conv(4).window_len(), 18);
+        assert_eq!(conv(1).window_len(), 0);
+        assert_eq!(conv(0).window_len(), 0);
+        let norm = RowNorm {
+            weight: &(),
+            rows: 0,
+            dim: 5,
+            eps: 1e-6,
+        };
+        assert!(norm.is_empty());
+    }
+}

@@ -1,0 +1,482 @@
+//! The backend interface: every op the Qwen3.5 text forward pass needs, over buffers the backend
+//! owns.
+//!
+//! Conventions shared by all ops:
+//! - Activations are row-major `[rows, width]` f32 buffers; a "row" is one token of the packed batch.
+//!   An operand that comes with a [`Strided`] may instead be a column block of wider rows (one
+//!   block of a stacked projection's output), read in place.
+//! - Linear weights are `[out, in]` (PyTorch layout) and ops compute `y = x Wᵀ`.
+//! - Sequences are packed back to back with no padding. Their boundaries live in a backend index
+//!   buffer (`cu_seqlens`, `num_seqs + 1` entries, starting at 0), so a device backend can replay
+//!   one captured launch sequence for any batch that fits the sizes it was captured for.
+//! - Buffers are allocated once (weights uploaded once, activations sized for the largest batch)
+//!   and may be longer than an op needs; an op touches only the prefix it is asked for.
+//! - Ops never allocate caller-visible memory; a backend may keep its own scratch.
+
+mod args;
+mod composed;
+mod dims;
+mod layout;
+mod rope;
+
+pub use args::{
+    Conv1d, ConvWindow, DeltaInputs, DeltaNetInput, DeltaNetScratch, GateOutputs, GatedNorm,
+    GemmShape, L2Heads, Projection, QkPrologue, RowNorm,
+};
+pub(crate) use composed::{conv1d_silu_then_l2, delta_net_core_apart, qk_norm_then_rope};
+pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
+pub use layout::{HeadLayout, Strided, Varlen};
+pub use rope::Rope;
+
+use crate::error::KernelError;
+
+/// Result of a backend call.
+pub type KernelResult<T> = Result<T, KernelError>;
+
+/// Whether a projection's result replaces its output or is added to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// `y = x Wᵀ`.
+    Replace,
+    /// `y += x Wᵀ`: a block's output projection adds itself to the residual stream. On a GPU the
+    /// GEMM does the add as it writes, so no separate pass reads and rewrites the stream.
+    Add,
+}
+
+/// The buffer types of a backend (split from [`Backend`] so helper structs can name them).
+pub trait Buffers {
+    /// A buffer of f32 values.
+    type Buf;
+    /// A buffer of u32 values (token ids, positions, `cu_seqlens`).
+    type Idx;
+}
+
+/// Everything the model needs from a compute backend. See the module docs for the conventions.
+pub trait Backend: Buffers {
+    /// A short name for logs (`"cpu"`, `"cuda:0"`).
+    fn name(&self) -> String;
+
+    /// The row counts at which one forward pass each, before serving, does all the work this
+    /// backend keys by batch shape (the CUDA backend times its GEMM algorithms once per row
+    /// bucket): one per bucket up to `max_rows`, ending with `max_rows` itself. The default is the
+    /// powers of two.
+    fn warm_rows(&self, max_rows: usize) -> Vec<usize> {
+        bucket_tops(max_rows, |rows| rows.next_power_of_two())
+    }
+
+    // ---- memory -------------------------------------------------------------------------------
+
+    /// A zeroed f32 buffer of `len` values.
+    fn alloc(&self, len: usize) -> KernelResult<Self::Buf>;
+    /// A zeroed buffer of `len` values for a GEMM input that only the norms write (`rms_norm`,
+    /// `add_rms_norm` as `out`) and only GEMMs read, or for a GEMM output that only `swiglu` and
+    /// `swiglu_gemm` read (the MLP's gate|up), or only `conv1d_silu(_l2)`, `delta_gates` and the
+    /// gated norms (as `z`) read (a Gated DeltaNet layer's stacked in-projection): a device
+    /// backend may hold it in its GEMM operand precision (bf16 on CUDA, as a bf16 model's
+    /// activations are). The default is [`Self::alloc`].
+    fn alloc_gemm_input(&self, len: usize) -> KernelResult<Self::Buf> {
+        self.alloc(len)
+    }
+
+    /// A zeroed u32 buffer of `len` values.
+    fn alloc_idx(&self, len: usize) -> KernelResult<Self::Idx>;
+    /// A new buffer holding `data` (weights are uploaded once with this).
+    fn upload(&self, data: &[f32]) -> KernelResult<Self::Buf>;
+    /// A new buffer holding the concatenation of `parts` (a stacked projection's weights, uploaded
+    /// without first being copied together on the host where the backend can).
+    fn upload_stacked(&self, parts: &[&[f32]]) -> KernelResult<Self::Buf> {
+        self.upload(&parts.concat())
+    }
+    /// Copies `data` into the start of `dst`.
+    fn write(&self, dst: &mut Self::Buf, data: &[f32]) -> KernelResult<()>;
+    /// Copies `data` into the start of `dst`.
+    fn write_idx(&self, dst: &mut Self::Idx, data: &[u32]) -> KernelResult<()>;
+    /// The first `len` values of `src`, on the host.
+    fn read(&self, src: &Self::Buf, len: usize) -> KernelResult<Vec<f32>>;
+
+    // ---- ops ----------------------------------------------------------------------------------
+
+    /// `out[t] = table[ids[t]]` for `t < rows`; `table` is `[vocab, dim]`.
+    fn embedding(
+        &self,
+        table: &Self::Buf,
+        vocab: usize,
+        ids: &Self::Idx,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Zero-centred RMSNorm: `out = x / sqrt(mean(x²) + eps) · (1 + w)` per row of `dim`.
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        norm: RowNorm<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `residual += delta`, then `out = rms_norm(residual)` (zero-centred, as [`Self::rms_norm`]).
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Buf,
+        delta: &Self::Buf,
+        norm: RowNorm<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `y = x Wᵀ` with `x: [rows, in_dim]`, `w: [out_dim, in_dim]`, `y: [rows, out_dim]`.
+    fn gemm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        shape: GemmShape,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.gemm_to(x, w, shape, Store::Replace, y)
+    }
+
+    /// [`Self::gemm`], replacing `y` or adding to it as `store` says.
+    fn gemm_to(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        shape: GemmShape,
+        store: Store,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Sizes any scratch the GEMMs need for inputs of up to `values` values now, so that no
+    /// forward pass allocates. Backends without scratch do nothing.
+    fn reserve_gemm_input(&self, values: usize) -> KernelResult<()> {
+        let _ = values;
+        Ok(())
+    }
+
+    /// Zero-centred RMSNorm of every head in place (q/k norm): `(1 + w)` with `w: [head_dim]`.
+    fn head_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        weight: &Self::Buf,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()>;
+
+    /// Rotary embedding in place on every head. `positions` is `[rows, 3]` (temporal, height,
+    /// width; equal for text).
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        layout: HeadLayout,
+        positions: &Self::Idx,
+        rows: usize,
+        rope: &Rope,
+    ) -> KernelResult<()>;
+
+    /// An attention layer's q and k preparation, in one pass where the backend can:
+    /// [`Self::head_rms_norm`] of `q`'s heads and of `k`'s (each given as buffer, norm weight,
+    /// head layout), then [`Self::rope`] on both. The same values, bit for bit, as those four
+    /// calls.
+    fn qk_norm_rope(
+        &self,
+        q: (&mut Self::Buf, &Self::Buf, HeadLayout),
+        k: (&mut Self::Buf, &Self::Buf, HeadLayout),
+        positions: &Self::Idx,
+        rows: usize,
+        rope: &Rope,
+        eps: f32,
+    ) -> KernelResult<()> {
+        qk_norm_then_rope(self, q, k, (positions, rows), (rope, eps))
+    }
+
+    /// Causal GQA attention within each sequence, with the sigmoid output gate (see
+    /// [`AttentionDims`] for the row layouts).
+    fn attention(
+        &self,
+        qg: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// [`Self::attention`] at each sequence's last position only: `out[s]` (`[num_seqs,
+    /// q_heads·head_dim]`) is the gated output of row `cu_seqlens[s + 1] − 1`, which attends to the
+    /// whole sequence. A decision reads only the last position, so its last layer needs no more.
+    fn attention_last(
+        &self,
+        qg: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// One gated attention layer's core on its stacked projection `qkv` (rows
+    /// [`AttentionDims::stacked_width`] wide: q|gate per query head, then k, then v): the q and k
+    /// head norms and rope ([`Self::qk_norm_rope`] as `prologue` says), then
+    /// [`Self::attention`] (every row into `out`, `[batch.rows, q_heads·head_dim]`) or, with
+    /// `last_only`, [`Self::attention_last`] (`[num_seqs, q_heads·head_dim]`). `qkv` is scratch
+    /// afterwards. `out` may come from [`Self::alloc_gemm_input`]: o_proj is its only reader.
+    fn gated_attention(
+        &self,
+        qkv: &mut Self::Buf,
+        prologue: QkPrologue<'_, Self>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        last_only: bool,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Causal depthwise conv1d (no bias) then SiLU, per sequence: `out_t[c] = silu(Σ_i w[c][i] ·
+    /// x_{t-kernel+1+i}[c])`, `w: [channels, kernel]`. `x` rows (of `channels`) sit at `x_at`, so
+    /// the conv can read its block of a stacked projection; `out` is dense `[rows, channels]`.
+    /// Inputs before a sequence's start are zero, or come from `window.input` (`[num_seqs,
+    /// kernel-1, channels]`, oldest first: the last pre-conv rows before the sequence).
+    /// `window.output`, if given, receives the same layout for the end of each sequence (for
+    /// resuming it later).
+    fn conv1d_silu(
+        &self,
+        conv: Conv1d<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        window: ConvWindow<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// L2 norm of every head in place: `x · 1/sqrt(Σx² + eps)`.
+    fn l2_norm(
+        &self,
+        x: &mut Self::Buf,
+        layout: HeadLayout,
+        rows: usize,
+        eps: f32,
+    ) -> KernelResult<()>;
+
+    /// [`Self::conv1d_silu`] then [`Self::l2_norm`] of the output's heads in `l2` (DeltaNet's q and
+    /// k heads) over the batch's rows, in one pass where the backend can: the same values, bit for
+    /// bit (rows of `out` that belong to no sequence are left as `conv1d_silu` leaves them).
+    fn conv1d_silu_l2(
+        &self,
+        conv: Conv1d<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        l2: L2Heads,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        conv1d_silu_then_l2(self, conv, batch, l2, out)
+    }
+
+    /// [`Self::conv1d_silu_l2`] and [`Self::delta_gates`] (over the batch's rows) of one Gated
+    /// DeltaNet layer, in one pass where the backend can: the same values, bit for bit, as the two
+    /// calls.
+    fn conv1d_silu_l2_gates(
+        &self,
+        conv: Conv1d<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        l2: L2Heads,
+        out: &mut Self::Buf,
+        gates: DeltaGates<'_, Self::Buf>,
+        gates_out: GateOutputs<'_, Self::Buf>,
+    ) -> KernelResult<()> {
+        self.conv1d_silu_l2(conv, batch, l2, out)?;
+        self.delta_gates(gates, batch.rows, gates_out)
+    }
+
+    /// Gated DeltaNet gates over `rows` rows of `heads`: `beta = sigmoid(b)` and
+    /// `g = −exp(a_log) · softplus(a + dt_bias)` (log decay; softplus returns its input above 20).
+    /// `b` and `a` rows sit at `b_at` / `a_at` (they may be two column blocks of one stacked
+    /// projection); `beta` and `g` are dense `[rows, heads]`, as the delta rule reads them.
+    fn delta_gates(
+        &self,
+        gates: DeltaGates<'_, Self::Buf>,
+        rows: usize,
+        out: GateOutputs<'_, Self::Buf>,
+    ) -> KernelResult<()>;
+
+    /// Gated delta rule over each sequence, chunked (64 tokens, chunk grid starting at each
+    /// sequence start). Same result as [`Self::gated_delta_rule_recurrent`] up to rounding.
+    fn gated_delta_rule_chunked(
+        &self,
+        inputs: DeltaInputs<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// A Gated DeltaNet layer's core on its stacked input projection `x`:
+    /// [`Self::conv1d_silu_l2_gates`] (the conv + SiLU over the q|k|v block at `input.x_at`, with
+    /// `input.kernel` taps and no carried window; q and k L2-normalised per head
+    /// ([`DeltaDims::qk_layout`], `input.l2_eps`); the gates) into `scratch`, then
+    /// [`Self::gated_delta_rule_chunked`] into `out`. A backend that reads the projection in the
+    /// delta rule itself (CUDA) may leave the scratch untouched; the result is the same.
+    fn delta_net_core(
+        &self,
+        input: DeltaNetInput<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        scratch: DeltaNetScratch<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        delta_net_core_apart(self, input, (batch, dims), state, scratch, out)
+    }
+
+    /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.
+    fn gated_delta_rule_recurrent(
+        &self,
+        inputs: DeltaInputs<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        state: DeltaState<'_, Self>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Gated RMSNorm in place, each head of `dim` on its own: `x ← w · x / sqrt(mean(x²) + eps) ·
+    /// silu(z)` (plain `w: [dim]`, shared by all heads). `x` is dense `[rows, heads·dim]`; the rows
+    /// of `z` (`heads·dim` each) sit at `z_at` (a column block of a stacked projection).
+    fn gated_rms_norm(&self, x: &mut Self::Buf, norm: GatedNorm<'_, Self::Buf>)
+        -> KernelResult<()>;
+
+    /// SwiGLU: `out[t][i] = silu(gate_up[t][i]) · gate_up[t][inter + i]` with `gate_up:
+    /// [rows, 2·inter]`.
+    fn swiglu(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        inter: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// Gated RMSNorm then a projection: `y = g Wᵀ` (or `y += g Wᵀ`, as `proj.store` says) with
+    /// `g = gated_rms_norm(x, norm)` (as [`Self::gated_rms_norm`]) and the GEMM over `norm.rows`
+    /// rows of `heads·dim`. `x` may be left normalised in place, or untouched by a backend that
+    /// feeds the normalised values straight into its GEMM.
+    fn gated_rms_norm_gemm(
+        &self,
+        x: &mut Self::Buf,
+        norm: GatedNorm<'_, Self::Buf>,
+        proj: Projection<'_, Self::Buf>,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.gated_rms_norm(x, norm)?;
+        let shape = proj.shape(norm.rows, norm.width());
+        self.gemm_to(x, proj.w, shape, proj.store, y)
+    }
+
+    /// SwiGLU then a projection: `y = swiglu(gate_up) Wᵀ` (or `+=`, as `proj.store` says),
+    /// `gate_up: [rows, 2·inter]`, `proj.w: [out_dim, inter]`. `act` (`[rows, inter]`) may receive
+    /// the SwiGLU output; a backend that feeds it straight into its GEMM leaves `act` untouched.
+    fn swiglu_gemm(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        inter: usize,
+        proj: Projection<'_, Self::Buf>,
+        act: &mut Self::Buf,
+        y: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.swiglu(gate_up, rows, inter, act)?;
+        self.gemm_to(act, proj.w, proj.shape(rows, inter), proj.store, y)
+    }
+
+    /// `out[s] = x[cu_seqlens[s + 1] − 1]` (each sequence's last row), `[num_seqs, dim]`.
+    fn gather_last(
+        &self,
+        x: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+}
+
+/// Which GELU: the tanh approximation (`gelu_pytorch_tanh`, vision block MLPs) or the exact erf
+/// form (`nn.GELU()`, the vision merger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    Tanh,
+    Erf,
+}
+
+/// The extra ops of the Qwen3.5 vision tower (a ViT), on top of [`Backend`]. A separate trait so
+/// a backend can serve text before it has them.
+pub trait VisionBackend: Backend {
+    /// LayerNorm with weight and bias per row of `dim`: `out = (x − mean) / sqrt(var + eps) · w + b`
+    /// (biased variance).
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        norm: RowNorm<'_, Self::Buf>,
+        bias: &Self::Buf,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
+    /// `x[t] += bias` for every row `t < rows` of `dim`.
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf,
+        bias: &Self::Buf,
+        rows: usize,
+        dim: usize,
+    ) -> KernelResult<()>;
+
+    /// `x[i] += delta[i]` for `i < len`.
+    fn add_in_place(&self, x: &mut Self::Buf, delta: &Self::Buf, len: usize) -> KernelResult<()>;
+
+    /// GELU in place over the first `len` values.
+    fn gelu(&self, x: &mut Self::Buf, len: usize, kind: Gelu) -> KernelResult<()>;
+
+    /// 2-D axial rotary embedding in place on every head, rotating the whole head (`head_dim`
+    /// divisible by 4). `positions` is `[rows, 2]` (patch row, patch column). With `D = head_dim`,
+    /// `inv_freq_i = theta^(−2i/(D/2))` for `i < D/4`; the angles are `[row·inv_freq, col·inv_freq]`
+    /// (`D/2` values) and pair `(d, d + D/2)` rotates by angle `d`.
+    fn rope_axial(
+        &self,
+        x: &mut Self::Buf,
+        layout: HeadLayout,
+        positions: &Self::Idx,
+        rows: usize,
+        theta: f32,
+    ) -> KernelResult<()>;
+
+    /// Full (bidirectional) multi-head attention within each segment of `batch`. `qkv` rows are
+    /// `[q: heads·head_dim][k: heads·head_dim][v: heads·head_dim]`; `out` rows are
+    /// `[heads·head_dim]`. Scores are scaled by `scale`.
+    fn attention_bidirectional(
+        &self,
+        qkv: &Self::Buf,
+        batch: Varlen<'_, Self::Idx>,
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+}
+
+/// The largest row count of every bucket that `bucket` (a non-decreasing map from a row count to the
+/// top of its bucket) makes of `1..=max_rows`, the last one cut to `max_rows`. Empty for 0.
+pub fn bucket_tops(max_rows: usize, bucket: impl Fn(usize) -> usize) -> Vec<usize> {
+    let mut tops = Vec::new();
+    let mut rows = 1;
+    while rows <= max_rows {
+        let top = bucket(rows).max(rows).min(max_rows);
+        tops.push(top);
+        rows = top + 1;
+    }
+    tops
+}
+
+#[cfg(test)]
+mod bucket_tests {
+    use super::bucket_tops;
+
+    #[test]
+    fn bucket_tops_cover_every_row_count_once() {
+        let pow2 = |r: usize| r.next_power_of_two();
+        assert_eq!(bucket_tops(0, pow2), Vec::<usize>::new());
+        assert_eq!(bucket_tops(1, pow2), [1]);
+        assert_eq!(bucket_tops(100, pow2), [1, 2, 4, 8, 16, 32, 64, 100]);
+        assert_eq!(bucket_tops(128, pow2), [1, 2, 4, 8, 16, 32, 64, 128]);
+    }
+}

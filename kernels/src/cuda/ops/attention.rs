@@ -1,0 +1,190 @@
+//! Gated causal GQA attention: the checks and the choice of kernel. Head sizes the tensor-core
+//! kernels take go to [`super::flash_attention`]; the rest run the naive `attention_gated`
+//! (`kernels/cuda/attention.cu`).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf, OutBuf};
+use super::super::launch::{to_i32, to_u32, Gpu};
+use super::flash_attention::{flash_attention, flash_variant, FlashInputs};
+use super::rope::RopeTable;
+use super::shared::check_batch;
+use super::shared::CudaBuffers;
+use crate::backend::{AttentionDims, KernelResult, QkPrologue, Strided, Varlen};
+use crate::error::KernelError;
+
+/// Threads per block of the naive attention kernel (`ATTN_THREADS` in attention.cu).
+const ATTN_THREADS: u32 = 128;
+/// Largest head the naive attention kernel holds in registers.
+const ATTN_MAX_HEAD_DIM: usize = 512;
+
+/// The separate `qg`, `k` and `v` of [`crate::Backend::attention`].
+pub(crate) type Qkv<'a> = (&'a CudaBuf, &'a CudaBuf, &'a CudaBuf);
+
+/// Checks attention dims and returns the rows qg, k and v all hold (the caller then checks the
+/// batch against them with [`check_batch`]).
+fn attention_rows(
+    op: &'static str,
+    (qg, k, v): Qkv<'_>,
+    dims: AttentionDims,
+) -> KernelResult<usize> {
+    let (q_heads, kv_heads, head_dim) = (dims.q_heads, dims.kv_heads, dims.head_dim);
+    if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) || head_dim == 0 {
+        return Err(KernelError::invalid(
+            op,
+            format!(
+                "q_heads {q_heads} must be a positive multiple of kv_heads {kv_heads} > 0, \
+                 head_dim > 0"
+            ),
+        ));
+    }
+    if head_dim > ATTN_MAX_HEAD_DIM {
+        return Err(KernelError::invalid(
+            op,
+            format!("head_dim {head_dim} exceeds {ATTN_MAX_HEAD_DIM}"),
+        ));
+    }
+    // Rows every buffer can hold: kernels never touch a row beyond it.
+    Ok([
+        qg.len() / (q_heads * 2 * head_dim),
+        k.len() / (kv_heads * head_dim),
+        v.len() / (kv_heads * head_dim),
+    ]
+    .into_iter()
+    .min()
+    .unwrap_or(0))
+}
+
+pub(crate) fn attention(
+    gpu: &Gpu,
+    (qg, k, v): Qkv<'_>,
+    batch: Varlen<'_, CudaSlice<u32>>,
+    dims: AttentionDims,
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "attention";
+    let (q_heads, kv_heads, head_dim, scale) =
+        (dims.q_heads, dims.kv_heads, dims.head_dim, dims.scale);
+    let out_rows = out.len() / (q_heads * head_dim).max(1);
+    let rows_cap = attention_rows(OP, (qg, k, v), dims)?.min(out_rows);
+    let rows_cap = check_batch(OP, &batch, rows_cap)?;
+    let qg = act(OP, "qg", qg, 0)?;
+    let k = act(OP, "k", k, 0)?;
+    let v = act(OP, "v", v, 0)?;
+    let out = act_mut(OP, "out", out, 0)?;
+    if rows_cap == 0 || batch.num_seqs == 0 {
+        return Ok(());
+    }
+    // Head dims that are multiples of 16 up to 256 take the tensor-core kernel.
+    if flash_variant(head_dim).is_some() {
+        let inputs = FlashInputs::Dense { qg, k, v };
+        return flash_attention(gpu, inputs, batch, (dims, false), OutBuf::F32(out));
+    }
+    let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+    let q_heads_a = to_i32(OP, "q_heads", q_heads)?;
+    let kv_heads_a = to_i32(OP, "kv_heads", kv_heads)?;
+    let head_dim_a = to_i32(OP, "head_dim", head_dim)?;
+    let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows_cap_a, to_u32(OP, "q_heads", q_heads)?, 1),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: argument types match the kernel; it stays below rows_cap in every buffer.
+    unsafe {
+        gpu.launch(OP, "attention_gated", cfg, |launch| {
+            launch
+                .arg(qg)
+                .arg(k)
+                .arg(v)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs)
+                .arg(out)
+                .arg(&q_heads_a)
+                .arg(&kv_heads_a)
+                .arg(&head_dim_a)
+                .arg(&scale)
+                .arg(&rows_cap_a);
+        })
+    }
+}
+
+/// [`attention`] at each sequence's last row (the flash kernel's last-row form only).
+pub(crate) fn attention_last(
+    gpu: &Gpu,
+    (qg, k, v): Qkv<'_>,
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, AttentionDims),
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "attention_last";
+    let rows_cap = attention_rows(OP, (qg, k, v), dims)?;
+    check_batch(OP, &batch, rows_cap)?;
+    if flash_variant(dims.head_dim).is_none() {
+        return Err(KernelError::invalid(
+            OP,
+            format!(
+                "head_dim {} is not a multiple of 16 up to 256 (the last-row kernel's sizes)",
+                dims.head_dim
+            ),
+        ));
+    }
+    let qg = act(OP, "qg", qg, 0)?;
+    let k = act(OP, "k", k, 0)?;
+    let v = act(OP, "v", v, 0)?;
+    let out = act_mut(
+        OP,
+        "out",
+        out,
+        batch.num_seqs * dims.q_heads * dims.head_dim,
+    )?;
+    if batch.rows == 0 || batch.num_seqs == 0 {
+        return Ok(());
+    }
+    let inputs = FlashInputs::Dense { qg, k, v };
+    flash_attention(gpu, inputs, batch, (dims, true), OutBuf::F32(out))
+}
+
+pub(crate) fn gated_attention<B: CudaBuffers + ?Sized>(
+    gpu: &Gpu,
+    qkv_buf: &mut CudaBuf,
+    prologue: QkPrologue<'_, B>,
+    batch: Varlen<'_, CudaSlice<u32>>,
+    (dims, last_only): (AttentionDims, bool),
+    out_b: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "gated_attention";
+    let (q_heads, kv_heads, head_dim) = (dims.q_heads, dims.kv_heads, dims.head_dim);
+    if kv_heads == 0 || q_heads % kv_heads != 0 || flash_variant(head_dim).is_none() {
+        return Err(KernelError::invalid(
+            OP,
+            format!(
+                "needs q_heads ({q_heads}) a multiple of kv_heads ({kv_heads}) and head_dim \
+                 ({head_dim}) a multiple of 16 up to 256 (the flash kernel's sizes)"
+            ),
+        ));
+    }
+    let width = dims.stacked_width();
+    let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
+    check_batch(OP, &batch, rows_cap)?;
+    let rows = batch.rows;
+    let out_rows = if last_only { batch.num_seqs } else { rows };
+    let qkv = act_mut(OP, "qkv", qkv_buf, rows * width)?;
+    let norms = (
+        weight(OP, "q_norm", prologue.q_norm, head_dim)?,
+        weight(OP, "k_norm", prologue.k_norm, head_dim)?,
+    );
+    let positions = idx(OP, "positions", prologue.positions, rows * 3)?;
+    let (table, half) = RopeTable::new(OP, prologue.rope, head_dim)?;
+    let out = out_buf(OP, "out", out_b, out_rows * q_heads * head_dim)?;
+    if rows == 0 || batch.num_seqs == 0 {
+        return Ok(());
+    }
+    let inputs = FlashInputs::Stacked {
+        qkv,
+        norms,
+        positions,
+        rope: (&table, half),
+        eps: prologue.eps,
+    };
+    flash_attention(gpu, inputs, batch, (dims, last_only), out)
+}

@@ -1,0 +1,230 @@
+//! The element-wise ops (`kernels/cuda/elementwise.cu`): embedding, SwiGLU (alone, or writing its
+//! GEMM's bf16 input), the delta rule's gates, the last-row gather and the f32 → bf16 rounding.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf};
+use super::super::launch::{grid_2d, linear, to_i32, to_u32, Gpu, BLOCK};
+use crate::backend::{DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
+use crate::error::KernelError;
+
+use super::shared::{check_batch, fused_gemm, projection_operands};
+
+pub(crate) fn embedding(
+    gpu: &Gpu,
+    table: &CudaBuf,
+    vocab: usize,
+    ids: &CudaSlice<u32>,
+    (rows, dim): (usize, usize),
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "embedding";
+    let table = weight(OP, "table", table, vocab * dim)?;
+    let ids = idx(OP, "ids", ids, rows)?;
+    let out = act_mut(OP, "out", out, rows * dim)?;
+    if rows * dim == 0 {
+        return Ok(());
+    }
+    let (rows_a, dim_a) = (to_i32(OP, "rows", rows)?, to_i32(OP, "dim", dim)?);
+    let vocab_a = to_u32(OP, "vocab", vocab)?;
+    // SAFETY: argument types match the kernel; lengths checked above.
+    unsafe {
+        gpu.launch(OP, "embedding", linear(OP, rows * dim, BLOCK)?, |launch| {
+            launch
+                .arg(table)
+                .arg(ids)
+                .arg(out)
+                .arg(&rows_a)
+                .arg(&dim_a)
+                .arg(&vocab_a);
+        })
+    }
+}
+
+/// The SwiGLU kernels' grid: blocks of BLOCK threads over (rows, column slices), a slice being
+/// BLOCK steps of 8 values (elementwise.cu), so that a thread has few steps and their loads
+/// overlap across the whole grid.
+fn swiglu_grid(op: &'static str, rows: usize, inter: usize) -> KernelResult<LaunchConfig> {
+    Ok(grid_2d(
+        to_u32(op, "rows", rows)?,
+        to_u32(op, "column slices", inter.div_ceil(8 * BLOCK as usize))?,
+        BLOCK,
+    ))
+}
+
+pub(crate) fn swiglu(
+    gpu: &Gpu,
+    gate_up: &CudaBuf,
+    (rows, inter): (usize, usize),
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "swiglu";
+    let gate_up = in_buf(OP, "gate_up", gate_up, rows * 2 * inter)?;
+    let out = act_mut(OP, "out", out, rows * inter)?;
+    if rows * inter == 0 {
+        return Ok(());
+    }
+    let rows_a = to_i32(OP, "rows", rows)?;
+    let inter_a = to_i32(OP, "inter", inter)?;
+    let kernel = match gate_up {
+        InBuf::F32(_) => "swiglu",
+        InBuf::Bf16(_) => "swiglu_from_bf16",
+    };
+    // SAFETY: argument types match the kernel; lengths checked above.
+    unsafe {
+        gpu.launch(OP, kernel, swiglu_grid(OP, rows, inter)?, |launch| {
+            gate_up.push(launch);
+            launch.arg(out).arg(&rows_a).arg(&inter_a);
+        })
+    }
+}
+
+/// [`crate::Backend::swiglu_gemm`] in one pass: SwiGLU writes the GEMM's bf16 input. `Ok(false)`
+/// (nothing launched) where cuBLASLt has no plan for the shape: the caller then runs the two ops.
+pub(crate) fn swiglu_gemm(
+    gpu: &Gpu,
+    gate_up: &CudaBuf,
+    (rows, inter): (usize, usize),
+    proj: Projection<'_, CudaBuf>,
+    y_buf: &mut CudaBuf,
+) -> KernelResult<bool> {
+    const OP: &str = "swiglu_gemm";
+    let out_dim = proj.out_dim;
+    let gu = in_buf(OP, "gate_up", gate_up, rows * 2 * inter)?;
+    let kernel = match gu {
+        InBuf::F32(_) => "swiglu_bf16",
+        InBuf::Bf16(_) => "swiglu_bf16_from_bf16",
+    };
+    let Some((w, y)) = projection_operands(OP, &proj, (rows, inter), y_buf)? else {
+        return Ok(true);
+    };
+    let rows_a = to_i32(OP, "rows", rows)?;
+    let inter_a = to_i32(OP, "inter", inter)?;
+    let convert = |x_bf16: &mut CudaSlice<bf16>| {
+        // SAFETY: argument types match the kernel; gate_up holds rows·2·inter values and the
+        // scratch rows·inter (sized by the GEMM).
+        unsafe {
+            gpu.launch(OP, kernel, swiglu_grid(OP, rows, inter)?, |launch| {
+                gu.push(launch);
+                launch.arg(x_bf16).arg(&rows_a).arg(&inter_a);
+            })
+        }
+    };
+    fused_gemm(gpu, (rows, inter), (w, out_dim, y), proj.store, convert)
+}
+
+pub(crate) fn delta_gates(
+    gpu: &Gpu,
+    gates: DeltaGates<'_, CudaBuf>,
+    rows: usize,
+    out: GateOutputs<'_, CudaBuf>,
+) -> KernelResult<()> {
+    const OP: &str = "delta_gates";
+    let (b_at, a_at, heads) = (gates.b_at, gates.a_at, gates.heads);
+    let b = in_buf(OP, "b", gates.b, b_at.required_len(rows, heads))?;
+    let a = in_buf(OP, "a", gates.a, a_at.required_len(rows, heads))?;
+    let kernel = match (&b, &a) {
+        (InBuf::F32(_), InBuf::F32(_)) => "delta_gates",
+        (InBuf::Bf16(_), InBuf::Bf16(_)) => "delta_gates_bf16x",
+        _ => {
+            return Err(KernelError::invalid(
+                OP,
+                "b and a must have the same type (both f32 or both bf16)",
+            ))
+        }
+    };
+    let a_log = weight(OP, "a_log", gates.a_log, heads)?;
+    let dt_bias = weight(OP, "dt_bias", gates.dt_bias, heads)?;
+    let beta = act_mut(OP, "beta", out.beta, rows * heads)?;
+    let g = act_mut(OP, "g", out.g, rows * heads)?;
+    if rows * heads == 0 {
+        return Ok(());
+    }
+    let rows_a = to_i32(OP, "rows", rows)?;
+    let heads_a = to_i32(OP, "heads", heads)?;
+    let b_stride = to_i32(OP, "b row stride", b_at.row_stride)?;
+    let b_offset = to_i32(OP, "b offset", b_at.offset)?;
+    let a_stride = to_i32(OP, "a row stride", a_at.row_stride)?;
+    let a_offset = to_i32(OP, "a offset", a_at.offset)?;
+    // SAFETY: argument types match the kernel; b and a hold `rows` rows at their strides, beta
+    // and g rows·heads values (checked above).
+    unsafe {
+        gpu.launch(OP, kernel, linear(OP, rows * heads, BLOCK)?, |launch| {
+            b.push(launch);
+            launch.arg(&b_stride).arg(&b_offset);
+            a.push(launch);
+            launch
+                .arg(&a_stride)
+                .arg(&a_offset)
+                .arg(a_log)
+                .arg(dt_bias)
+                .arg(beta)
+                .arg(g)
+                .arg(&rows_a)
+                .arg(&heads_a);
+        })
+    }
+}
+
+pub(crate) fn gather_last(
+    gpu: &Gpu,
+    x: &CudaBuf,
+    (batch, dim): (Varlen<'_, CudaSlice<u32>>, usize),
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "gather_last";
+    let rows_cap = check_batch(OP, &batch, x.len() / dim.max(1))?;
+    let x = act(OP, "x", x, 0)?;
+    let out = act_mut(OP, "out", out, batch.num_seqs * dim)?;
+    if batch.num_seqs == 0 || dim == 0 {
+        return Ok(());
+    }
+    if batch.num_seqs > 65_535 {
+        return Err(KernelError::invalid(OP, "more than 65535 sequences"));
+    }
+    let dim_a = to_i32(OP, "dim", dim)?;
+    let rows_cap_a = to_u32(OP, "rows", rows_cap)?;
+    let cfg = grid_2d(
+        to_u32(OP, "dim", dim.div_ceil(BLOCK as usize))?,
+        batch.num_seqs as u32,
+        BLOCK,
+    );
+    // SAFETY: argument types match the kernel; it reads only rows below rows_cap.
+    unsafe {
+        gpu.launch(OP, "gather_last", cfg, |launch| {
+            launch
+                .arg(x)
+                .arg(batch.cu_seqlens)
+                .arg(out)
+                .arg(&dim_a)
+                .arg(&rows_cap_a);
+        })
+    }
+}
+
+/// `out[..n] = bf16(x[..n])`.
+pub(crate) fn round_to_bf16(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    n: usize,
+    out: &mut CudaSlice<bf16>,
+) -> KernelResult<()> {
+    const OP: &str = "f32_to_bf16";
+    if n == 0 {
+        return Ok(());
+    }
+    let n_a = i64::try_from(n).map_err(|_| KernelError::invalid(OP, "too many values"))?;
+    // SAFETY: x and out hold at least n values (checked by the callers); the kernel reads and
+    // writes below n.
+    unsafe {
+        gpu.launch(
+            OP,
+            "f32_to_bf16",
+            linear(OP, n.div_ceil(2), BLOCK)?,
+            |launch| {
+                launch.arg(x).arg(out).arg(&n_a);
+            },
+        )
+    }
+}
