@@ -254,8 +254,11 @@ fn refuses_long_prompts_unknown_devices_and_mixed_prompt_sources() {
         "100",
     ]);
     assert!(e.contains("do not fit in one forward pass"), "{e}");
+    // An unknown device is refused by the command line itself, before anything loads.
     for device in ["tpu:0", "cuda", "cuda:first"] {
-        let e = run(&["--device", device, "--lengths", "8"]);
+        let e = parse(&["--device", device, "--lengths", "8"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("expected cpu or cuda:N"), "{device}: {e}");
     }
     let e = run(&["--http", "https://127.0.0.1:1", "--lengths", "300"]);
