@@ -449,6 +449,8 @@ mod tests {
             "\u{a0}\u{3000}x\u{85}\u{2028}y \u{202a}z",
             "'",
             "''re'RE'rE 'l 'L",
+            // Apostrophes before non-ASCII text go to onig's own contraction match.
+            "'sé 'ré 'llé 'vé 'lé 'Sé 'ſé 'é",
         ] {
             let expected: Vec<&str> = regex.find_iter(text).map(|(s, e)| &text[s..e]).collect();
             assert_eq!(pieces(text), expected, "{text:?}");
