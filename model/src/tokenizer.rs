@@ -99,7 +99,9 @@ impl Tokenizer {
         let fast = match fast_encode::FastEncoder::for_tokenizer(&inner) {
             Ok(fast) => Some(Arc::new(fast)),
             Err(reason) => {
-                tracing::debug!("tokenizer: Hugging Face encode path ({reason})");
+                tracing::info!(
+                    "tokenizer: not the Qwen3.5 pipeline, encoding with Hugging Face ({reason})"
+                );
                 None
             }
         };
