@@ -6,10 +6,12 @@
 //! checkpoints that come without one.
 
 mod byte_level;
+mod fast_encode;
 mod qwen35;
 mod tiktoken;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
@@ -38,6 +40,8 @@ pub struct MarkerIds {
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// Set when the pipeline is the Qwen3.5 one; shared by clones (with its piece cache).
+    fast: Option<Arc<fast_encode::FastEncoder>>,
     letter_ids: [u32; MAX_LETTERS],
     markers: MarkerIds,
 }
@@ -46,6 +50,7 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
             .field("vocab_size", &self.vocab_size())
+            .field("fast_path", &self.fast.is_some())
             .field("letter_ids", &self.letter_ids)
             .field("markers", &self.markers)
             .finish()
@@ -91,8 +96,18 @@ impl Tokenizer {
             think: id("<think>"),
             think_end: id("</think>"),
         };
+        let fast = match fast_encode::FastEncoder::for_tokenizer(&inner) {
+            Ok(fast) => Some(Arc::new(fast)),
+            Err(reason) => {
+                tracing::info!(
+                    "tokenizer: not the Qwen3.5 pipeline, encoding with Hugging Face ({reason})"
+                );
+                None
+            }
+        };
         Ok(Self {
             inner,
+            fast,
             letter_ids,
             markers,
         })
@@ -100,8 +115,25 @@ impl Tokenizer {
 
     /// Token ids of `text`, adding no special tokens. Special-token text inside `text` (for
     /// example `<|im_end|>`) becomes that token, as in transformers.
+    ///
+    /// For the Qwen3.5 pipeline this runs an exact fast path (see `fast_encode`: the same ids,
+    /// some 30x faster on real prompts); other pipelines use Hugging Face `encode`.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match (&self.fast, self.inner.get_model()) {
+            (Some(fast), tokenizers::models::ModelWrapper::BPE(bpe)) => fast.encode(bpe, text),
+            _ => encode_plain(&self.inner, text),
+        }
+    }
+
+    /// Token ids of `text` from Hugging Face `encode`, whatever the pipeline (the reference the
+    /// fast path is tested against).
+    pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>> {
         encode_plain(&self.inner, text)
+    }
+
+    /// Whether `encode` runs the fast path.
+    pub fn uses_fast_path(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// Text of `ids`, special tokens included.
