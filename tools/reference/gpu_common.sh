@@ -1,0 +1,26 @@
+# Shared by the GPU call scripts (gpu_bench.sh, gpu_load.sh); sourced, not run.
+
+# The background `instinct serve` of a script, stopped (SIGTERM, then waited for) on exit.
+server_pid=
+stop_server() {
+  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill -TERM "$server_pid" || true
+    wait "$server_pid" || true
+  fi
+  server_pid=
+}
+trap stop_server EXIT
+
+# require_carried PATH...: stop at once, naming the first path that did not travel with the call.
+require_carried() {
+  local needed
+  for needed in "$@"; do
+    [[ -e $needed ]] || { echo "missing $needed (carry it)"; exit 2; }
+  done
+}
+
+# hardware_of cuda:N: the GPU's name, driver and memory, as the reports record them.
+hardware_of() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "${1#cuda:}" \
+    2>/dev/null || echo "unknown ($1)"
+}
