@@ -37,7 +37,30 @@ impl Batch<'_> {
 /// `run_batch` returns, per sequence and in order, the probabilities of its `n_options` options.
 /// An error, a panic, or a result of the wrong shape fails exactly the requests of that batch with
 /// [`Failure::Internal`](crate::Failure::Internal); the thread keeps serving. (Catching the panic
-/// needs `panic = "unwind"`, the default.)
+/// needs `panic = "unwind"`, the default.) An error whose chain holds a [`FatalEngineError`]
+/// fails the batch the same way and retires the engine for good (see there).
 pub trait Engine: Send + 'static {
     fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>>;
+
+    /// The device it runs on (`cpu`, `cuda:N`), for the `device` label of the per-engine metrics
+    /// and for logs.
+    fn device(&self) -> String {
+        "unnamed".to_string()
+    }
+}
+
+/// The device behind an engine can never run again (a sticky CUDA error: the context is lost).
+/// Return it (anywhere in an `anyhow` chain) from [`Engine::run_batch`]: the batch's requests
+/// fail, the engine takes no more batches and is reported lost. Once every engine is lost, the
+/// scheduler fails what is left and refuses new requests, and [`crate::Scheduler::all_engines_lost`]
+/// resolves so the process can exit and be restarted.
+#[derive(Debug, thiserror::Error)]
+#[error("the device is lost: {0}")]
+pub struct FatalEngineError(pub String);
+
+impl FatalEngineError {
+    /// Whether `error` says the engine's device is lost.
+    pub fn is_in(error: &anyhow::Error) -> bool {
+        error.chain().any(|cause| cause.is::<FatalEngineError>())
+    }
 }

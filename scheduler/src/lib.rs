@@ -28,7 +28,10 @@
 //!
 //! **Failures**: a deadline passing while any question of the request is queued fails it with
 //! `DeadlineExceeded` (its queued questions never run); an engine error or panic fails exactly
-//! the requests of that batch. Every admitted request is replied to exactly once.
+//! the requests of that batch (counted by kind in `instinct_engine_failures_total`). An engine
+//! that returns a [`FatalEngineError`] (its device is lost) also takes no more batches; once every
+//! engine is lost, what is left fails, new requests are refused (`NoEngine`) and
+//! [`Scheduler::all_engines_lost`] resolves. Every admitted request is replied to exactly once.
 
 mod batching;
 mod config;
@@ -44,7 +47,7 @@ mod ticket;
 mod worker;
 
 pub use config::{Bucket, Config, StartError};
-pub use engine::{Batch, Engine, SeqInput};
+pub use engine::{Batch, Engine, FatalEngineError, SeqInput};
 pub use outcome::{Answer, Failure, Question, RejectReason, Rejection, SeqContext};
 pub use scheduler::Scheduler;
 pub use stats::{EngineStats, Stats};

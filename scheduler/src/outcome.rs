@@ -61,6 +61,9 @@ pub enum RejectReason {
     QueueFullTokens,
     /// The scheduler is draining (shutting down); go to another replica.
     Draining,
+    /// Every engine is lost to a fatal device error; the process is about to exit and be
+    /// restarted: go to another replica.
+    NoEngine,
     /// A question is longer than any batch can hold, or the request alone exceeds
     /// `max_queue_tokens`: it can never be served, retrying is pointless.
     TooLarge,
@@ -75,6 +78,7 @@ impl RejectReason {
             Self::QueueFullRequests => "queue_full_requests",
             Self::QueueFullTokens => "queue_full_tokens",
             Self::Draining => "draining",
+            Self::NoEngine => "no_engine",
             Self::TooLarge => "too_large",
             Self::Invalid => "invalid",
         }
@@ -86,7 +90,7 @@ impl RejectReason {
 #[error("request rejected: {}", reason.as_str())]
 pub struct Rejection {
     pub reason: RejectReason,
-    /// When it is worth retrying (`Retry-After`): set for the queue-full reasons and `Draining`,
+    /// When it is worth retrying (`Retry-After`): set for the queue-full reasons, `Draining` and `NoEngine`,
     /// `None` for `TooLarge` and `Invalid`.
     pub retry_after: Option<Duration>,
 }

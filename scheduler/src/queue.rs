@@ -73,6 +73,8 @@ pub(crate) struct QueueState {
     running_batches: usize,
     draining: bool,
     stopping: bool,
+    /// Every engine is lost: nothing queued can ever run.
+    no_engine: bool,
     drain_rate: DrainRate,
 }
 
@@ -90,6 +92,7 @@ impl QueueState {
             running_batches: 0,
             draining: false,
             stopping: false,
+            no_engine: false,
             drain_rate: DrainRate::new(window),
         }
     }
@@ -140,7 +143,7 @@ impl QueueState {
                     c.retry_after_max,
                 ))
             }
-            RejectReason::Draining => Some(c.retry_after_min),
+            RejectReason::Draining | RejectReason::NoEngine => Some(c.retry_after_min),
             RejectReason::TooLarge | RejectReason::Invalid => None,
         };
         counter!(names::REJECTIONS_TOTAL, names::REASON_LABEL => reason.as_str()).increment(1);
@@ -158,6 +161,9 @@ impl QueueState {
         deadline: Option<Instant>,
         now: Instant,
     ) -> Result<(u64, ReplyReceiver, bool), Rejection> {
+        if self.no_engine {
+            return Err(self.reject(RejectReason::NoEngine, now));
+        }
         if self.draining || self.stopping {
             return Err(self.reject(RejectReason::Draining, now));
         }
@@ -421,6 +427,20 @@ impl QueueState {
         let ids: Vec<u64> = self.requests.keys().copied().collect();
         for id in ids {
             self.fail(id, Failure::ShuttingDown);
+        }
+        self.publish_gauges();
+    }
+
+    /// The last engine is lost: fails every unanswered request (nothing can run them) and
+    /// refuses new ones with `NoEngine`.
+    pub fn lose_all_engines(&mut self, why: &str) {
+        self.no_engine = true;
+        let ids: Vec<u64> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.fail(
+                id,
+                Failure::Internal(format!("no engine is left to run it: {why}")),
+            );
         }
         self.publish_gauges();
     }

@@ -12,8 +12,9 @@ use crate::config::{Config, StartError};
 use crate::engine::Engine;
 use crate::outcome::{Question, Rejection};
 use crate::queue::QueueState;
-use crate::shared::Shared;
+use crate::shared::{EngineLabels, Shared};
 use crate::stats::{EngineStats, Stats};
+use crate::telemetry as names;
 use crate::ticket::Ticket;
 use crate::worker;
 
@@ -40,6 +41,7 @@ impl Scheduler {
             batches: 0,
             failed_batches: 0,
             exited: false,
+            lost: false,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(QueueState::new(validated.clone())),
@@ -48,8 +50,18 @@ impl Scheduler {
             sweep: Condvar::new(),
             idle: Condvar::new(),
             drained: watch::Sender::new(false),
+            all_lost: watch::Sender::new(false),
             engines: engines.iter().map(|_| Mutex::new(idle_engine)).collect(),
+            labels: engines
+                .iter()
+                .enumerate()
+                .map(|(i, e)| EngineLabels {
+                    engine: i.to_string(),
+                    device: e.device(),
+                })
+                .collect(),
         });
+        publish_engine_series(&shared.labels);
         let scheduler = Self {
             shared: Arc::clone(&shared),
             threads: Mutex::new(Vec::new()),
@@ -127,6 +139,28 @@ impl Scheduler {
         }
     }
 
+    /// Resolves once every engine is lost to a [`FatalEngineError`](crate::FatalEngineError):
+    /// by then every unanswered request has failed and new ones are refused (`NoEngine`). The
+    /// process should exit non-zero so its supervisor restarts it. Never resolves otherwise.
+    pub fn all_engines_lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut receiver = self.shared.all_lost.subscribe();
+        async move {
+            if receiver.wait_for(|lost| *lost).await.is_err() {
+                // The scheduler is gone without losing its engines: nothing to report, ever.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Per engine, in order, the device it runs on.
+    pub fn engine_devices(&self) -> Vec<String> {
+        self.shared
+            .labels
+            .iter()
+            .map(|l| l.device.clone())
+            .collect()
+    }
+
     pub fn stats(&self) -> Stats {
         Stats {
             engines: self.shared.engines.iter().map(|e| *e.lock()).collect(),
@@ -159,6 +193,23 @@ impl Scheduler {
         self.shared.sweep.notify_all();
         self.shared.idle.notify_all();
     }
+}
+
+/// Every per-engine series at zero, so dashboards and alerts see them before the first failure.
+fn publish_engine_series(labels: &[EngineLabels]) {
+    for l in labels {
+        let (engine, device) = (l.engine.clone(), l.device.clone());
+        for &kind in names::FAILURE_KINDS {
+            metrics::counter!(names::ENGINE_FAILURES_TOTAL, names::KIND_LABEL => kind,
+                names::ENGINE_LABEL => engine.clone(), names::DEVICE_LABEL => device.clone())
+            .absolute(0);
+        }
+        metrics::counter!(names::ENGINE_BATCHES_TOTAL, names::ENGINE_LABEL => engine,
+            names::DEVICE_LABEL => device)
+        .absolute(0);
+    }
+    metrics::gauge!(names::ENGINES).set(labels.len() as f64);
+    metrics::gauge!(names::ENGINES_LOST).set(0.0);
 }
 
 impl std::fmt::Debug for Scheduler {

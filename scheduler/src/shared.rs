@@ -22,7 +22,18 @@ pub(crate) struct Shared {
     pub idle: Condvar,
     /// True once draining and idle (for async waiters).
     pub drained: watch::Sender<bool>,
+    /// True once every engine is lost.
+    pub all_lost: watch::Sender<bool>,
     pub engines: Vec<Mutex<EngineStats>>,
+    /// Per engine, its `(engine, device)` metric labels.
+    pub labels: Vec<EngineLabels>,
+}
+
+/// The `engine` and `device` labels of one engine's metrics.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineLabels {
+    pub engine: String,
+    pub device: String,
 }
 
 impl Shared {

@@ -20,6 +20,13 @@ pub struct Stats {
     pub engines: Vec<EngineStats>,
 }
 
+impl Stats {
+    /// Engines that can still take batches (not lost).
+    pub fn serving_engines(&self) -> usize {
+        self.engines.iter().filter(|e| !e.lost).count()
+    }
+}
+
 /// Liveness of one engine thread.
 #[derive(Clone, Copy, Debug)]
 pub struct EngineStats {
@@ -30,14 +37,19 @@ pub struct EngineStats {
     pub busy_since: Option<Instant>,
     pub batches: u64,
     pub failed_batches: u64,
-    /// The thread has ended (only after shutdown).
+    /// The thread has ended (after shutdown, or once the engine is lost).
     pub exited: bool,
+    /// The engine returned a [`FatalEngineError`](crate::FatalEngineError): its device can never
+    /// run again and it takes no more batches.
+    pub lost: bool,
 }
 
 impl EngineStats {
-    /// True if the thread has ended or has not been heard of for more than `max_silence`
-    /// (choose it above the longest legitimate batch time plus `heartbeat_interval`).
+    /// True if the thread has ended without being lost, or has not been heard of for more than
+    /// `max_silence` (choose it above the longest legitimate batch time plus
+    /// `heartbeat_interval`). A lost engine is not wedged: it failed fast and said so.
     pub fn is_wedged(&self, now: Instant, max_silence: Duration) -> bool {
-        self.exited || now.saturating_duration_since(self.last_heartbeat) > max_silence
+        !self.lost
+            && (self.exited || now.saturating_duration_since(self.last_heartbeat) > max_silence)
     }
 }

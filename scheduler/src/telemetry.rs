@@ -6,7 +6,7 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
 /// Histogram, per question: enqueue to the start of its batch.
 pub const QUEUE_WAIT_SECONDS: &str = "instinct_queue_wait_seconds";
-/// Histogram, per batch: time in `Engine::run_batch`.
+/// Histogram, per batch, labels `engine`, `device`: time in `Engine::run_batch`.
 pub const INFER_SECONDS: &str = "instinct_infer_seconds";
 /// Gauge: requests with at least one question queued.
 pub const QUEUE_REQUESTS: &str = "instinct_queue_requests";
@@ -29,6 +29,25 @@ pub const DEADLINE_EXCEEDED_TOTAL: &str = "instinct_deadline_exceeded_total";
 /// Counter: batches whose engine call failed (error, panic or wrong shape).
 pub const BATCH_FAILURES_TOTAL: &str = "instinct_batch_failures_total";
 
+/// Counter, labels `kind`, `engine`, `device`: engine calls that failed, by how (`error`,
+/// `panic`, `shape`: a result of the wrong shape, `fatal`: the device is lost). One per failed
+/// batch; every series starts at 0.
+pub const ENGINE_FAILURES_TOTAL: &str = "instinct_engine_failures_total";
+/// Counter, labels `engine`, `device`: batches an engine ran (failed ones included).
+pub const ENGINE_BATCHES_TOTAL: &str = "instinct_engine_batches_total";
+/// Gauge: engines lost to a fatal error since start (the process exits once all are).
+pub const ENGINES_LOST: &str = "instinct_engines_lost";
+/// Gauge: engines the scheduler started with.
+pub const ENGINES: &str = "instinct_engines";
+
+/// Label of [`ENGINE_FAILURES_TOTAL`]: how the call failed.
+pub const KIND_LABEL: &str = "kind";
+/// Label of the per-engine metrics: the engine's index, in the order the engines were given.
+pub const ENGINE_LABEL: &str = "engine";
+/// Label of the per-engine metrics: the engine's device (`cpu`, `cuda:N`).
+pub const DEVICE_LABEL: &str = "device";
+/// Every value of [`KIND_LABEL`].
+pub const FAILURE_KINDS: &[&str] = &["error", "panic", "shape", "fatal"];
 /// Label name of [`REJECTIONS_TOTAL`].
 pub const REASON_LABEL: &str = "reason";
 
@@ -85,4 +104,15 @@ pub fn describe() {
         "Requests failed because their deadline passed while queued"
     );
     describe_counter!(BATCH_FAILURES_TOTAL, "Batches whose engine call failed");
+    describe_counter!(
+        ENGINE_FAILURES_TOTAL,
+        "Failed engine calls by kind: error, panic, shape (wrong result shape), fatal (device lost)"
+    );
+    describe_counter!(ENGINE_BATCHES_TOTAL, "Batches run, per engine");
+    describe_gauge!(ENGINES, Unit::Count, "Engines started");
+    describe_gauge!(
+        ENGINES_LOST,
+        Unit::Count,
+        "Engines lost to a fatal device error since start"
+    );
 }

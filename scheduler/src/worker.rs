@@ -4,10 +4,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use metrics::histogram;
+use metrics::{counter, gauge, histogram};
 use parking_lot::MutexGuard;
 
-use crate::engine::{Batch, Engine, SeqInput};
+use crate::engine::{Batch, Engine, FatalEngineError, SeqInput};
 use crate::queue::{check_shape, Next, TakenBatch};
 use crate::shared::Shared;
 use crate::telemetry as names;
@@ -41,7 +41,18 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
                 let (outcome, start, end) = MutexGuard::unlocked(&mut state, || {
                     run_batch(&shared, index, engine.as_mut(), &batch)
                 });
-                state.complete(&batch, outcome, start, end);
+                let lost = match &outcome {
+                    Err(failure) if failure.kind == FailureKind::Fatal => {
+                        Some(failure.message.clone())
+                    }
+                    _ => None,
+                };
+                state.complete(&batch, outcome.map_err(|f| f.message), start, end);
+                if let Some(why) = lost {
+                    lose_engine(&shared, &mut state, index, &why);
+                    shared.after_change(&state);
+                    break;
+                }
                 shared.after_change(&state);
             }
         }
@@ -50,13 +61,61 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
     shared.engines[index].lock().exited = true;
 }
 
-/// Runs one batch, turning an error or a panic into a message.
+/// Retires engine `index` after a fatal error; when it was the last one, fails everything left
+/// and tells [`crate::Scheduler::all_engines_lost`] waiters.
+fn lose_engine(shared: &Shared, state: &mut crate::queue::QueueState, index: usize, why: &str) {
+    shared.engines[index].lock().lost = true;
+    let lost = shared.engines.iter().filter(|e| e.lock().lost).count();
+    gauge!(names::ENGINES_LOST).set(lost as f64);
+    tracing::error!(
+        engine = index,
+        device = %shared.labels[index].device,
+        lost,
+        engines = shared.engines.len(),
+        "engine lost for good: {why}"
+    );
+    if lost == shared.engines.len() {
+        state.lose_all_engines(why);
+        shared.all_lost.send_replace(true);
+    } else if state.has_queued() {
+        // What this engine would have taken goes to the others.
+        shared.work.notify_all();
+    }
+}
+
+/// How an engine call failed (the `kind` label of `instinct_engine_failures_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FailureKind {
+    Error,
+    Panic,
+    Shape,
+    Fatal,
+}
+
+impl FailureKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Panic => "panic",
+            Self::Shape => "shape",
+            Self::Fatal => "fatal",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct EngineFailure {
+    kind: FailureKind,
+    message: String,
+}
+
+/// Runs one batch, turning an error or a panic into a message of its kind.
 fn run_batch(
     shared: &Shared,
     index: usize,
     engine: &mut dyn Engine,
     batch: &TakenBatch,
-) -> (Result<Vec<Vec<f32>>, String>, Instant, Instant) {
+) -> (Result<Vec<Vec<f32>>, EngineFailure>, Instant, Instant) {
     let inputs: Vec<SeqInput<'_>> = batch
         .seqs
         .iter()
@@ -86,21 +145,40 @@ fn run_batch(
         )))
     };
     let end = Instant::now();
-    histogram!(names::INFER_SECONDS).record((end - start).as_secs_f64());
+    let labels = &shared.labels[index];
+    let (engine_label, device_label) = (labels.engine.clone(), labels.device.clone());
+    histogram!(names::INFER_SECONDS, names::ENGINE_LABEL => engine_label.clone(),
+        names::DEVICE_LABEL => device_label.clone())
+    .record((end - start).as_secs_f64());
+    counter!(names::ENGINE_BATCHES_TOTAL, names::ENGINE_LABEL => engine_label.clone(),
+        names::DEVICE_LABEL => device_label.clone())
+    .increment(1);
+    let failure = |kind, message| EngineFailure { kind, message };
     let outcome = match result {
-        Ok(Ok(outputs)) => check_shape(batch, outputs).map_err(|e| format!("engine {index}: {e}")),
-        Ok(Err(error)) => Err(format!("engine {index}: {error:#}")),
-        Err(panic) => Err(format!(
-            "engine {index} panicked: {}",
-            panic_message(&*panic)
+        Ok(Ok(outputs)) => check_shape(batch, outputs)
+            .map_err(|e| failure(FailureKind::Shape, format!("engine {index}: {e}"))),
+        Ok(Err(error)) => {
+            let kind = if FatalEngineError::is_in(&error) {
+                FailureKind::Fatal
+            } else {
+                FailureKind::Error
+            };
+            Err(failure(kind, format!("engine {index}: {error:#}")))
+        }
+        Err(panic) => Err(failure(
+            FailureKind::Panic,
+            format!("engine {index} panicked: {}", panic_message(&*panic)),
         )),
     };
     let mut status = shared.engines[index].lock();
     status.busy_since = None;
     status.last_heartbeat = end;
     status.batches += 1;
-    if outcome.is_err() {
+    if let Err(f) = &outcome {
         status.failed_batches += 1;
+        counter!(names::ENGINE_FAILURES_TOTAL, names::KIND_LABEL => f.kind.as_str(),
+            names::ENGINE_LABEL => engine_label, names::DEVICE_LABEL => device_label)
+        .increment(1);
     }
     (outcome, start, end)
 }

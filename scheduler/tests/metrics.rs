@@ -98,7 +98,23 @@ fn scheduler_metrics_are_recorded_under_their_names() {
     assert!(histograms[names::QUEUE_WAIT_SECONDS]
         .iter()
         .all(|&s| s >= 0.0));
-    assert_eq!(histograms[names::INFER_SECONDS].len(), batches);
+    // Per engine: the mock engines say no device, so the default label stands.
+    let infer = format!("{}{{engine=0,device=unnamed}}", names::INFER_SECONDS);
+    assert_eq!(histograms[&infer].len(), batches);
+    assert_eq!(
+        counters[&format!("{}{{engine=0,device=unnamed}}", names::ENGINE_BATCHES_TOTAL)],
+        batches as u64
+    );
+    // Every failure series exists from the start, at zero here.
+    for kind in names::FAILURE_KINDS {
+        let series = format!(
+            "{}{{kind={kind},engine=0,device=unnamed}}",
+            names::ENGINE_FAILURES_TOTAL
+        );
+        assert_eq!(counters[&series], 0, "{series}");
+    }
+    assert_eq!(gauges[names::ENGINES], 1.0);
+    assert_eq!(gauges[names::ENGINES_LOST], 0.0);
     assert_eq!(histograms[names::BATCH_SEQUENCES].iter().sum::<f64>(), 5.0);
     assert_eq!(
         histograms[names::BATCH_TOKENS].iter().sum::<f64>(),

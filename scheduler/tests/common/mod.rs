@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use instinct_scheduler::{
-    Answer, Batch, Bucket, Config, Engine, Failure, Question, Scheduler, Ticket,
+    Answer, Batch, Bucket, Config, Engine, Failure, FatalEngineError, Question, Scheduler, Ticket,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -17,6 +17,8 @@ pub const PANIC_MARK: u32 = u32::MAX - 2;
 pub const SHORT_MARK: u32 = u32::MAX - 3;
 /// First id of a question whose batch waits for the gate to open.
 pub const GATE_MARK: u32 = u32::MAX - 4;
+/// First id of a question that makes the mock report its device lost.
+pub const FATAL_MARK: u32 = u32::MAX - 5;
 
 /// What one engine call was given.
 #[derive(Clone, Debug)]
@@ -94,6 +96,12 @@ impl Engine for MockEngine {
         }
         if first_ids.contains(&FAIL_MARK) {
             anyhow::bail!("mock failure");
+        }
+        if first_ids.contains(&FATAL_MARK) {
+            return Err(
+                anyhow::Error::new(FatalEngineError("mock device lost".into()))
+                    .context("running the batch"),
+            );
         }
         if first_ids.contains(&PANIC_MARK) {
             panic!("mock panic");
