@@ -10,6 +10,10 @@ pub enum KernelError {
     /// The device or driver failed.
     #[error("backend failure: {0}")]
     Backend(String),
+    /// The device can never run again in this process: a sticky CUDA error (an illegal address,
+    /// a failed launch, an ECC error, ...) leaves the context unusable. Only a new process helps.
+    #[error("device lost: {0}")]
+    DeviceLost(String),
 }
 
 impl KernelError {

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::sys::CUresult;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 
 use super::cache::{CacheKey, KernelCache};
@@ -44,9 +45,43 @@ pub(crate) struct Device {
     functions: HashMap<&'static str, CudaFunction>,
 }
 
-/// Maps a driver error of `op` into a backend error.
-pub(crate) fn driver_err(op: &str, e: impl std::fmt::Display) -> KernelError {
-    KernelError::Backend(format!("{op}: {e}"))
+/// How many GPUs the driver lists (for `--device cuda:all`). Fails with a clear error, never a
+/// panic, where no driver library is installed.
+pub fn gpu_count() -> KernelResult<usize> {
+    CudaLibrary::Driver.require()?;
+    let n = CudaContext::device_count().map_err(|e| driver_err("counting GPUs", e))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Maps a driver error of `op` into a backend error, or into `DeviceLost` for the errors that
+/// poison the context for the rest of the process.
+pub(crate) fn driver_err(op: &str, e: DriverError) -> KernelError {
+    if is_sticky(e.0) {
+        KernelError::DeviceLost(format!("{op}: {e}"))
+    } else {
+        KernelError::Backend(format!("{op}: {e}"))
+    }
+}
+
+/// The driver errors after which every later call in the process fails the same way (CUDA
+/// driver API documentation: "the process must be terminated and relaunched").
+fn is_sticky(code: CUresult) -> bool {
+    use CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_DEINITIALIZED
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+    )
 }
 
 impl Device {
@@ -148,5 +183,30 @@ impl Device {
         self.functions
             .get(name)
             .ok_or_else(|| KernelError::Backend(format!("kernel {name} is not loaded")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_poisoning_errors_are_told_from_recoverable_ones() {
+        for sticky in [
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
+            CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
+        ] {
+            assert!(is_sticky(sticky), "{sticky:?}");
+        }
+        for recoverable in [
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            CUresult::CUDA_ERROR_NOT_FOUND,
+            CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+        ] {
+            assert!(!is_sticky(recoverable), "{recoverable:?}");
+        }
     }
 }

@@ -24,7 +24,7 @@ pub use backend::{CudaBackend, MemoryProbe};
 pub use buffers::{CudaBuf, DType};
 pub use cache::{CacheKey, KernelCache};
 pub use compile::{CompiledKernel, Compiler, GpuArch};
-pub use device::CudaOptions;
+pub use device::{gpu_count, CudaOptions};
 pub use libs::{preload, CudaLibrary};
 pub use sources::{KernelSource, KERNEL_SOURCES};
 pub use toolkit::{CudaToolkit, DEFAULT_TOOLKIT_ROOT, TOOLKIT_ENV_VARS};
