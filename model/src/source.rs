@@ -15,7 +15,10 @@ pub enum Device {
 
 /// A device name that is neither `cpu` nor `cuda:N`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a device: expected cpu or cuda:N (N a GPU ordinal, e.g. cuda:0)")]
+#[error(
+    "{0:?} is not a device: expected cpu or cuda:N (N a GPU ordinal, e.g. cuda:0; `serve` also \
+     takes a list such as cuda:0,cuda:1, or cuda:all)"
+)]
 pub struct ParseDeviceError(String);
 
 impl FromStr for Device {
@@ -37,6 +40,70 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// The devices `serve` runs engines on, as `--device` names them: `cpu`; one or more `cuda:N`
+/// separated by commas, one engine per entry (an ordinal may repeat: two engines, each with its
+/// own weights, on one GPU); or `cuda:all`, every GPU the driver lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Devices {
+    Cpu,
+    Cuda(Vec<usize>),
+    AllCuda,
+}
+
+impl Devices {
+    /// The devices, one per engine (`cpu` once: its engine count is a separate setting), with
+    /// `cuda:all` expanded by `gpu_count` (asked only then).
+    pub fn resolve(
+        &self,
+        gpu_count: impl FnOnce() -> anyhow::Result<usize>,
+    ) -> anyhow::Result<Vec<Device>> {
+        match self {
+            Devices::Cpu => Ok(vec![Device::Cpu]),
+            Devices::Cuda(ordinals) => Ok(ordinals.iter().map(|&o| Device::Cuda(o)).collect()),
+            Devices::AllCuda => {
+                let n = gpu_count()?;
+                anyhow::ensure!(n > 0, "--device cuda:all: the driver lists no GPU");
+                Ok((0..n).map(Device::Cuda).collect())
+            }
+        }
+    }
+}
+
+impl FromStr for Devices {
+    type Err = ParseDeviceError;
+
+    fn from_str(names: &str) -> Result<Self, Self::Err> {
+        match names {
+            "cpu" => return Ok(Devices::Cpu),
+            "cuda:all" => return Ok(Devices::AllCuda),
+            _ => {}
+        }
+        let bad = || ParseDeviceError(names.to_string());
+        let mut ordinals = Vec::new();
+        for name in names.split(',') {
+            match name.trim().parse::<Device>() {
+                Ok(Device::Cuda(ordinal)) => ordinals.push(ordinal),
+                // `cpu` in a list, an empty entry, or not a device at all.
+                _ => return Err(bad()),
+            }
+        }
+        Ok(Devices::Cuda(ordinals))
+    }
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::Cpu => f.write_str("cpu"),
+            Devices::AllCuda => f.write_str("cuda:all"),
+            Devices::Cuda(ordinals) => {
+                let names: Vec<String> = ordinals.iter().map(|o| format!("cuda:{o}")).collect();
+                f.write_str(&names.join(","))
+            }
         }
     }
 }
@@ -121,6 +188,55 @@ mod tests {
             let e = bad.parse::<Device>().unwrap_err().to_string();
             assert!(e.contains("expected cpu or cuda:N"), "{bad}: {e}");
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn device_lists_parse_resolve_and_print_back() {
+        let no_gpus = || -> anyhow::Result<usize> { panic!("asked for the GPU count") };
+        for (names, devices, resolved) in [
+            ("cpu", Devices::Cpu, vec![Device::Cpu]),
+            ("cuda:1", Devices::Cuda(vec![1]), vec![Device::Cuda(1)]),
+            (
+                "cuda:0,cuda:1",
+                Devices::Cuda(vec![0, 1]),
+                vec![Device::Cuda(0), Device::Cuda(1)],
+            ),
+            (
+                "cuda:0,cuda:0",
+                Devices::Cuda(vec![0, 0]),
+                vec![Device::Cuda(0), Device::Cuda(0)],
+            ),
+        ] {
+            let parsed = names.parse::<Devices>().unwrap();
+            assert_eq!(parsed, devices, "{names}");
+            assert_eq!(parsed.to_string(), names);
+            assert_eq!(parsed.resolve(no_gpus).unwrap(), resolved);
+        }
+        assert_eq!(
+            " cuda:2 , cuda:3".parse::<Devices>().unwrap(),
+            Devices::Cuda(vec![2, 3])
+        );
+        let all = "cuda:all".parse::<Devices>().unwrap();
+        assert_eq!(all, Devices::AllCuda);
+        assert_eq!(all.to_string(), "cuda:all");
+        assert_eq!(
+            all.resolve(|| Ok(3)).unwrap(),
+            vec![Device::Cuda(0), Device::Cuda(1), Device::Cuda(2)]
+        );
+        assert!(all.resolve(|| Ok(0)).is_err(), "no GPU at all is an error");
+        for bad in [
+            "",
+            "gpu",
+            "cpu,cuda:0",
+            "cuda:0,cpu",
+            "cuda:0,",
+            ",cuda:1",
+            "cuda:all,cuda:0",
+            "cuda:x",
+        ] {
+            let e = bad.parse::<Devices>().unwrap_err().to_string();
+            assert!(e.contains("expected cpu or cuda:N"), "{bad}: {e}");
         }
     }
 

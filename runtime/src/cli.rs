@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use instinct_model::source::Device;
+use instinct_model::source::Devices;
 
 /// instinct: a serving runtime for System-One decision models (Cua-S1).
 #[derive(Parser, Debug)]
@@ -73,10 +73,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_MODEL_ID")]
     pub model_id: Option<String>,
 
-    /// Compute device: `cpu` (the f32 reference backend) or `cuda:N` (text questions only, so
-    /// far: it refuses --multimodal-adapter).
+    /// Compute devices: `cpu` (the f32 reference backend; --engines sets its engine count), or
+    /// GPUs: `cuda:N`, a list such as `cuda:0,cuda:1` (one engine per entry, each with its own
+    /// weights, all pulling from the one queue), or `cuda:all`. GPUs answer text questions only,
+    /// so far: they refuse --multimodal-adapter.
     #[arg(long, env = "INSTINCT_DEVICE", default_value = "cpu")]
-    pub device: Device,
+    pub device: Devices,
 
     /// Largest request body accepted, in bytes (upstream: 4 MiB).
     #[arg(long, env = "INSTINCT_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
@@ -174,24 +176,43 @@ pub struct BuildTokenizerArgs {
 
 #[cfg(test)]
 mod tests {
+    use instinct_model::source::Device;
+
     use super::*;
 
-    fn device_of(argv: &[&str]) -> Result<Device, String> {
+    fn device_of(argv: &[&str]) -> Result<String, String> {
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         match cli.command {
-            Some(Command::Serve(args)) => Ok(args.device),
-            Some(Command::Check(args)) => Ok(args.device),
+            Some(Command::Serve(args)) => Ok(args.device.to_string()),
+            Some(Command::Check(args)) => Ok(args.device.to_string()),
             other => panic!("unexpected command {other:?}"),
         }
     }
 
     #[test]
     fn device_flags_parse_to_a_device_or_say_what_is_expected() {
-        assert_eq!(device_of(&["instinct", "serve"]), Ok(Device::Cpu));
-        assert_eq!(
-            device_of(&["instinct", "serve", "--device", "cuda:1"]),
-            Ok(Device::Cuda(1))
-        );
+        assert_eq!(device_of(&["instinct", "serve"]).unwrap(), "cpu");
+        for list in ["cuda:1", "cuda:0,cuda:1", "cuda:all"] {
+            assert_eq!(
+                device_of(&["instinct", "serve", "--device", list]).unwrap(),
+                list
+            );
+        }
+        // One device only where one is run.
+        let e = device_of(&[
+            "instinct",
+            "check",
+            "--model",
+            "m",
+            "--corpus",
+            "c",
+            "--goldens",
+            "g",
+            "--device",
+            "cuda:0,cuda:1",
+        ])
+        .unwrap_err();
+        assert!(e.contains("expected cpu or cuda:N"), "{e}");
         let check = [
             "instinct",
             "check",
@@ -203,7 +224,10 @@ mod tests {
             "g",
         ];
         let with_device = |d: &'static str| [&check[..], &["--device", d]].concat();
-        assert_eq!(device_of(&with_device("cuda:0")), Ok(Device::Cuda(0)));
+        assert_eq!(
+            device_of(&with_device("cuda:0")).unwrap(),
+            Device::Cuda(0).to_string()
+        );
         for argv in [
             vec!["instinct", "serve", "--device", "gpu"],
             with_device("cuda"),

@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, ensure};
+use anyhow::{bail, ensure, Context};
 use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
-use instinct_kernels::{Backend, CpuBackend};
+use instinct_kernels::{Backend, CpuBackend, KernelError};
 use instinct_model::chat::ChatTemplate;
 use instinct_model::decider::{load_multimodal, load_text, Decider, ImagePrompt, Prompt};
 use instinct_model::forward::{BatchLimits, OverLimits};
@@ -18,7 +18,7 @@ use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::source::{Device, ModelSource};
 use instinct_model::tokenizer::Tokenizer;
 use instinct_model::vision::{ImageInput, VisionTower};
-use instinct_scheduler::{Batch, Bucket, Engine, Question};
+use instinct_scheduler::{Batch, Bucket, Engine, FatalEngineError, Question};
 
 use crate::image_cache::{key_of, EncodedImage, ImageCache};
 use crate::screenshot::Screenshot;
@@ -168,8 +168,28 @@ where
     B::Idx: Send,
 {
     /// Runs the batch as planned: whole, in the shape of its bucket. A batch over its bucket, or
-    /// a bucket over the allocated shape, is an error, never split.
+    /// a bucket over the allocated shape, is an error, never split. A device lost to a sticky
+    /// error is reported as a [`FatalEngineError`], which retires this engine.
     fn run_batch(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.run(batch).map_err(|error| {
+            let lost = error
+                .chain()
+                .any(|c| matches!(c.downcast_ref(), Some(KernelError::DeviceLost(_))));
+            if lost {
+                anyhow::Error::new(FatalEngineError(format!("{error:#}")))
+            } else {
+                error
+            }
+        })
+    }
+
+    fn device(&self) -> String {
+        self.decider.backend().name()
+    }
+}
+
+impl<B: Backend> DeciderEngine<B> {
+    fn run(&mut self, batch: &Batch<'_>) -> anyhow::Result<Vec<Vec<f32>>> {
         ensure!(
             batch.fits_its_bucket(),
             "a batch of {} tokens in {} sequences does not fit its bucket {:?}",
@@ -323,6 +343,34 @@ pub fn load(
             Ok(parts.into_loaded(weights_bytes, vec![memory]))
         }
     }
+}
+
+/// Loads `source` onto every device of `devices`, in order: on the CPU `options.cpu_engines`
+/// engines, on each GPU entry one engine with its own weights (a GPU named twice runs two). The
+/// engines are returned in device order; the preparer is the first device's (every device loads
+/// the same tokenizer and template).
+pub fn load_on(
+    devices: &[Device],
+    source: &ModelSource,
+    limits: BatchLimits,
+    options: LoadOptions,
+) -> anyhow::Result<Loaded> {
+    let mut all: Option<Loaded> = None;
+    for &device in devices {
+        let t0 = std::time::Instant::now();
+        let loaded = load(device, source, limits, options)
+            .with_context(|| format!("loading the model onto {device}"))?;
+        tracing::info!(%device, ms = t0.elapsed().as_secs_f64() * 1e3, "engine loaded");
+        match &mut all {
+            None => all = Some(loaded),
+            Some(all) => {
+                all.engines.extend(loaded.engines);
+                all.weights_bytes += loaded.weights_bytes;
+                all.devices.extend(loaded.devices);
+            }
+        }
+    }
+    all.context("no device to load onto")
 }
 
 /// Starts the CUDA backend on GPU `ordinal` (kernels compiled, or loaded from the disk cache).

@@ -134,11 +134,18 @@ fn describe() {
 static DEVICES: Mutex<Vec<DeviceMemory>> = Mutex::new(Vec::new());
 
 /// Publishes the GPUs' fixed allocations now and has every scrape refresh their free memory.
+/// A GPU named twice (two engines on it) reports the sum of both engines' allocations.
 pub fn register_devices(devices: &[DeviceMemory]) {
+    let mut per_device: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
     for d in devices {
-        let gauge = |kind: &'static str| gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => kind);
-        gauge("weights").set(d.weights_bytes as f64);
-        gauge("activations").set(d.activations_bytes as f64);
+        let sums = per_device.entry(d.device.as_str()).or_default();
+        sums.0 += d.weights_bytes;
+        sums.1 += d.activations_bytes;
+    }
+    for (device, (weights, activations)) in per_device {
+        let gauge = |kind: &'static str| gauge!(DEVICE_MEMORY_BYTES, "device" => device.to_string(), "kind" => kind);
+        gauge("weights").set(weights as f64);
+        gauge("activations").set(activations as f64);
     }
     DEVICES
         .lock()

@@ -89,7 +89,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let mut serving = tokio::spawn(server::serve(listener, state.clone()));
 
-    let device = args.device;
+    let devices = args
+        .device
+        .resolve(|| Ok(instinct_kernels::cuda::gpu_count()?))
+        .context("--device")?;
     let options = LoadOptions {
         cpu_engines: args.engines,
         image_cache_bytes: args.image_cache_mib << 20,
@@ -97,7 +100,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();
-        let loaded = engine::load(device, &source, limits, options)?;
+        let loaded = engine::load_on(&devices, &source, limits, options)?;
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
         crate::metrics::register_devices(&loaded.devices);
         let scheduler = Scheduler::start(config, loaded.engines)?;
@@ -128,12 +131,36 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
+    let drain_timeout = Duration::from_secs(args.drain_timeout_s);
     tokio::select! {
-        r = &mut serving => return r.context("server task failed")?,
-        _ = shutdown_signal() => {}
+        r = &mut serving => r.context("server task failed")?,
+        r = until_stopped(&state, shutdown_signal(), drain_timeout) => r,
     }
-    drain(&state, Duration::from_secs(args.drain_timeout_s)).await;
-    Ok(())
+}
+
+/// Once ready: serves until `stop` resolves, then drains (`Ok`); or until every engine is lost
+/// to a device failure, then gives the failed requests' answers time to be written and returns
+/// an error, so the process exits non-zero and its supervisor restarts it.
+pub async fn until_stopped(
+    state: &AppState,
+    stop: impl std::future::Future<Output = ()>,
+    drain_timeout: Duration,
+) -> anyhow::Result<()> {
+    let ready = state
+        .ready()
+        .context("until_stopped is called once the model is ready")?;
+    tokio::select! {
+        _ = stop => {
+            drain(state, drain_timeout).await;
+            Ok(())
+        }
+        _ = ready.scheduler.all_engines_lost() => {
+            metrics::gauge!(crate::metrics::READY).set(0.0);
+            // The scheduler already failed what was left; let those 500s reach their clients.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            bail!("every engine is lost to a device failure; exiting so the process is restarted")
+        }
+    }
 }
 
 /// Stops admitting, waits for queued and running requests (up to `timeout`), and gives their
