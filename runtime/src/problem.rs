@@ -175,23 +175,28 @@ pub struct InvalidQuestion {
 pub struct Problem {
     #[serde(rename = "type")]
     pub type_uri: String,
-    pub title: String,
+    pub title: &'static str,
     pub status: u16,
     pub detail: String,
     pub code: Code,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub invalid_questions: Vec<InvalidQuestion>,
+    /// The request's id (its `X-Request-Id` header), so a client can quote it when reporting a
+    /// failure; set by the server when it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 impl Problem {
     pub fn new(code: Code, detail: impl Into<String>) -> Problem {
         Problem {
             type_uri: format!("{TYPE_BASE}{}", code.as_str()),
-            title: code.title().to_string(),
+            title: code.title(),
             status: code.status(),
             detail: detail.into(),
             code,
             invalid_questions: Vec::new(),
+            request_id: None,
         }
     }
 
@@ -289,6 +294,15 @@ impl Problem {
     /// 503 while the model is loading or warming up.
     pub fn not_ready() -> Problem {
         Problem::new(Code::NotReady, "the model is loading; retry shortly")
+    }
+
+    /// 503 once every engine is lost to a device failure: this replica is about to exit.
+    pub fn no_engine() -> Problem {
+        Problem::new(
+            Code::NotReady,
+            "no engine is left on this replica (its device failed); it is restarting: retry on \
+             another replica",
+        )
     }
 
     /// The body, as compact JSON.

@@ -146,11 +146,18 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> anyhow::Resul
 /// Routes one request and adds the headers every answer carries.
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let request_id = request_id(&req);
-    let mut response = route(state, req).await;
+    let mut response = REQUEST_ID
+        .scope(request_id.clone(), route(state, req))
+        .await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }
     response
+}
+
+tokio::task_local! {
+    /// The id of the request being answered, for the problem bodies rendered on its task.
+    static REQUEST_ID: String;
 }
 
 /// Every route and the methods it answers; `docs/openapi.json` is checked against this list.
@@ -246,11 +253,17 @@ fn health(state: &AppState) -> Response<Body> {
     )
 }
 
-/// Alive unless an engine thread has stopped or stalled.
+/// Alive unless an engine thread has stopped or stalled, or every engine is lost.
 fn livez(state: &AppState) -> Response<Body> {
     if let Some(ready) = state.ready() {
         let now = Instant::now();
         let stats = ready.scheduler.stats();
+        if stats.serving_engines() == 0 {
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "engines_lost", "engines": stats.engines.len()}),
+            );
+        }
         let wedged: Vec<usize> = stats
             .engines
             .iter()
@@ -277,10 +290,26 @@ fn readyz(state: &AppState) -> Response<Body> {
         "max_questions": contract::MAX_QUESTIONS,
         "max_options": contract::MAX_OPTIONS,
     });
-    match (state.ready(), state.is_draining()) {
-        (Some(_), false) => json_response(
+    let engines = state.ready().map(|r| {
+        let stats = r.scheduler.stats();
+        (stats.serving_engines(), stats.engines.len())
+    });
+    match (engines, state.is_draining()) {
+        (Some((0, _)), false) => with_retry_after(
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "engines_lost"}),
+            ),
+            Duration::from_secs(1),
+        ),
+        // Ready while any engine serves; `engines` tells how much of the capacity is left.
+        (Some((serving, total)), false) => json_response(
             StatusCode::OK,
-            &json!({"status": "ready", "limits": limits}),
+            &json!({
+                "status": "ready",
+                "limits": limits,
+                "engines": {"serving": serving, "lost": total - serving},
+            }),
         ),
         (_, draining) => {
             let word = if draining { "draining" } else { "loading" };
@@ -390,6 +419,9 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
                     retry,
                 ),
                 RejectReason::Draining => draining(retry),
+                RejectReason::NoEngine => {
+                    with_retry_after(problem_response(&Problem::no_engine()), retry)
+                }
                 RejectReason::TooLarge => problem_response(&Problem::new(
                     Code::PromptTooLong,
                     format!(
@@ -653,11 +685,16 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
 }
 
 /// An RFC 9457 problem response; its code rides along as an extension for the request counter.
+/// Inside a request's task, the body carries the request's id.
 pub fn problem_response(problem: &Problem) -> Response<Body> {
+    let mut body = problem.clone();
+    if body.request_id.is_none() {
+        body.request_id = REQUEST_ID.try_with(Clone::clone).ok();
+    }
     let mut r = Response::builder()
         .status(problem.status)
         .header(CONTENT_TYPE, crate::problem::CONTENT_TYPE)
-        .body(Full::new(Bytes::from(problem.to_json())))
+        .body(Full::new(Bytes::from(body.to_json())))
         .expect("valid response");
     r.extensions_mut().insert(problem.code);
     r
