@@ -5,6 +5,7 @@ pub mod check;
 pub mod cli;
 pub mod contract;
 pub mod engine;
+pub mod framing;
 pub mod image_cache;
 pub mod metrics;
 pub mod openapi;
