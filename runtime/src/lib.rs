@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod conn;
 pub mod contract;
 pub mod engine;
 pub mod framing;
