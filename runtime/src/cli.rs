@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use instinct_model::source::Devices;
 
+use crate::conn;
+
 /// instinct: a serving runtime for System-One decision models (Cua-S1).
 #[derive(Parser, Debug)]
 #[command(name = "instinct", version, about)]
@@ -132,10 +134,84 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_ENGINE_STALL_S", default_value_t = 60)]
     pub engine_stall_s: u64,
 
+    /// Longest the request head (request line and headers) may take to arrive, in milliseconds;
+    /// also how long an idle keep-alive connection is kept. Past it the connection is closed
+    /// without an answer. 10 s: a real client sends its head in one packet; a slowloris client
+    /// dripping header lines holds a connection no longer than this.
+    #[arg(
+        long,
+        env = "INSTINCT_HEADER_TIMEOUT_MS",
+        default_value_t = conn::DEFAULT_HEADER_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(TIMEOUT_RANGE_MS)
+    )]
+    pub header_timeout_ms: u64,
+
+    /// Longest the request body may take to arrive once the head is in, in milliseconds; past
+    /// it the answer is 408 `body_timeout` and the connection is closed. 30 s: an 8 MiB
+    /// screenshot body at 2 Mbit/s still makes it.
+    #[arg(
+        long,
+        env = "INSTINCT_BODY_TIMEOUT_MS",
+        default_value_t = conn::DEFAULT_BODY_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(TIMEOUT_RANGE_MS)
+    )]
+    pub body_timeout_ms: u64,
+
+    /// Longest writing a response may make no progress, in milliseconds (a client that stops
+    /// reading); then the connection is dropped. Answers are computed before they are written,
+    /// so a stalled write never holds an engine. 10 s: answers are a few KiB and fit the socket
+    /// buffers of any client that reads at all.
+    #[arg(
+        long,
+        env = "INSTINCT_WRITE_TIMEOUT_MS",
+        default_value_t = conn::DEFAULT_WRITE_TIMEOUT_MS,
+        value_parser = clap::value_parser!(u64).range(TIMEOUT_RANGE_MS)
+    )]
+    pub write_timeout_ms: u64,
+
+    /// Largest request head (request line, headers and the empty line), in bytes; over it the
+    /// answer is 431 `headers_too_large` (over twice it, hyper's own 431 without a body). 16 KiB:
+    /// a client's head is well under 2 KiB even with a bearer token and tracing headers.
+    #[arg(
+        long,
+        env = "INSTINCT_MAX_HEADER_BYTES",
+        default_value_t = conn::DEFAULT_MAX_HEADER_BYTES as u64,
+        value_parser = clap::value_parser!(u64).range(1024..=128 * 1024)
+    )]
+    pub max_header_bytes: u64,
+
+    /// Most header lines in a request head; over it the answer is 431 `headers_too_large` (over
+    /// twice it, hyper's own 431 without a body). 100, hyper's default: clients and proxies send
+    /// a few dozen at most.
+    #[arg(
+        long,
+        env = "INSTINCT_MAX_HEADERS",
+        default_value_t = conn::DEFAULT_MAX_HEADERS as u64,
+        value_parser = clap::value_parser!(u64).range(8..=1024)
+    )]
+    pub max_headers: u64,
+
+    /// Most client connections served at once; beyond it a new connection is answered at once
+    /// with 503 `too_many_connections` (`Retry-After`, `Connection: close`) and closed, probes
+    /// included. Each connection holds a file descriptor and up to twice --max-header-bytes of
+    /// buffer: keep it below the open-file limit (`ulimit -n`). 1024: well above a load
+    /// balancer's connection pool to one replica.
+    #[arg(
+        long,
+        env = "INSTINCT_MAX_CONNECTIONS",
+        default_value_t = conn::DEFAULT_MAX_CONNECTIONS as u64,
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000)
+    )]
+    pub max_connections: u64,
+
     /// Bearer token required on `/v1/systemone` and `/v1/models` (probes and `/metrics` stay open).
     #[arg(long, env = "INSTINCT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 }
+
+/// The timeouts' range, in milliseconds: below 100 ms real networks fail honest clients; above
+/// 10 minutes a timeout protects nothing.
+const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 
 /// Batch shapes from `--buckets`.
 #[derive(Clone, Debug, Default)]
@@ -234,6 +310,66 @@ mod tests {
         ] {
             let e = device_of(&argv).unwrap_err();
             assert!(e.contains("expected cpu or cuda:N"), "{e}");
+        }
+    }
+
+    fn serve_args(argv: &[&str]) -> Result<Box<ServeArgs>, String> {
+        let argv = [&["instinct", "serve"], argv].concat();
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Some(Command::Serve(args)) => Ok(args),
+            other => panic!("unexpected command {other:?}"),
+        }
+    }
+
+    #[test]
+    fn connection_limits_have_defaults_and_refuse_zero_and_absurd_values() {
+        let args = serve_args(&[]).unwrap();
+        let s = crate::serve::settings(&args, "id".into());
+        let defaults = crate::server::Settings::new("m", "id");
+        assert_eq!(s.header_timeout, defaults.header_timeout);
+        assert_eq!(s.body_timeout, defaults.body_timeout);
+        assert_eq!(s.write_timeout, defaults.write_timeout);
+        assert_eq!(s.max_header_bytes, defaults.max_header_bytes);
+        assert_eq!(s.max_headers, defaults.max_headers);
+        assert_eq!(s.max_connections, defaults.max_connections);
+
+        let args = serve_args(&[
+            "--header-timeout-ms=1500",
+            "--body-timeout-ms=2500",
+            "--write-timeout-ms=3500",
+            "--max-header-bytes=4096",
+            "--max-headers=20",
+            "--max-connections=7",
+        ])
+        .unwrap();
+        let s = crate::serve::settings(&args, "id".into());
+        assert_eq!(s.header_timeout, std::time::Duration::from_millis(1500));
+        assert_eq!(s.body_timeout, std::time::Duration::from_millis(2500));
+        assert_eq!(s.write_timeout, std::time::Duration::from_millis(3500));
+        assert_eq!(
+            (s.max_header_bytes, s.max_headers, s.max_connections),
+            (4096, 20, 7)
+        );
+
+        for (flag, value) in [
+            ("--header-timeout-ms", "0"),
+            ("--body-timeout-ms", "99"),
+            ("--write-timeout-ms", "600001"),
+            ("--max-header-bytes", "0"),
+            ("--max-header-bytes", "1048576"),
+            ("--max-headers", "0"),
+            ("--max-headers", "5000"),
+            ("--max-connections", "0"),
+            ("--max-connections", "-1"),
+        ] {
+            let e = serve_args(&[&format!("{flag}={value}")]).unwrap_err();
+            assert!(
+                e.contains(flag) && e.contains(&format!("invalid value '{value}'")),
+                "{flag} {value}: {e}"
+            );
         }
     }
 }

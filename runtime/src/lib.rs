@@ -3,8 +3,10 @@
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod conn;
 pub mod contract;
 pub mod engine;
+pub mod framing;
 pub mod image_cache;
 pub mod metrics;
 pub mod openapi;

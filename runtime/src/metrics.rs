@@ -36,6 +36,15 @@ pub const READY: &str = "instinct_ready";
 /// allocated once at load), `free` and `total` (read from the driver at scrape time).
 pub const DEVICE_MEMORY_BYTES: &str = "instinct_device_memory_bytes";
 
+/// Gauge: client connections being served (refused ones not counted).
+pub const CONNECTIONS_OPEN: &str = "instinct_connections_open";
+/// Counter: connections refused because `--max-connections` were open.
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "instinct_connections_refused_total";
+/// Counter, label `phase`: connections cut by a timeout: `head` (the request head did not arrive
+/// in time), `idle` (no next request on a keep-alive connection), `body` (408) and `write` (the
+/// client stopped reading its response).
+pub const CONNECTION_TIMEOUTS_TOTAL: &str = "instinct_connection_timeouts_total";
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the Prometheus recorder (once per process) and returns its handle.
@@ -81,6 +90,9 @@ pub fn install() -> &'static PrometheusHandle {
         }
         telemetry::describe();
         describe();
+        // Exported from the start, so alerts on them see 0 rather than no series.
+        gauge!(CONNECTIONS_OPEN).set(0.0);
+        counter!(CONNECTIONS_REFUSED_TOTAL).absolute(0);
         handle.clone()
     })
 }
@@ -123,6 +135,15 @@ fn describe() {
         "Model weights held by the engine"
     );
     describe_gauge!(READY, "1 when ready to serve, 0 while loading or draining");
+    describe_gauge!(CONNECTIONS_OPEN, "Client connections being served");
+    describe_counter!(
+        CONNECTIONS_REFUSED_TOTAL,
+        "Connections refused at --max-connections"
+    );
+    describe_counter!(
+        CONNECTION_TIMEOUTS_TOTAL,
+        "Connections cut by a timeout, by phase: head, idle, body, write"
+    );
     describe_gauge!(
         DEVICE_MEMORY_BYTES,
         Unit::Bytes,

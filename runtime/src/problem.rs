@@ -24,6 +24,15 @@ pub enum Code {
     InvalidJson,
     /// 400: valid JSON whose top level is not an object.
     BodyNotObject,
+    /// 400: the request's framing is ambiguous (`Content-Length` with `Transfer-Encoding`, a
+    /// transfer coding other than `chunked`) or its body broke off or is malformed; the
+    /// connection is closed.
+    InvalidFraming,
+    /// 408: the request body did not arrive within `--body-timeout-ms`; the connection is closed.
+    BodyTimeout,
+    /// 431: the request head is over `--max-header-bytes` or `--max-headers`; the connection is
+    /// closed.
+    HeadersTooLarge,
     /// 413: the body is over the byte limit.
     BodyTooLarge,
     /// 413: more questions than the limit.
@@ -77,6 +86,8 @@ pub enum Code {
     Draining,
     /// 503: the request waited in the queue past its deadline.
     DeadlineExceeded,
+    /// 503: `--max-connections` connections are open; this one is answered and closed.
+    TooManyConnections,
 }
 
 impl Code {
@@ -84,6 +95,9 @@ impl Code {
         match self {
             Code::InvalidJson => "invalid_json",
             Code::BodyNotObject => "body_not_object",
+            Code::InvalidFraming => "invalid_framing",
+            Code::BodyTimeout => "body_timeout",
+            Code::HeadersTooLarge => "headers_too_large",
             Code::BodyTooLarge => "body_too_large",
             Code::TooManyQuestions => "too_many_questions",
             Code::PromptTooLong => "prompt_too_long",
@@ -110,12 +124,15 @@ impl Code {
             Code::Overloaded => "overloaded",
             Code::Draining => "draining",
             Code::DeadlineExceeded => "deadline_exceeded",
+            Code::TooManyConnections => "too_many_connections",
         }
     }
 
     pub fn status(self) -> u16 {
         match self {
-            Code::InvalidJson | Code::BodyNotObject => 400,
+            Code::InvalidJson | Code::BodyNotObject | Code::InvalidFraming => 400,
+            Code::BodyTimeout => 408,
+            Code::HeadersTooLarge => 431,
             Code::BodyTooLarge | Code::TooManyQuestions | Code::PromptTooLong => 413,
             Code::InferenceFailed => 500,
             Code::NotFound => 404,
@@ -123,6 +140,8 @@ impl Code {
             Code::UnsupportedMediaType => 415,
             Code::Unauthorized => 401,
             Code::NotReady | Code::Overloaded | Code::Draining | Code::DeadlineExceeded => 503,
+            // One line per arm: tests/openapi.rs reads these arms.
+            Code::TooManyConnections => 503,
             _ => 422,
         }
     }
@@ -131,6 +150,9 @@ impl Code {
         match self {
             Code::InvalidJson => "Request body is not valid JSON",
             Code::BodyNotObject => "Request body is not a JSON object",
+            Code::InvalidFraming => "Invalid request framing",
+            Code::BodyTimeout => "Request body timeout",
+            Code::HeadersTooLarge => "Request header fields too large",
             Code::BodyTooLarge => "Request body too large",
             Code::TooManyQuestions => "Too many questions",
             Code::PromptTooLong => "Prompt too long",
@@ -157,6 +179,7 @@ impl Code {
             Code::Overloaded => "Overloaded",
             Code::Draining => "Draining",
             Code::DeadlineExceeded => "Deadline exceeded",
+            Code::TooManyConnections => "Too many connections",
         }
     }
 }
@@ -278,11 +301,47 @@ impl Problem {
         )
     }
 
-    /// 400 for a body that could not be read (the connection broke mid-body).
+    /// 400 for a body that could not be read (a malformed chunk, or the connection broke
+    /// mid-body).
     pub fn unreadable_body(error: impl std::fmt::Display) -> Problem {
         Problem::new(
-            Code::InvalidJson,
+            Code::InvalidFraming,
             format!("request body could not be read: {error}"),
+        )
+    }
+
+    /// 400 for a request whose framing could be read two ways (`why`).
+    pub fn ambiguous_framing(why: &str) -> Problem {
+        Problem::new(
+            Code::InvalidFraming,
+            format!("ambiguous request framing: {why}"),
+        )
+    }
+
+    /// 408 for a body that did not arrive within `timeout`.
+    pub fn body_timeout(timeout: std::time::Duration) -> Problem {
+        Problem::new(
+            Code::BodyTimeout,
+            format!(
+                "the request body did not arrive within {} ms",
+                timeout.as_millis()
+            ),
+        )
+    }
+
+    /// 431 for a head of `bytes` bytes and `headers` header lines, over one of the limits.
+    pub fn headers_too_large(
+        bytes: usize,
+        headers: usize,
+        max_bytes: usize,
+        max_headers: usize,
+    ) -> Problem {
+        Problem::new(
+            Code::HeadersTooLarge,
+            format!(
+                "the request head has {bytes} bytes and {headers} header lines; the limits are \
+                 {max_bytes} bytes and {max_headers} header lines"
+            ),
         )
     }
 

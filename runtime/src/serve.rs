@@ -58,6 +58,13 @@ pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
             .then(|| Duration::from_millis(args.request_timeout_ms)),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         engine_stall: Duration::from_secs(args.engine_stall_s),
+        header_timeout: Duration::from_millis(args.header_timeout_ms),
+        body_timeout: Duration::from_millis(args.body_timeout_ms),
+        write_timeout: Duration::from_millis(args.write_timeout_ms),
+        // clap bounds all three far below usize::MAX.
+        max_header_bytes: args.max_header_bytes as usize,
+        max_headers: args.max_headers as usize,
+        max_connections: args.max_connections as usize,
         ..Settings::new(args.served_model_name.clone(), model_id)
     }
 }

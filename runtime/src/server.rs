@@ -1,7 +1,6 @@
 //! The HTTP surface: routing, authentication, body limits, request ids, timing headers, metrics,
 //! and the `POST /v1/systemone` handler (validate → render → tokenize → admit → answer).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -9,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use instinct_model::readout::{confidence, first_argmax};
 use instinct_scheduler::{Failure, Question, RejectReason, Scheduler};
@@ -18,8 +17,10 @@ use rayon::prelude::*;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
+use crate::conn;
 use crate::contract::{self, Request as ValidatedRequest};
 use crate::engine::{Preparer, ScreenshotError};
+use crate::framing::Head;
 use crate::metrics as m;
 use crate::problem::{Code, Problem};
 
@@ -40,6 +41,18 @@ pub struct Settings {
     pub api_key: Option<String>,
     /// An engine thread silent for longer than this makes `/livez` fail.
     pub engine_stall: Duration,
+    /// Longest the request head may take to arrive (and an idle keep-alive connection may wait).
+    pub header_timeout: Duration,
+    /// Longest the request body may take to arrive, from the end of the head.
+    pub body_timeout: Duration,
+    /// Longest a response write may make no progress before the connection is dropped.
+    pub write_timeout: Duration,
+    /// Largest request head (request line, header lines, empty line), in bytes.
+    pub max_header_bytes: usize,
+    /// Most header lines in a request head.
+    pub max_headers: usize,
+    /// Most connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
 }
 
 impl Settings {
@@ -54,6 +67,12 @@ impl Settings {
             request_timeout: None,
             api_key: None,
             engine_stall: Duration::from_secs(60),
+            header_timeout: Duration::from_millis(conn::DEFAULT_HEADER_TIMEOUT_MS),
+            body_timeout: Duration::from_millis(conn::DEFAULT_BODY_TIMEOUT_MS),
+            write_timeout: Duration::from_millis(conn::DEFAULT_WRITE_TIMEOUT_MS),
+            max_header_bytes: conn::DEFAULT_MAX_HEADER_BYTES,
+            max_headers: conn::DEFAULT_MAX_HEADERS,
+            max_connections: conn::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -70,6 +89,7 @@ pub struct AppState {
     /// Set once the model is loaded and a warm-up decision has run.
     ready: OnceLock<Ready>,
     draining: AtomicBool,
+    pub(crate) connections: conn::Connections,
 }
 
 impl AppState {
@@ -80,6 +100,7 @@ impl AppState {
             settings,
             ready: OnceLock::new(),
             draining: AtomicBool::new(false),
+            connections: conn::Connections::default(),
         }
     }
 
@@ -108,6 +129,11 @@ impl AppState {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
+
+    /// Client connections being served now.
+    pub fn open_connections(&self) -> usize {
+        self.connections.open()
+    }
 }
 
 type Body = Full<Bytes>;
@@ -115,40 +141,38 @@ type Body = Full<Bytes>;
 /// Accepts connections until the task is dropped.
 pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> anyhow::Result<()> {
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(conn) => conn,
+        match listener.accept().await {
+            Ok((stream, _)) => conn::accept(stream, &state),
             Err(e) => {
                 // Out of file descriptors and the like: keep serving the connections we have.
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
             }
-        };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        tokio::spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30));
-            if let Err(e) = builder.serve_connection(io, service).await {
-                tracing::debug!("connection ended: {e}");
-            }
-        });
+        }
     }
 }
 
-/// Routes one request and adds the headers every answer carries.
-pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
+/// Routes one request and adds the headers every answer carries. `head` is what the framing
+/// tracker saw of this request, if it could follow the connection.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    head: Option<Head>,
+) -> Response<Body> {
     let request_id = request_id(&req);
-    let mut response = REQUEST_ID
-        .scope(request_id.clone(), route(state, req))
-        .await;
+    let refused = head.and_then(|h| head_problem(&state.settings, &h, &req));
+    let answer = async move {
+        match refused {
+            Some(problem) => {
+                if req.uri().path() == "/v1/systemone" {
+                    m::count_request(problem.status, problem.code.as_str());
+                }
+                closing(problem_response(&problem))
+            }
+            None => route(state, req).await,
+        }
+    };
+    let mut response = REQUEST_ID.scope(request_id.clone(), answer).await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
     }
@@ -158,6 +182,40 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Bo
 tokio::task_local! {
     /// The id of the request being answered, for the problem bodies rendered on its task.
     static REQUEST_ID: String;
+}
+
+/// The problem with a request's head that hyper let through: ambiguous framing (smuggling), or
+/// a head over the limits below hyper's own ceiling.
+fn head_problem<B>(settings: &Settings, head: &Head, req: &Request<B>) -> Option<Problem> {
+    if head.method != req.method().as_str() || head.target != req.uri().to_string() {
+        // Never judge a request by another one's head.
+        tracing::debug!(
+            "framing tracker saw {} {}, hyper {} {}; not checked",
+            head.method,
+            head.target,
+            req.method(),
+            req.uri()
+        );
+        return None;
+    }
+    if let Some(why) = head.ambiguous {
+        return Some(Problem::ambiguous_framing(why));
+    }
+    (head.bytes > settings.max_header_bytes || head.headers > settings.max_headers).then(|| {
+        Problem::headers_too_large(
+            head.bytes,
+            head.headers,
+            settings.max_header_bytes,
+            settings.max_headers,
+        )
+    })
+}
+
+/// Marks an answer as the connection's last: hyper closes after writing it.
+fn closing(mut r: Response<Body>) -> Response<Body> {
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// Every route and the methods it answers; `docs/openapi.json` is checked against this list.
@@ -366,12 +424,22 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     if declared.is_some_and(|n| n > body_limit as u64) {
         return problem_response(&Problem::body_too_large());
     }
-    let body = match Limited::new(req.into_body(), body_limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+    // The whole body within the body timeout: a client dripping it slowly cannot hold the
+    // connection (and the memory of its partial body) for longer.
+    let collect = Limited::new(req.into_body(), body_limit).collect();
+    let body = match tokio::time::timeout(settings.body_timeout, collect).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return problem_response(&Problem::body_too_large());
         }
-        Err(e) => return problem_response(&Problem::unreadable_body(e)),
+        // A broken chunk or a connection lost mid-body: what follows cannot be trusted.
+        Ok(Err(e)) => return closing(problem_response(&Problem::unreadable_body(e))),
+        Err(_) => {
+            counter!(m::CONNECTION_TIMEOUTS_TOTAL, "phase" => "body").increment(1);
+            return closing(problem_response(&Problem::body_timeout(
+                settings.body_timeout,
+            )));
+        }
     };
     if state.is_draining() {
         return draining(Duration::from_secs(1));
@@ -656,7 +724,7 @@ fn request_id<B>(req: &Request<B>) -> String {
         .unwrap_or_else(new_request_id)
 }
 
-fn new_request_id() -> String {
+pub(crate) fn new_request_id() -> String {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
