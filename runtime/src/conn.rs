@@ -1,5 +1,6 @@
 //! One client connection, as hostile clients see it: a bound on open connections (beyond it a
-//! connection is answered 503 at once and closed), hyper's HTTP/1 limits on the request head
+//! connection is answered 503 at once and closed, except an orchestrator's probe, which is
+//! answered), hyper's HTTP/1 limits on the request head
 //! (time, size, count), a response write that makes no progress for too long dropping the
 //! connection, and the framing tracker ([`crate::framing`]) whose verdict the handler reads.
 //!
@@ -158,36 +159,103 @@ async fn serve(stream: TcpStream, slot: Slot) {
     drop(slot);
 }
 
-/// Answers 503 `too_many_connections` without reading the request, then closes.
+/// Answers a connection past the limit: an orchestrator's probe (`GET /livez`, `/readyz` or
+/// `/health` as its first bytes) is served as usual, one request and closed, so a connection flood
+/// does not make the orchestrator restart or unroute a replica that is only busy; anything else
+/// gets 503 `too_many_connections` without its request being read, then the connection closes.
 fn refuse(stream: TcpStream, state: &Arc<AppState>) {
-    counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
     let refusing = &state.connections.refusing;
     if refusing.fetch_add(1, Ordering::SeqCst) >= MAX_REFUSING {
         refusing.fetch_sub(1, Ordering::SeqCst);
+        counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
         return;
     }
     let state = state.clone();
     tokio::spawn(async move {
-        let _ = tokio::time::timeout(REFUSAL_LINGER, answer_refusal(stream, &state)).await;
+        let answer = async {
+            if is_probe(&stream).await {
+                serve_probe(stream, &state).await;
+                Ok(())
+            } else {
+                counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
+                answer_refusal(stream, &state).await
+            }
+        };
+        let _ = tokio::time::timeout(REFUSAL_LINGER, answer).await;
         state.connections.refusing.fetch_sub(1, Ordering::SeqCst);
     });
 }
 
-async fn answer_refusal(mut stream: TcpStream, state: &AppState) -> io::Result<()> {
-    let problem = Problem::new(
+/// The paths answered past the connection limit.
+const PROBE_PATHS: &[&str] = &["/livez", "/readyz", "/health"];
+/// How long a connection past the limit may take to show its request line before it is refused.
+const PROBE_PEEK: Duration = Duration::from_millis(50);
+
+/// Whether the connection's first bytes (peeked, not consumed) are a probe's request line.
+async fn is_probe(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 32];
+    let Ok(Ok(n)) = tokio::time::timeout(PROBE_PEEK, stream.peek(&mut first)).await else {
+        return false;
+    };
+    let line = &first[..n];
+    ["GET ", "HEAD "].iter().any(|method| {
+        line.strip_prefix(method.as_bytes()).is_some_and(|rest| {
+            PROBE_PATHS.iter().any(|path| {
+                rest.strip_prefix(path.as_bytes())
+                    .is_some_and(|after| after.starts_with(b" ") || after.starts_with(b"?"))
+            })
+        })
+    })
+}
+
+/// One probe request on a connection past the limit, then close. Only the first request is
+/// served (keep-alive off), and only a probe path is answered: a client that peeked as a probe
+/// and sent something else still gets the refusal.
+async fn serve_probe(stream: TcpStream, state: &Arc<AppState>) {
+    let state = state.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        async move {
+            let mut response = if PROBE_PATHS.contains(&req.uri().path()) {
+                server::handle(state, req, None).await
+            } else {
+                counter!(m::CONNECTIONS_REFUSED_TOTAL).increment(1);
+                server::problem_response(&too_many_connections(&state))
+            };
+            response.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let _ = http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(io, service)
+        .await;
+}
+
+fn too_many_connections(state: &AppState) -> Problem {
+    Problem::new(
         Code::TooManyConnections,
         format!(
             "this server has its {} connections open (--max-connections); retry after the \
              time in Retry-After",
             state.settings.max_connections
         ),
-    );
+    )
+}
+
+async fn answer_refusal(mut stream: TcpStream, state: &AppState) -> io::Result<()> {
+    let request_id = server::new_request_id();
+    let mut problem = too_many_connections(state);
+    problem.request_id = Some(request_id.clone());
     let body = problem.to_json();
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: {}\r\nretry-after: 1\r\n\
-         connection: close\r\nx-request-id: {}\r\ncontent-length: {}\r\n\r\n",
+         connection: close\r\nx-request-id: {request_id}\r\ncontent-length: {}\r\n\r\n",
         crate::problem::CONTENT_TYPE,
-        server::new_request_id(),
         body.len()
     );
     stream.write_all(&[head.as_bytes(), &body].concat()).await?;

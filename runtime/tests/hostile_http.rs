@@ -606,7 +606,9 @@ async fn connections_beyond_the_limit_are_refused_at_once() {
         let t0 = Instant::now();
         let mut extra = Raw::connect(addr).await;
         if send_first {
-            extra.send(b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n").await;
+            extra
+                .send(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await;
         }
         let reply = extra.answer().await.expect("an answer");
         let took = t0.elapsed();
@@ -618,6 +620,39 @@ async fn connections_beyond_the_limit_are_refused_at_once() {
         extra.ends_within(Duration::from_secs(2)).await;
     }
     assert_eq!(state.open_connections(), 4, "refused ones are not counted");
+
+    // An orchestrator's probes are still answered, one request per connection: a replica whose
+    // connections are full is busy, not dead. (No model is loaded here: /readyz and /health say
+    // "loading", as they would below the limit.)
+    for (path, status) in [("/livez", 200), ("/readyz", 503), ("/health", 503)] {
+        let t0 = Instant::now();
+        let mut probe = Raw::connect(addr).await;
+        probe
+            .send(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+            .await;
+        let reply = probe.answer().await.expect("an answer");
+        assert_eq!(reply.status, status, "{path}");
+        assert_ne!(
+            reply.json()["status"],
+            serde_json::Value::Null,
+            "{path}: the probe's own answer"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "{path} took {:?}",
+            t0.elapsed()
+        );
+        assert_closing(&reply);
+        probe.ends_within(Duration::from_secs(2)).await;
+    }
+    // A probe's connection serves nothing else: the request after it is not read.
+    let mut sneaky = Raw::connect(addr).await;
+    sneaky
+        .send(b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await;
+    assert_eq!(sneaky.answer().await.expect("an answer").status, 200);
+    sneaky.ends_within(Duration::from_secs(2)).await;
+    assert_eq!(state.open_connections(), 4);
 
     // A place freed is a place taken.
     held.pop();
