@@ -204,6 +204,14 @@ pub struct ServeArgs {
     )]
     pub max_connections: u64,
 
+    /// Memory budget of requests in flight, in MiB: request bodies while read and parsed, parsed
+    /// requests, token ids and screenshot features, from arrival to answer. A request that would
+    /// take it over is answered 503 with Retry-After at once, so no burst of large bodies can
+    /// exhaust memory. At least the largest body limit.
+    #[arg(long, env = "INSTINCT_MAX_INFLIGHT_MIB", default_value_t = crate::server::DEFAULT_MAX_INFLIGHT_MIB,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
+    pub max_inflight_mib: usize,
+
     /// Bearer token required on `/v1/systemone` and `/v1/models` (probes and `/metrics` stay open).
     #[arg(long, env = "INSTINCT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -325,9 +333,27 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_budget_must_hold_one_largest_body() {
+        let args = serve_args(&["--max-inflight-mib=16"]).unwrap();
+        let s = crate::serve::settings(&args, "id".into()).unwrap();
+        assert_eq!(s.max_inflight_bytes, 16 << 20);
+        // The default screenshot body limit is 8 MiB.
+        let args = serve_args(&["--max-inflight-mib=7"]).unwrap();
+        let e = crate::serve::settings(&args, "id".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-inflight-mib (7 MiB)"), "{e}");
+        let args = serve_args(&[
+            "--max-inflight-mib=7",
+            "--max-screenshot-body-bytes=1000000",
+        ]);
+        assert!(crate::serve::settings(&args.unwrap(), "id".into()).is_ok());
+    }
+
+    #[test]
     fn connection_limits_have_defaults_and_refuse_zero_and_absurd_values() {
         let args = serve_args(&[]).unwrap();
-        let s = crate::serve::settings(&args, "id".into());
+        let s = crate::serve::settings(&args, "id".into()).unwrap();
         let defaults = crate::server::Settings::new("m", "id");
         assert_eq!(s.header_timeout, defaults.header_timeout);
         assert_eq!(s.body_timeout, defaults.body_timeout);
@@ -335,6 +361,7 @@ mod tests {
         assert_eq!(s.max_header_bytes, defaults.max_header_bytes);
         assert_eq!(s.max_headers, defaults.max_headers);
         assert_eq!(s.max_connections, defaults.max_connections);
+        assert_eq!(s.max_inflight_bytes, defaults.max_inflight_bytes);
 
         let args = serve_args(&[
             "--header-timeout-ms=1500",
@@ -345,7 +372,7 @@ mod tests {
             "--max-connections=7",
         ])
         .unwrap();
-        let s = crate::serve::settings(&args, "id".into());
+        let s = crate::serve::settings(&args, "id".into()).unwrap();
         assert_eq!(s.header_timeout, std::time::Duration::from_millis(1500));
         assert_eq!(s.body_timeout, std::time::Duration::from_millis(2500));
         assert_eq!(s.write_timeout, std::time::Duration::from_millis(3500));
@@ -364,6 +391,7 @@ mod tests {
             ("--max-headers", "5000"),
             ("--max-connections", "0"),
             ("--max-connections", "-1"),
+            ("--max-inflight-mib", "0"),
         ] {
             let e = serve_args(&[&format!("{flag}={value}")]).unwrap_err();
             assert!(

@@ -241,6 +241,31 @@ impl<B: Backend> DeciderEngine<B> {
     }
 }
 
+/// Bytes the prepared questions of one request hold until answered: their token ids, and for
+/// screenshot questions their 3-D positions and the image features (counted once per image, as
+/// the questions share them).
+pub fn held_bytes(questions: &[Question]) -> usize {
+    let mut images: Vec<*const Vec<f32>> = Vec::new();
+    let mut bytes = 0;
+    for q in questions {
+        bytes += std::mem::size_of_val(q.ids.as_slice());
+        let Some(image) = q
+            .context
+            .as_ref()
+            .and_then(|c| c.downcast_ref::<ImagePrompt>())
+        else {
+            continue;
+        };
+        bytes += std::mem::size_of_val(image.positions.as_slice());
+        let features = Arc::as_ptr(&image.features);
+        if !images.contains(&features) {
+            images.push(features);
+            bytes += std::mem::size_of_val(image.features.as_slice());
+        }
+    }
+    bytes
+}
+
 /// Why a screenshot could not be prepared.
 #[derive(Debug)]
 pub enum ScreenshotError {

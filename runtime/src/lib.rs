@@ -1,6 +1,7 @@
 //! The instinct server: HTTP API, request validation, configuration and subcommands.
 
 pub mod bench;
+pub mod budget;
 pub mod check;
 pub mod cli;
 pub mod conn;

@@ -36,6 +36,12 @@ pub const READY: &str = "instinct_ready";
 /// allocated once at load), `free` and `total` (read from the driver at scrape time).
 pub const DEVICE_MEMORY_BYTES: &str = "instinct_device_memory_bytes";
 
+/// Gauge: bytes held for requests in flight (bodies, parsed requests, token ids, screenshot
+/// features), against `--max-inflight-mib`.
+pub const INFLIGHT_BYTES: &str = "instinct_inflight_bytes";
+/// Gauge: the limit of [`INFLIGHT_BYTES`].
+pub const INFLIGHT_BYTES_LIMIT: &str = "instinct_inflight_bytes_limit";
+
 /// Gauge: client connections being served (refused ones not counted).
 pub const CONNECTIONS_OPEN: &str = "instinct_connections_open";
 /// Counter: connections refused because `--max-connections` were open.
@@ -136,6 +142,16 @@ fn describe() {
     );
     describe_gauge!(READY, "1 when ready to serve, 0 while loading or draining");
     describe_gauge!(CONNECTIONS_OPEN, "Client connections being served");
+    describe_gauge!(
+        INFLIGHT_BYTES,
+        Unit::Bytes,
+        "Bytes held for requests in flight: bodies, parsed requests, token ids, screenshot features"
+    );
+    describe_gauge!(
+        INFLIGHT_BYTES_LIMIT,
+        Unit::Bytes,
+        "Limit of instinct_inflight_bytes (--max-inflight-mib)"
+    );
     describe_counter!(
         CONNECTIONS_REFUSED_TOTAL,
         "Connections refused at --max-connections"

@@ -48,9 +48,19 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
     })
 }
 
-/// Server settings from the flags, for the given identity.
-pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
-    Settings {
+/// Server settings from the flags, for the given identity; refuses a memory budget that cannot
+/// hold one request of the largest body allowed.
+pub fn settings(args: &ServeArgs, model_id: String) -> anyhow::Result<Settings> {
+    let largest_body = args.max_body_bytes.max(args.max_screenshot_body_bytes);
+    let max_inflight_bytes = args.max_inflight_mib << 20;
+    if max_inflight_bytes < largest_body {
+        bail!(
+            "--max-inflight-mib ({} MiB) must hold at least one request of the largest body \
+             allowed ({largest_body} bytes, --max-body-bytes / --max-screenshot-body-bytes)",
+            args.max_inflight_mib
+        );
+    }
+    Ok(Settings {
         max_body_bytes: args.max_body_bytes,
         max_screenshot_body_bytes: args.max_screenshot_body_bytes,
         max_prompt_tokens: args.max_prompt_tokens,
@@ -65,8 +75,9 @@ pub fn settings(args: &ServeArgs, model_id: String) -> Settings {
         max_header_bytes: args.max_header_bytes as usize,
         max_headers: args.max_headers as usize,
         max_connections: args.max_connections as usize,
+        max_inflight_bytes,
         ..Settings::new(args.served_model_name.clone(), model_id)
-    }
+    })
 }
 
 /// Runs the server until SIGINT or SIGTERM, then drains.
@@ -89,7 +100,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .model_id
         .clone()
         .unwrap_or_else(|| if source.demo { DEMO_ID } else { CUA_S1_TEXT_ID }.to_string());
-    let state = Arc::new(AppState::new(settings(&args, model_id)));
+    let state = Arc::new(AppState::new(settings(&args, model_id)?));
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;

@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 
+use crate::budget::ByteBudget;
 use crate::conn;
 use crate::contract::{self, Request as ValidatedRequest};
 use crate::engine::{Preparer, ScreenshotError};
@@ -53,7 +54,13 @@ pub struct Settings {
     pub max_headers: usize,
     /// Most connections served at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Most bytes held for requests in flight (bodies, parsed requests, token ids, screenshot
+    /// features); a request that would take it over is answered 503 at once.
+    pub max_inflight_bytes: usize,
 }
+
+/// Default of `--max-inflight-mib`.
+pub const DEFAULT_MAX_INFLIGHT_MIB: usize = 1024;
 
 impl Settings {
     /// Defaults of the `serve` command, for the given identity.
@@ -73,6 +80,7 @@ impl Settings {
             max_header_bytes: conn::DEFAULT_MAX_HEADER_BYTES,
             max_headers: conn::DEFAULT_MAX_HEADERS,
             max_connections: conn::DEFAULT_MAX_CONNECTIONS,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_MIB << 20,
         }
     }
 }
@@ -90,17 +98,21 @@ pub struct AppState {
     ready: OnceLock<Ready>,
     draining: AtomicBool,
     pub(crate) connections: conn::Connections,
+    /// Bytes held for requests in flight.
+    pub inflight: Arc<ByteBudget>,
 }
 
 impl AppState {
     pub fn new(settings: Settings) -> Self {
         m::install();
         metrics::gauge!(m::READY).set(0.0);
+        let inflight = ByteBudget::new(settings.max_inflight_bytes);
         Self {
             settings,
             ready: OnceLock::new(),
             draining: AtomicBool::new(false),
             connections: conn::Connections::default(),
+            inflight,
         }
     }
 
@@ -424,6 +436,12 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     if declared.is_some_and(|n| n > body_limit as u64) {
         return problem_response(&Problem::body_too_large());
     }
+    // Reserve the body's bytes before reading it (all the limit allows when its length is not
+    // declared); refused at once when requests in flight hold the budget.
+    let expected = declared.map_or(body_limit, |n| n as usize);
+    let Some(mut held) = state.inflight.try_reserve(expected) else {
+        return inflight_full(expected);
+    };
     // The whole body within the body timeout: a client dripping it slowly cannot hold the
     // connection (and the memory of its partial body) for longer.
     let collect = Limited::new(req.into_body(), body_limit).collect();
@@ -454,6 +472,11 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
 
     // Parsing, rendering and tokenization are CPU work: keep them off the reactor threads.
     let prep_state = state.clone();
+    let body_bytes = body.len();
+    if !held.resize(body_bytes) {
+        // Unreachable: the body is never longer than what was reserved for it.
+        return inflight_full(body_bytes);
+    }
     let prepared = tokio::task::spawn_blocking(move || prepare(&prep_state, &body)).await;
     let (request, questions) = match prepared {
         Ok(Ok(p)) => p,
@@ -463,6 +486,11 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             return problem_response(&Problem::inference_failed());
         }
     };
+    // Until answered: the parsed request (about the body's size) and what the questions hold.
+    let holding = body_bytes + crate::engine::held_bytes(&questions);
+    if !held.resize(holding) {
+        return inflight_full(holding);
+    }
     let prepared_at = Instant::now();
     histogram!(m::PREPARE_SECONDS).record((prepared_at - received).as_secs_f64());
     let model_id = if request.image.is_some() {
@@ -677,6 +705,18 @@ fn multimodal_id(text_id: &str) -> String {
 }
 
 /// 503 `draining`: this replica is shutting down; another one should take the request.
+/// 503 for a request whose bytes do not fit the in-flight budget now.
+fn inflight_full(bytes: usize) -> Response<Body> {
+    overloaded(
+        Code::Overloaded,
+        &format!(
+            "requests in flight hold the server's memory budget (--max-inflight-mib); this one \
+             needs {bytes} bytes: retry after the time in Retry-After"
+        ),
+        Duration::from_secs(1),
+    )
+}
+
 fn draining(retry_after: Duration) -> Response<Body> {
     overloaded(Code::Draining, "the server is shutting down", retry_after)
 }

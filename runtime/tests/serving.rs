@@ -247,3 +247,100 @@ async fn the_load_test_harness_runs_against_the_demo_server() {
     assert!(dir.join("latency_cdf.svg").is_file());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `body` padded with trailing spaces (still one JSON value) to exactly `len` bytes.
+fn padded(body: &str, len: usize) -> String {
+    assert!(body.len() <= len);
+    format!("{body}{}", " ".repeat(len - body.len()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_in_flight_never_hold_more_bytes_than_the_budget() {
+    const BUDGET: usize = 64 * 1024;
+    let settings = Settings {
+        max_inflight_bytes: BUDGET,
+        max_body_bytes: 48 * 1024,
+        max_screenshot_body_bytes: 48 * 1024,
+        ..Settings::new(SERVED, MODEL_ID)
+    };
+    let state = Arc::new(AppState::new(settings));
+    state.set_ready(demo_ready());
+    let addr = serve_state(state.clone()).await;
+
+    // A body that drips in holds the bytes it declared from its head on.
+    let slow_body = padded(&request(1, 40), 40_000);
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n",
+        slow_body.len()
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(&slow_body.as_bytes()[..100]).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while state.inflight.used() < 40_000 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the slow body was never reserved"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // One that does not fit beside it is refused at once, before its body is read...
+    let t0 = std::time::Instant::now();
+    let big = post(addr, &padded(&request(2, 40), 30_000)).await;
+    assert_eq!(big.status, 503);
+    assert_eq!(big.json()["code"], "overloaded");
+    assert!(big.header("retry-after").is_some());
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // ...and one that fits is served.
+    assert_eq!(post(addr, &request(3, 40)).await.status, 200);
+
+    // The slow body arrives; its request is answered and its bytes given back.
+    slow.write_all(&slow_body.as_bytes()[100..]).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut slow, &mut raw)
+        .await
+        .unwrap();
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&raw[..40])
+    );
+    assert_eq!(
+        post(addr, &padded(&request(2, 40), 30_000)).await.status,
+        200
+    );
+
+    // A burst of bodies worth several budgets: each answer is 200 or a fast 503, the budget's
+    // peak stays within it, and everything is given back.
+    let burst: Vec<_> = (0..24)
+        .map(|i| {
+            let body = padded(&request(10 + i, 40), 20_000);
+            tokio::spawn(async move { post(addr, &body).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for h in burst {
+        statuses.push(h.await.unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&200), "{statuses:?}");
+    assert!(
+        state.inflight.peak() <= BUDGET,
+        "peak {}",
+        state.inflight.peak()
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while state.inflight.used() != 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "{} bytes never given back",
+            state.inflight.used()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
