@@ -50,6 +50,8 @@ pub const CONNECTIONS_REFUSED_TOTAL: &str = "instinct_connections_refused_total"
 /// in time), `idle` (no next request on a keep-alive connection), `body` (408) and `write` (the
 /// client stopped reading its response).
 pub const CONNECTION_TIMEOUTS_TOTAL: &str = "instinct_connection_timeouts_total";
+/// Every `phase` of [`CONNECTION_TIMEOUTS_TOTAL`].
+pub const TIMEOUT_PHASES: &[&str] = &["head", "idle", "body", "write"];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -99,6 +101,9 @@ pub fn install() -> &'static PrometheusHandle {
         // Exported from the start, so alerts on them see 0 rather than no series.
         gauge!(CONNECTIONS_OPEN).set(0.0);
         counter!(CONNECTIONS_REFUSED_TOTAL).absolute(0);
+        for phase in TIMEOUT_PHASES {
+            counter!(CONNECTION_TIMEOUTS_TOTAL, "phase" => *phase).absolute(0);
+        }
         handle.clone()
     })
 }
