@@ -19,8 +19,19 @@ require_carried() {
   done
 }
 
-# hardware_of cuda:N: the GPU's name, driver and memory, as the reports record them.
+# hardware_of DEVICES: the GPUs' names, drivers and memory, as the reports record them; DEVICES is
+# what --device takes (cuda:N, cuda:0,cuda:1 or cuda:all).
 hardware_of() {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "${1#cuda:}" \
-    2>/dev/null || echo "unknown ($1)"
+  local ids
+  case $1 in
+    cuda:all) ids= ;;
+    *) ids=$(echo "$1" | sed 's/cuda://g') ;;
+  esac
+  local out
+  if out=$(nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader \
+    ${ids:+-i "$ids"} 2>/dev/null) && [[ -n $out ]]; then
+    echo "$out" | paste -sd ';'
+  else
+    echo "unknown ($1)"
+  fi
 }
