@@ -140,30 +140,6 @@ impl Raw {
     }
 }
 
-fn parse_head(head: &[u8]) -> Reply {
-    let head = String::from_utf8(head.to_vec()).unwrap();
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .map(|l| {
-            let (k, v) = l.split_once(':').unwrap();
-            (k.trim().to_string(), v.trim().to_string())
-        })
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: Vec::new(),
-    }
-}
-
 /// The value of one series in the `/metrics` text, 0 when absent.
 async fn metric(addr: SocketAddr, series: &str) -> f64 {
     let reply = exchange(addr, "GET /metrics HTTP/1.1", b"").await;

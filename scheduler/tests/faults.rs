@@ -18,6 +18,14 @@ fn eventually(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// The failure of a request whose batch met the lost device, or that was left when it was lost.
+fn assert_device_lost(result: Result<Vec<Vec<f32>>, Failure>) {
+    match result {
+        Err(Failure::Internal(m)) => assert!(m.contains("device is lost"), "{m}"),
+        other => panic!("expected an internal failure, got {other:?}"),
+    }
+}
+
 fn lost_resolves(h: &Harness, within: Duration) -> bool {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -39,10 +47,7 @@ fn the_last_engine_lost_fails_what_is_left_and_refuses_new_work() {
     assert!(!lost_resolves(&h, Duration::from_millis(20)));
     h.gate.open();
     wait(blocker, LONG).unwrap();
-    match wait(fatal, LONG) {
-        Err(Failure::Internal(m)) => assert!(m.contains("the device is lost"), "{m}"),
-        other => panic!("expected an internal failure, got {other:?}"),
-    }
+    assert_device_lost(wait(fatal, LONG));
     assert!(lost_resolves(&h, LONG), "all_engines_lost resolves");
     let stats = h.scheduler.stats();
     assert!(stats.engines[0].lost && stats.engines[0].exited);
@@ -82,10 +87,7 @@ fn requests_queued_when_the_last_engine_is_lost_fail_at_once() {
     assert!(matches!(wait(fatal, LONG), Err(Failure::Internal(_))));
     for t in stranded {
         // Either they shared the fatal batch or they were stranded: both fail, none hangs.
-        match wait(t, LONG) {
-            Err(Failure::Internal(m)) => assert!(m.contains("device is lost"), "{m}"),
-            other => panic!("expected an internal failure, got {other:?}"),
-        }
+        assert_device_lost(wait(t, LONG));
     }
     assert!(lost_resolves(&h, LONG));
     assert_eq!(h.scheduler.stats().in_flight_requests, 0);

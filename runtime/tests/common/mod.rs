@@ -91,7 +91,15 @@ pub async fn exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> Re
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .expect("header end");
-    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    Reply {
+        body: raw[split + 4..].to_vec(),
+        ..parse_head(&raw[..split])
+    }
+}
+
+/// A response head (status line and header lines, without the empty line), with no body.
+pub fn parse_head(head: &[u8]) -> Reply {
+    let head = String::from_utf8(head.to_vec()).unwrap();
     let mut lines = head.split("\r\n");
     let status = lines
         .next()
@@ -110,7 +118,7 @@ pub async fn exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> Re
     Reply {
         status,
         headers,
-        body: raw[split + 4..].to_vec(),
+        body: Vec::new(),
     }
 }
 
