@@ -11,6 +11,7 @@ pub mod forward;
 pub mod image;
 pub mod lora;
 pub mod mrope;
+pub mod prefix;
 pub mod prompt;
 pub mod pyjson;
 pub mod readout;
