@@ -30,9 +30,32 @@
 //! Chaining (prefix → middle → tail) works the same way: the middle's snapshot holds the prefix's
 //! keys followed by the middle's, and the middle's final states.
 //!
-//! On the host today: the states are uploaded for the batch that reads them and read back for the
-//! snapshots asked for. A cache that keeps them on the device, and the CUDA kernels that read
-//! them, are later parts of the same work (the CUDA backend refuses carried states for now).
+//! # For the parts that come next
+//!
+//! - The backend ops: [`Backend::delta_net_core_carried`] (the conv window and the recurrent
+//!   state, in and out, `[num_seqs, …]` packed over the batch; zeros in for a sequence with no
+//!   prefix) and [`Backend::gated_attention_carried`] (each sequence's prefix k/v rows packed
+//!   back to back with `num_seqs + 1` offsets in an index buffer, [`PrefixKv`]; every row's k
+//!   and v out). The CPU backend implements both; the trait's defaults refuse them, so the CUDA
+//!   backend answers `prefix states are not implemented on cuda:N yet`. Its delta-rule kernels
+//!   already take initial and final states and its conv kernel a window; the fused
+//!   `gdr_prepare_conv` path and the flash attention (keys = prefix rows, then own rows) do not.
+//! - Staging: today [`TextModel::forward_segments`] uploads the states of the batch's prefixes
+//!   and reads the snapshots back through the host, per batch. A device-resident cache would
+//!   hand the kernels its own buffers instead (the layouts above, one sequence's slice each).
+//! - The cache's budget: [`PrefixState::size_bytes`] is `4 · (Σ_DeltaNet (v_heads·k_dim·v_dim +
+//!   (kernel − 1)·qkv_width) + tokens · Σ_attention 2·kv_heads·head_dim)`: a constant part plus
+//!   a part per token. A snapshot is taken at a segment's end only; a radix tree that wants one
+//!   at an inner boundary runs the prompt as two segments (the second resumed from the first).
+//! - Batching: only a segment's own tokens count against
+//!   [`BatchLimits`](crate::forward::BatchLimits); its prefix adds attention keys, not rows. The
+//!   delta rule's 64-token chunk grid restarts at each segment, so a resumed answer equals the
+//!   whole prompt's up to rounding (the tests hold it within 1e-5 per probability).
+//!
+//! [`Backend::delta_net_core_carried`]: instinct_kernels::Backend::delta_net_core_carried
+//! [`Backend::gated_attention_carried`]: instinct_kernels::Backend::gated_attention_carried
+//! [`PrefixKv`]: instinct_kernels::PrefixKv
+//! [`TextModel::forward_segments`]: crate::forward::TextModel::forward_segments
 
 use anyhow::{ensure, Result};
 
@@ -141,4 +164,48 @@ impl PrefixState {
 pub(crate) enum LayerShape {
     DeltaNet { state_len: usize, window_len: usize },
     Attention { kv_width: usize },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shapes() -> Vec<LayerShape> {
+        vec![
+            LayerShape::DeltaNet {
+                state_len: 8,
+                window_len: 6,
+            },
+            LayerShape::Attention { kv_width: 4 },
+        ]
+    }
+
+    fn state(tokens: usize, k_len: usize) -> PrefixState {
+        let layers = vec![
+            LayerState::DeltaNet {
+                state: vec![0.5; 8],
+                conv_window: vec![0.25; 6],
+            },
+            LayerState::Attention {
+                k: vec![1.0; k_len],
+                v: vec![2.0; k_len],
+            },
+        ];
+        PrefixState::new(tokens, tokens as u32, layers)
+    }
+
+    #[test]
+    fn a_state_of_another_shape_is_refused() {
+        assert!(state(3, 12).check_shape(&shapes()).is_ok());
+        assert_eq!(state(3, 12).size_bytes(), 4 * (8 + 6 + 2 * 12));
+        // Keys for 2 tokens in a state that says 3.
+        let err = state(3, 8).check_shape(&shapes()).unwrap_err();
+        assert!(err.to_string().contains("layer 1"), "{err}");
+        // Fewer layers than the model.
+        let err = state(3, 12).check_shape(&shapes()[..1]).unwrap_err();
+        assert!(err.to_string().contains("2 layers, the model 1"), "{err}");
+        // Kinds in another order.
+        let swapped = [shapes()[1], shapes()[0]];
+        assert!(state(3, 12).check_shape(&swapped).is_err());
+    }
 }
