@@ -625,6 +625,8 @@ impl<B: Backend> TextModel<B> {
             .map(|s| s.resume.map_or(0, PrefixState::next_position))
             .collect();
         let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
+        // Refused before any state is staged for it.
+        self.limits.check(rows, segs.len())?;
         let mut carry = self.stage_carry(segs, &shapes, rows)?;
         let hidden = self.run(&seqs, overrides, &starts, Some(&mut carry))?;
         let mut snapshots = self.read_snapshots(segs, &starts, &carry, rows)?;
