@@ -5,8 +5,8 @@ use instinct_kernels::{
     AttentionDims, Backend, CpuBackend, HeadLayout, Rope, Store, Strided, Varlen,
 };
 use instinct_kernels::{
-    Conv1d, ConvWindow, DeltaGates, GateOutputs, GatedNorm, GemmShape, Projection, QkPrologue,
-    RowNorm,
+    AttentionOutput, Conv1d, ConvWindow, DeltaGates, GateOutputs, GatedNorm, GemmShape, PrefixKv,
+    Projection, QkPrologue, RowNorm,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -502,6 +502,129 @@ fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
             got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             "last {last}"
+        );
+    }
+}
+
+/// `gated_attention_carried`: a sequence's tail attending over its prefix's k and v (as the
+/// prefix's own pass wrote them out) answers as the whole sequence does, next to a sequence with
+/// no prefix in the same batch; with no prefix and no kv output it is `gated_attention`, bit for
+/// bit.
+#[test]
+fn attention_over_a_carried_prefix_equals_attention_over_the_whole_sequence() {
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(23);
+    let dims = AttentionDims {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        scale: 16f32.powf(-0.5),
+    };
+    let rope = Rope {
+        rotary_dim: 8,
+        theta: 10_000.0,
+        section: [2, 1, 1],
+        interleaved: true,
+    };
+    let (width, kv_w, out_w) = (dims.stacked_width(), 32, 64);
+    let (q_norm, k_norm) = (rand_vec(&mut rng, 16), rand_vec(&mut rng, 16));
+    // Sequence 0: 7 rows, cut after 3. Sequence 1: 4 rows, never cut.
+    let (seq0, seq1) = (rand_vec(&mut rng, 7 * width), rand_vec(&mut rng, 4 * width));
+    let text =
+        |range: std::ops::Range<u32>| -> Vec<u32> { range.flat_map(|p| [p, p, p]).collect() };
+    // Runs `parts` (stacked rows and their first position) as one batch; returns out and k|v.
+    let run = |parts: &[(&[f32], u32)], prefix: Option<PrefixKv<'_, CpuBackend>>, last: bool| {
+        let lens: Vec<usize> = parts.iter().map(|(x, _)| x.len() / width).collect();
+        let cu = cu_of(&lens);
+        let rows: usize = lens.iter().sum();
+        let mut qkv: Vec<f32> = parts.iter().flat_map(|(x, _)| x.to_vec()).collect();
+        let positions: Vec<u32> = parts
+            .iter()
+            .zip(&lens)
+            .flat_map(|((_, at), &len)| text(*at..*at + len as u32))
+            .collect();
+        let out_rows = if last { lens.len() } else { rows };
+        let (mut out, mut k, mut v) = (
+            vec![f32::NAN; out_rows * out_w],
+            vec![f32::NAN; rows * kv_w],
+            vec![f32::NAN; rows * kv_w],
+        );
+        let prologue = QkPrologue {
+            q_norm: &q_norm,
+            k_norm: &k_norm,
+            positions: &positions,
+            rope: &rope,
+            eps: 1e-6,
+        };
+        let batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: lens.len(),
+            rows,
+        };
+        let output = AttentionOutput {
+            out: &mut out,
+            last_only: last,
+            kv: Some((&mut k, &mut v)),
+        };
+        cpu.gated_attention_carried(&mut qkv, prologue, batch, dims, prefix, output)
+            .unwrap();
+        (out, k, v)
+    };
+    for last in [false, true] {
+        let (whole, k_whole, v_whole) = run(&[(&seq0, 0), (&seq1, 0)], None, last);
+        let (_, k_pre, v_pre) = run(&[(&seq0[..3 * width], 0)], None, false);
+        assert_eq!(
+            k_pre,
+            k_whole[..3 * kv_w],
+            "the prefix's keys as the whole pass has them"
+        );
+        assert_eq!(v_pre, v_whole[..3 * kv_w]);
+        let cu_prefix = vec![0u32, 3, 3];
+        let prefix = PrefixKv {
+            k: &k_pre,
+            v: &v_pre,
+            cu_prefix: &cu_prefix,
+            rows: 3,
+        };
+        let (tail, k_tail, _) = run(&[(&seq0[3 * width..], 3), (&seq1, 0)], Some(prefix), last);
+        let want: Vec<f32> = if last {
+            whole.clone()
+        } else {
+            [&whole[3 * out_w..7 * out_w], &whole[7 * out_w..]].concat()
+        };
+        assert!(max_diff(&tail, &want) < 1e-6, "last {last}");
+        assert_eq!(k_tail[..4 * kv_w], k_whole[3 * kv_w..7 * kv_w]);
+        // A prefix it ignored would change the answer.
+        let (alone, _, _) = run(&[(&seq0[3 * width..], 3), (&seq1, 0)], None, last);
+        assert!(
+            max_diff(&alone[..out_w], &want[..out_w]) > 1e-3,
+            "last {last}"
+        );
+
+        let mut plain = vec![f32::NAN; whole.len()];
+        let positions = text(0..7).into_iter().chain(text(0..4)).collect::<Vec<_>>();
+        cpu.gated_attention(
+            &mut [seq0.clone(), seq1.clone()].concat(),
+            QkPrologue {
+                q_norm: &q_norm,
+                k_norm: &k_norm,
+                positions: &positions,
+                rope: &rope,
+                eps: 1e-6,
+            },
+            Varlen {
+                cu_seqlens: &cu_of(&[7, 4]),
+                num_seqs: 2,
+                rows: 11,
+            },
+            dims,
+            last,
+            &mut plain,
+        )
+        .unwrap();
+        assert_eq!(
+            plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            whole.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
     }
 }

@@ -10,8 +10,9 @@ use instinct_kernels::Backend;
 
 use crate::chat::ChatTemplate;
 use crate::checkpoint::Snapshot;
-use crate::forward::{BatchLimits, EmbeddingOverride, SequenceInput, TextModel};
+use crate::forward::{BatchLimits, EmbeddingOverride, Segment, SequenceInput, TextModel};
 use crate::lora::{LoraAdapter, MergeReport};
+use crate::prefix::PrefixState;
 use crate::readout::LetterReadout;
 use crate::tokenizer::{Tokenizer, MAX_LETTERS};
 use crate::vision::{VisionConfig, VisionTower, VisionWeights};
@@ -46,6 +47,52 @@ pub struct ImagePrompt {
     pub features: std::sync::Arc<Vec<f32>>,
     /// One `[t, h, w]` per token of the prompt.
     pub positions: Vec<[u32; 3]>,
+}
+
+/// One sequence of a [`Decider::decide_segments`] batch: a whole question, a shared prefix, a
+/// chunk of a long prompt or the tail that ends one.
+#[derive(Clone, Copy, Debug)]
+pub struct QuestionSegment<'a> {
+    /// The segment's own ids (and image, whose positions are the segment's own).
+    pub prompt: Prompt<'a>,
+    /// The prefix this segment continues.
+    pub resume: Option<&'a PrefixState>,
+    /// Whether to return the state at the segment's end.
+    pub snapshot: bool,
+    /// Whether to read out `prompt.n_options` letters at the end: a prefix or a middle chunk has
+    /// no answer.
+    pub answer: bool,
+}
+
+impl<'a> QuestionSegment<'a> {
+    /// A whole question, or the tail of one resumed from `resume`: read out, no snapshot.
+    pub fn answer(prompt: Prompt<'a>, resume: Option<&'a PrefixState>) -> Self {
+        Self {
+            prompt,
+            resume,
+            snapshot: false,
+            answer: true,
+        }
+    }
+
+    /// A prefix (or a chunk, resumed from `resume`): its snapshot, no readout.
+    pub fn prefix(ids: &'a [u32], resume: Option<&'a PrefixState>) -> Self {
+        Self {
+            prompt: Prompt::text(ids, 0),
+            resume,
+            snapshot: true,
+            answer: false,
+        }
+    }
+}
+
+/// What [`Decider::decide_segments`] returns for one segment.
+#[derive(Clone, Debug)]
+pub struct SegmentAnswer {
+    /// The letter probabilities, when the segment asked for its answer.
+    pub probabilities: Option<Vec<f32>>,
+    /// The snapshot at the segment's end, when asked for.
+    pub snapshot: Option<PrefixState>,
 }
 
 /// The forward pass and the readout of one device.
@@ -104,6 +151,56 @@ impl<B: Backend> Decider<B> {
             .iter()
             .zip(&hidden)
             .map(|(prompt, h)| self.readout.probabilities(h, prompt.n_options))
+            .collect()
+    }
+
+    /// [`Self::decide`] for segments that may continue a [`PrefixState`] and may ask for theirs,
+    /// in one forward pass (see [`crate::prefix`]). A segment's probabilities equal those of its
+    /// whole prompt (prefix included) run by [`Self::decide`], up to rounding (the delta rule's
+    /// chunk grid restarts at each segment).
+    pub fn decide_segments(
+        &mut self,
+        segments: &[QuestionSegment<'_>],
+    ) -> Result<Vec<SegmentAnswer>> {
+        let tokens = segments.iter().map(|s| s.prompt.ids.len()).sum();
+        self.model.limits().check(tokens, segments.len())?;
+        let inputs: Vec<Segment> = segments
+            .iter()
+            .map(|s| Segment {
+                input: SequenceInput {
+                    token_ids: s.prompt.ids,
+                    positions: s.prompt.image.map(|i| i.positions.as_slice()),
+                },
+                resume: s.resume,
+                snapshot: s.snapshot,
+            })
+            .collect();
+        let overrides: Vec<Option<EmbeddingOverride>> = segments
+            .iter()
+            .map(|s| {
+                s.prompt.image.map(|i| EmbeddingOverride {
+                    token_id: i.image_token_id,
+                    rows: i.features.as_slice(),
+                })
+            })
+            .collect();
+        let outputs = self.model.forward_segments(&inputs, &overrides)?;
+        segments
+            .iter()
+            .zip(outputs)
+            .map(|(seg, out)| {
+                let probabilities = seg
+                    .answer
+                    .then(|| {
+                        self.readout
+                            .probabilities(&out.last_hidden, seg.prompt.n_options)
+                    })
+                    .transpose()?;
+                Ok(SegmentAnswer {
+                    probabilities,
+                    snapshot: out.snapshot,
+                })
+            })
             .collect()
     }
 }

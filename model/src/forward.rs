@@ -5,17 +5,21 @@
 //! sequences (no padding) and returns, per sequence, the final-normed hidden state at its last
 //! position: the input of the letter readout.
 //!
+//! [`TextModel::forward_segments`] runs the same pass over sequences that may resume from a
+//! [`PrefixState`] and may ask for the snapshot at their end (see [`crate::prefix`]).
+//!
 //! Layer skeleton (pre-norm): `h += mixer(norm₁(h)); h += mlp(norm₂(h))`, with the mixer a Gated
 //! DeltaNet or gated full attention as `layer_types` says; then the final norm.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use instinct_kernels::{
-    AttentionDims, Backend, Buffers, DeltaDims, DeltaGates, DeltaNetInput, DeltaNetScratch,
-    DeltaState, GatedNorm, GemmShape, Projection, QkPrologue, Rope, RowNorm, Store, Strided,
-    Varlen,
+    AttentionDims, AttentionOutput, Backend, Buffers, ConvWindow, DeltaCarry, DeltaDims,
+    DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, GatedNorm, GemmShape, PrefixKv,
+    Projection, QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
 };
 
 use crate::config::{LayerKind, TextConfig};
+use crate::prefix::{LayerShape, LayerState, PrefixState};
 use crate::weights::{HostTensor, LayerWeights, MixerWeights, TextWeights};
 
 /// The largest batch a model's buffers are sized for.
@@ -81,6 +85,29 @@ impl<'a> SequenceInput<'a> {
             positions: None,
         }
     }
+}
+
+/// One sequence of a [`TextModel::forward_segments`] batch: a whole prompt, or a piece of one that
+/// continues a snapshot and/or leaves one.
+#[derive(Clone, Copy, Debug)]
+pub struct Segment<'a> {
+    /// The segment's own tokens. Positions, if given, are the segment's own (continuing the
+    /// resumed prefix's); `None` means text positions from [`PrefixState::next_position`] (0
+    /// without a prefix).
+    pub input: SequenceInput<'a>,
+    /// The prefix this segment continues.
+    pub resume: Option<&'a PrefixState>,
+    /// Whether to return the state at the segment's end (prefix included).
+    pub snapshot: bool,
+}
+
+/// What [`TextModel::forward_segments`] returns for one segment.
+#[derive(Clone, Debug)]
+pub struct SegmentOutput {
+    /// The final-normed hidden state at the segment's last token (as [`TextModel::forward_last`]).
+    pub last_hidden: Vec<f32>,
+    /// The snapshot at the segment's end, if asked for.
+    pub snapshot: Option<PrefixState>,
 }
 
 /// Embedding rows that replace the token embeddings of one sequence: the i-th position holding
@@ -281,6 +308,38 @@ struct Workspace<B: Buffers> {
     /// after its mixer.
     last: B::Buf,
 }
+
+/// The carried states of one [`TextModel::forward_segments`] batch on the backend: what its
+/// sequences resume from, and room for the snapshots asked for. Built per batch (states are
+/// uploaded and read back through the host for now).
+struct Carry<B: Buffers> {
+    /// Per layer, in model order.
+    layers: Vec<LayerCarry<B>>,
+    /// Each sequence's prefix rows in the attention layers' `k` and `v` (`num_seqs + 1`
+    /// offsets) and their total; `None` when no sequence resumes.
+    cu_prefix: Option<(B::Idx, usize)>,
+}
+
+enum LayerCarry<B: Buffers> {
+    /// `[S, state]` and `[S, window]` in and out (in: zeros for a sequence with no prefix).
+    DeltaNet {
+        state_in: Option<B::Buf>,
+        window_in: Option<B::Buf>,
+        state_out: Option<B::Buf>,
+        window_out: Option<B::Buf>,
+    },
+    /// The prefixes' k and v, packed as `cu_prefix` says; every row's k and v out.
+    Attention {
+        prefix: Option<(B::Buf, B::Buf)>,
+        kv_out: Option<(B::Buf, B::Buf)>,
+    },
+}
+
+/// One layer's part of a [`Carry`], with the batch's prefix offsets (`Carry::cu_prefix`).
+type CarriedLayer<'a, B> = (
+    &'a mut LayerCarry<B>,
+    &'a Option<(<B as Buffers>::Idx, usize)>,
+);
 
 /// The Qwen3.5 text model on a backend.
 pub struct TextModel<B: Backend> {
@@ -506,13 +565,255 @@ impl<B: Backend> TextModel<B> {
         seqs: &[SequenceInput<'_>],
         overrides: &[Option<EmbeddingOverride<'_>>],
     ) -> Result<Vec<Vec<f32>>> {
+        self.run(seqs, overrides, &[], None)
+    }
+
+    /// What one layer of this model keeps in a snapshot.
+    fn layer_shapes(&self) -> Vec<LayerShape> {
+        let d = &self.dims;
+        let window_len = (d.conv_kernel - 1) * d.delta.qkv_width();
+        self.layers
+            .iter()
+            .map(|layer| match layer.mixer {
+                MixerBufs::Linear(_) => LayerShape::DeltaNet {
+                    state_len: d.delta.state_len(),
+                    window_len,
+                },
+                MixerBufs::Full(_) => LayerShape::Attention {
+                    kv_width: d.kv_width(),
+                },
+            })
+            .collect()
+    }
+
+    /// Runs `segs` as one packed batch, as [`Self::forward_last_with_embeddings`] does, where each
+    /// segment may continue a [`PrefixState`] and may ask for the one at its end (taken in this
+    /// pass). A batch in which no segment resumes or snapshots runs exactly as
+    /// [`Self::forward_last_with_embeddings`]. Only the segments' own tokens count against the
+    /// [`BatchLimits`]; a resumed prefix costs its attention layers' keys.
+    ///
+    /// Errors as [`Self::forward_last_with_embeddings`], and for a prefix state of another model's
+    /// shape, or a backend that does not carry states (CUDA, for now).
+    pub fn forward_segments(
+        &mut self,
+        segs: &[Segment<'_>],
+        overrides: &[Option<EmbeddingOverride<'_>>],
+    ) -> Result<Vec<SegmentOutput>> {
+        let seqs: Vec<SequenceInput> = segs.iter().map(|s| s.input).collect();
+        let any_resume = segs.iter().any(|s| s.resume.is_some());
+        let any_snapshot = segs.iter().any(|s| s.snapshot);
+        if !any_resume && !any_snapshot {
+            let hidden = self.forward_last_with_embeddings(&seqs, overrides)?;
+            return Ok(hidden
+                .into_iter()
+                .map(|last_hidden| SegmentOutput {
+                    last_hidden,
+                    snapshot: None,
+                })
+                .collect());
+        }
+        let shapes = self.layer_shapes();
+        for (i, seg) in segs.iter().enumerate() {
+            if let Some(state) = seg.resume {
+                state
+                    .check_shape(&shapes)
+                    .with_context(|| format!("sequence {i}"))?;
+            }
+        }
+        let starts: Vec<u32> = segs
+            .iter()
+            .map(|s| s.resume.map_or(0, PrefixState::next_position))
+            .collect();
+        let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
+        // Refused before any state is staged for it.
+        self.limits.check(rows, segs.len())?;
+        let mut carry = self.stage_carry(segs, &shapes, rows)?;
+        let hidden = self.run(&seqs, overrides, &starts, Some(&mut carry))?;
+        let mut snapshots = self.read_snapshots(segs, &starts, &carry, rows)?;
+        Ok(hidden
+            .into_iter()
+            .zip(snapshots.iter_mut())
+            .map(|(last_hidden, snapshot)| SegmentOutput {
+                last_hidden,
+                snapshot: snapshot.take(),
+            })
+            .collect())
+    }
+
+    /// Uploads what `segs` resume from and allocates room for the snapshots they ask for.
+    fn stage_carry(
+        &self,
+        segs: &[Segment<'_>],
+        shapes: &[LayerShape],
+        rows: usize,
+    ) -> Result<Carry<B>> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let any_resume = segs.iter().any(|s| s.resume.is_some());
+        let any_snapshot = segs.iter().any(|s| s.snapshot);
+        let n = segs.len();
+        let mut layers = Vec::with_capacity(shapes.len());
+        for (i, shape) in shapes.iter().enumerate() {
+            // One buffer per layer and direction, packed over the batch's sequences (zeros, or
+            // nothing, for a sequence that resumes from nothing).
+            let gather = |zeros: usize, part: fn(&LayerState) -> &[f32]| -> Result<B::Buf> {
+                let mut host = Vec::new();
+                for seg in segs {
+                    match seg.resume {
+                        Some(state) => host.extend_from_slice(part(&state.layers()[i])),
+                        None => host.resize(host.len() + zeros, 0.0),
+                    }
+                }
+                be.upload(&host).map_err(e)
+            };
+            layers.push(match *shape {
+                LayerShape::DeltaNet {
+                    state_len,
+                    window_len,
+                } => LayerCarry::DeltaNet {
+                    state_in: any_resume
+                        .then(|| gather(state_len, delta_state))
+                        .transpose()?,
+                    window_in: any_resume
+                        .then(|| gather(window_len, delta_window))
+                        .transpose()?,
+                    state_out: any_snapshot
+                        .then(|| be.alloc(n * state_len).map_err(e))
+                        .transpose()?,
+                    window_out: any_snapshot
+                        .then(|| be.alloc(n * window_len).map_err(e))
+                        .transpose()?,
+                },
+                LayerShape::Attention { kv_width } => LayerCarry::Attention {
+                    prefix: any_resume
+                        .then(|| Ok::<_, anyhow::Error>((gather(0, keys)?, gather(0, values)?)))
+                        .transpose()?,
+                    kv_out: any_snapshot
+                        .then(|| {
+                            let alloc = || be.alloc(rows * kv_width).map_err(e);
+                            Ok::<_, anyhow::Error>((alloc()?, alloc()?))
+                        })
+                        .transpose()?,
+                },
+            });
+        }
+        let cu_prefix = if any_resume {
+            let mut cu = vec![0u32];
+            for seg in segs {
+                let tokens = seg.resume.map_or(0, PrefixState::tokens);
+                cu.push(cu[cu.len() - 1] + tokens as u32);
+            }
+            let mut idx = be.alloc_idx(cu.len()).map_err(e)?;
+            be.write_idx(&mut idx, &cu).map_err(e)?;
+            Some((idx, cu[n] as usize))
+        } else {
+            None
+        };
+        Ok(Carry { layers, cu_prefix })
+    }
+
+    /// The snapshots `segs` asked for, from what the pass wrote into `carry`.
+    fn read_snapshots(
+        &self,
+        segs: &[Segment<'_>],
+        starts: &[u32],
+        carry: &Carry<B>,
+        rows: usize,
+    ) -> Result<Vec<Option<PrefixState>>> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        if !segs.iter().any(|s| s.snapshot) {
+            return Ok(vec![None; segs.len()]);
+        }
+        let mut per_seq: Vec<Vec<LayerState>> = segs.iter().map(|_| Vec::new()).collect();
+        let n = segs.len();
+        let kv_w = self.dims.kv_width();
+        for (i, layer) in carry.layers.iter().enumerate() {
+            match layer {
+                LayerCarry::DeltaNet {
+                    state_out: Some(state),
+                    window_out: Some(window),
+                    ..
+                } => {
+                    let (state_len, window_len) = (
+                        self.dims.delta.state_len(),
+                        (self.dims.conv_kernel - 1) * self.dims.delta.qkv_width(),
+                    );
+                    let state = be.read(state, n * state_len).map_err(e)?;
+                    let window = be.read(window, n * window_len).map_err(e)?;
+                    for (s, out) in per_seq.iter_mut().enumerate() {
+                        if segs[s].snapshot {
+                            out.push(LayerState::DeltaNet {
+                                state: state[s * state_len..][..state_len].to_vec(),
+                                conv_window: window[s * window_len..][..window_len].to_vec(),
+                            });
+                        }
+                    }
+                }
+                LayerCarry::Attention {
+                    kv_out: Some((k_out, v_out)),
+                    ..
+                } => {
+                    let k_all = be.read(k_out, rows * kv_w).map_err(e)?;
+                    let v_all = be.read(v_out, rows * kv_w).map_err(e)?;
+                    let mut start = 0;
+                    for (s, out) in per_seq.iter_mut().enumerate() {
+                        let own = segs[s].input.token_ids.len() * kv_w;
+                        if segs[s].snapshot {
+                            // The prefix's keys first, then the segment's own.
+                            let (mut k, mut v) = match segs[s].resume {
+                                Some(state) => {
+                                    let layer = &state.layers()[i];
+                                    (keys(layer).to_vec(), values(layer).to_vec())
+                                }
+                                None => (Vec::new(), Vec::new()),
+                            };
+                            k.extend_from_slice(&k_all[start..start + own]);
+                            v.extend_from_slice(&v_all[start..start + own]);
+                            out.push(LayerState::Attention { k, v });
+                        }
+                        start += own;
+                    }
+                }
+                _ => bail!("no room was made for the snapshots asked for"),
+            }
+        }
+        Ok(segs
+            .iter()
+            .zip(per_seq)
+            .zip(starts)
+            .map(|((seg, layers), &start)| {
+                seg.snapshot.then(|| {
+                    let len = seg.input.token_ids.len();
+                    let prefix = seg.resume.map_or(0, PrefixState::tokens);
+                    // Text continues position by position; after M-RoPE positions, one past the
+                    // largest (as Qwen's text after an image does).
+                    let next = match seg.input.positions {
+                        None => start + len as u32,
+                        Some(p) => p.iter().flatten().map(|&x| x + 1).fold(start, u32::max),
+                    };
+                    PrefixState::new(prefix + len, next, layers)
+                })
+            })
+            .collect())
+    }
+
+    /// The forward pass; `starts[s]` is sequence `s`'s first text position (all 0 when empty), and
+    /// `carry` the states the sequences resume from and the snapshots they ask for.
+    fn run(
+        &mut self,
+        seqs: &[SequenceInput<'_>],
+        overrides: &[Option<EmbeddingOverride<'_>>],
+        starts: &[u32],
+        mut carry: Option<&mut Carry<B>>,
+    ) -> Result<Vec<Vec<f32>>> {
         ensure!(
             overrides.len() <= seqs.len(),
             "{} embedding overrides for {} sequences",
             overrides.len(),
             seqs.len()
         );
-        let (n, rows) = self.stage_inputs(seqs)?;
+        let (n, rows) = self.stage_inputs(seqs, starts)?;
         // With overrides, `residual` already holds the (edited) input embeddings.
         let embedded = overrides.iter().any(Option::is_some);
         if embedded {
@@ -566,9 +867,15 @@ impl<B: Backend> TextModel<B> {
             if compact_mixer {
                 gather_last(ws).map_err(e)?;
             }
+            let layer_carry = carry.as_deref_mut().map(|c| {
+                let Carry { layers, cu_prefix } = c;
+                (&mut layers[i], &*cu_prefix)
+            });
             match &layer.mixer {
-                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, n, rows),
-                MixerBufs::Full(w) => Self::attention(be, d, w, ws, n, rows, compact_mixer),
+                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, (n, rows), layer_carry),
+                MixerBufs::Full(w) => {
+                    Self::attention(be, d, w, ws, (n, rows, compact_mixer), layer_carry)
+                }
             }
             .with_context(|| format!("layer {i} mixer"))?;
             if last && !compact_mixer {
@@ -658,7 +965,11 @@ impl<B: Backend> TextModel<B> {
 
     /// Validates the batch and writes ids, positions and `cu_seqlens` to the backend. Returns
     /// (sequences, tokens).
-    fn stage_inputs(&mut self, seqs: &[SequenceInput<'_>]) -> Result<(usize, usize)> {
+    fn stage_inputs(
+        &mut self,
+        seqs: &[SequenceInput<'_>],
+        starts: &[u32],
+    ) -> Result<(usize, usize)> {
         ensure!(!seqs.is_empty(), "empty batch");
         let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
         self.limits.check(rows, seqs.len())?;
@@ -689,7 +1000,10 @@ impl<B: Backend> TextModel<B> {
                     );
                     positions.extend(p.iter().flatten());
                 }
-                None => positions.extend((0..len as u32).flat_map(|p| [p, p, p])),
+                None => {
+                    let start = starts.get(s).copied().unwrap_or(0);
+                    positions.extend((start..start + len as u32).flat_map(|p| [p, p, p]))
+                }
             }
             cu.push((ids.len()) as u32);
         }
@@ -708,8 +1022,8 @@ impl<B: Backend> TextModel<B> {
         d: &Dims,
         w: &DeltaNetBufs<B>,
         ws: &mut Workspace<B>,
-        n: usize,
-        rows: usize,
+        (n, rows): (usize, usize),
+        carry: Option<CarriedLayer<'_, B>>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let batch = Varlen {
@@ -738,10 +1052,6 @@ impl<B: Backend> TextModel<B> {
             dt_bias: &w.dt_bias,
             heads: hv,
         };
-        let state = DeltaState {
-            initial: None,
-            final_out: None,
-        };
         let input = DeltaNetInput {
             x: &ws.mixer_mid,
             x_at: qkv_at,
@@ -755,8 +1065,38 @@ impl<B: Backend> TextModel<B> {
             beta: &mut ws.beta,
             g: &mut ws.decay,
         };
-        be.delta_net_core(input, batch, d.delta, state, scratch, &mut ws.core)
-            .map_err(e)?;
+        match carry {
+            None => {
+                let state = DeltaState {
+                    initial: None,
+                    final_out: None,
+                };
+                be.delta_net_core(input, batch, d.delta, state, scratch, &mut ws.core)
+            }
+            Some((
+                LayerCarry::DeltaNet {
+                    state_in,
+                    window_in,
+                    state_out,
+                    window_out,
+                },
+                _,
+            )) => {
+                let carry = DeltaCarry {
+                    state: DeltaState {
+                        initial: state_in.as_ref(),
+                        final_out: state_out.as_mut(),
+                    },
+                    window: ConvWindow {
+                        input: window_in.as_ref(),
+                        output: window_out.as_mut(),
+                    },
+                };
+                be.delta_net_core_carried(input, batch, d.delta, carry, scratch, &mut ws.core)
+            }
+            Some(_) => bail!("an attention layer's carry at a DeltaNet layer"),
+        }
+        .map_err(e)?;
         let norm = GatedNorm {
             z: &ws.mixer_mid,
             z_at,
@@ -783,9 +1123,8 @@ impl<B: Backend> TextModel<B> {
         d: &Dims,
         w: &AttentionBufs<B>,
         ws: &mut Workspace<B>,
-        n: usize,
-        rows: usize,
-        last_only: bool,
+        (n, rows, last_only): (usize, usize, bool),
+        carry: Option<CarriedLayer<'_, B>>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let h = d.hidden;
@@ -809,14 +1148,34 @@ impl<B: Backend> TextModel<B> {
             rope: &d.rope,
             eps: d.eps,
         };
-        be.gated_attention(
-            &mut ws.proj,
-            prologue,
-            batch,
-            d.attn,
-            last_only,
-            &mut ws.mixer_mid,
-        )
+        match carry {
+            None => be.gated_attention(
+                &mut ws.proj,
+                prologue,
+                batch,
+                d.attn,
+                last_only,
+                &mut ws.mixer_mid,
+            ),
+            Some((LayerCarry::Attention { prefix, kv_out }, cu_prefix)) => {
+                let prefix = match (prefix, cu_prefix) {
+                    (Some((k, v)), Some((cu_prefix, rows))) => Some(PrefixKv {
+                        k: &*k,
+                        v: &*v,
+                        cu_prefix,
+                        rows: *rows,
+                    }),
+                    _ => None,
+                };
+                let output = AttentionOutput {
+                    out: &mut ws.mixer_mid,
+                    last_only,
+                    kv: kv_out.as_mut().map(|(k, v)| (k, v)),
+                };
+                be.gated_attention_carried(&mut ws.proj, prologue, batch, d.attn, prefix, output)
+            }
+            Some(_) => bail!("a DeltaNet layer's carry at an attention layer"),
+        }
         .map_err(e)?;
         let (out_rows, residual) = if last_only {
             (n, &mut ws.last)
@@ -832,5 +1191,33 @@ impl<B: Backend> TextModel<B> {
         )
         .map_err(e)?;
         Ok(())
+    }
+}
+
+fn delta_state(layer: &LayerState) -> &[f32] {
+    match layer {
+        LayerState::DeltaNet { state, .. } => state,
+        LayerState::Attention { .. } => &[],
+    }
+}
+
+fn delta_window(layer: &LayerState) -> &[f32] {
+    match layer {
+        LayerState::DeltaNet { conv_window, .. } => conv_window,
+        LayerState::Attention { .. } => &[],
+    }
+}
+
+fn keys(layer: &LayerState) -> &[f32] {
+    match layer {
+        LayerState::Attention { k, .. } => k,
+        LayerState::DeltaNet { .. } => &[],
+    }
+}
+
+fn values(layer: &LayerState) -> &[f32] {
+    match layer {
+        LayerState::Attention { v, .. } => v,
+        LayerState::DeltaNet { .. } => &[],
     }
 }

@@ -1,7 +1,7 @@
 //! Argument structs of the [`Backend`](super::Backend) ops: the parameters that always travel
 //! together, named once, so that no call passes eight positional sizes in the right order by luck.
 
-use super::{Buffers, DeltaGates, HeadLayout, Rope, Store, Strided};
+use super::{Buffers, DeltaGates, DeltaState, HeadLayout, Rope, Store, Strided};
 
 /// Copy for structs of shared references (a derive would ask `Buf: Copy`).
 macro_rules! copy_by_reference {
@@ -151,6 +151,55 @@ impl<Buf> ConvWindow<'_, Buf> {
             output: None,
         }
     }
+}
+
+/// What a Gated DeltaNet layer's core carries across calls of one sequence: the recurrent state
+/// and the conv window, each in and out (see [`DeltaState`] and [`ConvWindow`] for the layouts).
+/// A sequence resumed from a snapshot reads both; a sequence whose end is snapshotted writes both.
+pub struct DeltaCarry<'a, B: Buffers + ?Sized> {
+    pub state: DeltaState<'a, B>,
+    pub window: ConvWindow<'a, B::Buf>,
+}
+
+impl<B: Buffers + ?Sized> DeltaCarry<'_, B> {
+    /// Whether anything is carried in or out.
+    pub fn is_some(&self) -> bool {
+        self.state.initial.is_some()
+            || self.state.final_out.is_some()
+            || self.window.input.is_some()
+            || self.window.output.is_some()
+    }
+}
+
+/// Keys and values an attention layer attends to before each sequence's own rows: the cached
+/// prefix of every sequence, packed back to back. `k` and `v` rows are `[kv_heads·head_dim]` (k
+/// after its head norm and rope at the prefix positions, v as projected); sequence `s` owns rows
+/// `cu_prefix[s]..cu_prefix[s + 1]` (`num_seqs + 1` entries in an index buffer, as `cu_seqlens`;
+/// an empty range is a sequence with no prefix). `rows` is `cu_prefix[num_seqs]`, known on the
+/// host. The batch's own positions must continue the prefix's (the op ropes only its own rows).
+pub struct PrefixKv<'a, B: Buffers + ?Sized> {
+    pub k: &'a B::Buf,
+    pub v: &'a B::Buf,
+    pub cu_prefix: &'a B::Idx,
+    pub rows: usize,
+}
+
+impl<B: Buffers + ?Sized> Clone for PrefixKv<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Buffers + ?Sized> Copy for PrefixKv<'_, B> {}
+
+/// Where a resumable attention layer writes: `out` as [`Backend::gated_attention`] does (every row,
+/// or with `last_only` each sequence's last), and optionally every row's key and value (`[rows,
+/// kv_heads·head_dim]` each, k after its norm and rope): the rows a snapshot of the batch keeps.
+///
+/// [`Backend::gated_attention`]: super::Backend::gated_attention
+pub struct AttentionOutput<'a, Buf> {
+    pub out: &'a mut Buf,
+    pub last_only: bool,
+    pub kv: Option<(&'a mut Buf, &'a mut Buf)>,
 }
 
 /// The heads an op L2-normalises in place and the norm's epsilon.

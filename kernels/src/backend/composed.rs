@@ -2,8 +2,8 @@
 //! its kernel does not take.
 
 use super::{
-    Backend, Conv1d, ConvWindow, DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch,
-    DeltaState, GateOutputs, HeadLayout, KernelResult, L2Heads, Rope, Varlen,
+    Backend, Conv1d, ConvWindow, DeltaCarry, DeltaDims, DeltaInputs, DeltaNetInput,
+    DeltaNetScratch, DeltaState, GateOutputs, HeadLayout, KernelResult, L2Heads, Rope, Varlen,
 };
 
 /// [`Backend::conv1d_silu_l2`] as its two ops: the trait's default, and a fusing backend's path for
@@ -71,4 +71,34 @@ pub(crate) fn delta_net_core_apart<B: Backend + ?Sized>(
         g: &*g,
     };
     be.gated_delta_rule_chunked(inputs, batch, dims, state, out)
+}
+
+/// [`Backend::delta_net_core_carried`] as its ops: the conv with the carried window, the q/k L2
+/// norm, the gates and the chunked rule with the carried state. The same ops as
+/// [`delta_net_core_apart`] when nothing is carried.
+pub(crate) fn delta_net_core_carried_apart<B: Backend + ?Sized>(
+    be: &B,
+    input: DeltaNetInput<'_, B::Buf>,
+    (batch, dims): (Varlen<'_, B::Idx>, DeltaDims),
+    carry: DeltaCarry<'_, B>,
+    scratch: DeltaNetScratch<'_, B::Buf>,
+    out: &mut B::Buf,
+) -> KernelResult<()> {
+    let DeltaNetScratch { conv, beta, g } = scratch;
+    let conv_in = Conv1d {
+        x: input.x,
+        x_at: input.x_at,
+        weight: input.conv_weight,
+        channels: dims.qkv_width(),
+        kernel: input.kernel,
+    };
+    be.conv1d_silu(conv_in, batch, carry.window, conv)?;
+    be.l2_norm(conv, dims.qk_layout(), batch.rows, input.l2_eps)?;
+    be.delta_gates(input.gates, batch.rows, GateOutputs { beta, g })?;
+    let inputs = DeltaInputs {
+        qkv: &*conv,
+        beta: &*beta,
+        g: &*g,
+    };
+    be.gated_delta_rule_chunked(inputs, batch, dims, carry.state, out)
 }

@@ -20,10 +20,12 @@ mod layout;
 mod rope;
 
 pub use args::{
-    Conv1d, ConvWindow, DeltaInputs, DeltaNetInput, DeltaNetScratch, GateOutputs, GatedNorm,
-    GemmShape, L2Heads, Projection, QkPrologue, RowNorm,
+    AttentionOutput, Conv1d, ConvWindow, DeltaCarry, DeltaInputs, DeltaNetInput, DeltaNetScratch,
+    GateOutputs, GatedNorm, GemmShape, L2Heads, PrefixKv, Projection, QkPrologue, RowNorm,
 };
-pub(crate) use composed::{conv1d_silu_then_l2, delta_net_core_apart, qk_norm_then_rope};
+pub(crate) use composed::{
+    conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
+};
 pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
 pub use layout::{HeadLayout, Strided, Varlen};
 pub use rope::Rope;
@@ -230,6 +232,29 @@ pub trait Backend: Buffers {
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 
+    /// [`Self::gated_attention`] for sequences that may continue a prefix (a prefix-state
+    /// snapshot, or the previous chunk of a long prompt): sequence `s`'s queries attend to all of
+    /// its rows in `prefix`, then causally to its own rows. `output.kv`, if given, receives every
+    /// row's k (after norm and rope) and v, so that the batch's ends can be snapshotted. The
+    /// positions in `prologue` are the batch's own, continuing each prefix.
+    ///
+    /// With no prefix and no kv output this is [`Self::gated_attention`], bit for bit. The default
+    /// refuses anything else: a backend opts in by overriding it (the CPU backend does).
+    fn gated_attention_carried(
+        &self,
+        qkv: &mut Self::Buf,
+        prologue: QkPrologue<'_, Self>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: AttentionDims,
+        prefix: Option<PrefixKv<'_, Self>>,
+        output: AttentionOutput<'_, Self::Buf>,
+    ) -> KernelResult<()> {
+        if prefix.is_some() || output.kv.is_some() {
+            return Err(prefix_unsupported("gated_attention_carried", self));
+        }
+        self.gated_attention(qkv, prologue, batch, dims, output.last_only, output.out)
+    }
+
     /// Causal depthwise conv1d (no bias) then SiLU, per sequence: `out_t[c] = silu(Σ_i w[c][i] ·
     /// x_{t-kernel+1+i}[c])`, `w: [channels, kernel]`. `x` rows (of `channels`) sit at `x_at`, so
     /// the conv can read its block of a stacked projection; `out` is dense `[rows, channels]`.
@@ -323,6 +348,28 @@ pub trait Backend: Buffers {
         delta_net_core_apart(self, input, (batch, dims), state, scratch, out)
     }
 
+    /// [`Self::delta_net_core`] with the conv window carried as well as the recurrent state
+    /// ([`DeltaCarry`]): sequences may resume from a snapshot's window and state, and the ends of
+    /// the batch's sequences may be written out. The conv reads `carry.window.input` before each
+    /// sequence's first row instead of zeros (as [`Self::conv1d_silu`] does).
+    ///
+    /// With no window this is [`Self::delta_net_core`]. The default refuses a window: a backend
+    /// opts in by overriding it (the CPU backend does).
+    fn delta_net_core_carried(
+        &self,
+        input: DeltaNetInput<'_, Self::Buf>,
+        batch: Varlen<'_, Self::Idx>,
+        dims: DeltaDims,
+        carry: DeltaCarry<'_, Self>,
+        scratch: DeltaNetScratch<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        if carry.window.input.is_some() || carry.window.output.is_some() {
+            return Err(prefix_unsupported("delta_net_core_carried", self));
+        }
+        self.delta_net_core(input, batch, dims, carry.state, scratch, out)
+    }
+
     /// Gated delta rule token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`.
     fn gated_delta_rule_recurrent(
         &self,
@@ -389,6 +436,18 @@ pub trait Backend: Buffers {
         dim: usize,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+}
+
+/// The refusal of a backend that does not carry prefix states (yet): a clear error instead of
+/// answers computed as if there were no prefix.
+fn prefix_unsupported<B: Backend + ?Sized>(op: &'static str, backend: &B) -> KernelError {
+    KernelError::invalid(
+        op,
+        format!(
+            "prefix states are not implemented on {} yet",
+            backend.name()
+        ),
+    )
 }
 
 /// Which GELU: the tanh approximation (`gelu_pytorch_tanh`, vision block MLPs) or the exact erf

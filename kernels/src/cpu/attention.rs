@@ -1,4 +1,5 @@
-//! Gated causal GQA attention within each packed sequence.
+//! Gated causal GQA attention within each packed sequence, optionally after a per-sequence
+//! prefix of cached keys and values.
 
 use super::{check_len, exp_shifted, seq_ranges, sigmoid};
 use crate::backend::{AttentionDims, KernelResult, Strided, Varlen};
@@ -24,16 +25,29 @@ pub(super) fn gated_causal_gqa(
         ],
         batch,
         dims,
+        None,
         out,
     )
 }
 
+/// A prefix's keys and values on the CPU: dense `[prefix rows, kv_heads·head_dim]` each, and the
+/// `num_seqs + 1` row offsets of each sequence's prefix.
+pub(super) struct Prefix<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub cu: &'a Vec<u32>,
+    pub rows: usize,
+}
+
 /// [`gated_causal_gqa`] with `qg`, `k` and `v` rows where their [`Strided`] layouts put them
-/// (e.g. the column blocks of one stacked projection).
+/// (e.g. the column blocks of one stacked projection), and each sequence's queries attending to
+/// its `prefix` rows first. With no prefix (or empty ones) the arithmetic is the same, in the same
+/// order, as without.
 pub(super) fn gated_causal_gqa_at(
     [(qg, qg_at), (k, k_at), (v, v_at)]: [(&[f32], Strided); 3],
     batch: Varlen<'_, Vec<u32>>,
     dims: AttentionDims,
+    prefix: Option<Prefix<'_>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "attention";
@@ -53,10 +67,25 @@ pub(super) fn gated_causal_gqa_at(
     check_len(OP, "k", k, k_at.required_len(rows, kv_w))?;
     check_len(OP, "v", v, v_at.required_len(rows, kv_w))?;
     check_len(OP, "out", out, rows * out_w)?;
+    let prefix_ranges = match &prefix {
+        Some(p) => {
+            let cu = Varlen {
+                cu_seqlens: p.cu,
+                num_seqs: batch.num_seqs,
+                rows: p.rows,
+            };
+            let ranges = seq_ranges("attention prefix", cu, p.rows)?;
+            check_len(OP, "prefix k", p.k, p.rows * kv_w)?;
+            check_len(OP, "prefix v", p.v, p.rows * kv_w)?;
+            ranges
+        }
+        None => vec![0..0; ranges.len()],
+    };
+    let (prefix_k, prefix_v) = prefix.as_ref().map_or((&[][..], &[][..]), |p| (p.k, p.v));
 
     let mut probs = Vec::new();
     let mut acc = vec![0.0f32; d];
-    for r in ranges {
+    for (r, pr) in ranges.into_iter().zip(prefix_ranges) {
         for h in 0..q_heads {
             let kh = h / group;
             for i in r.clone() {
@@ -64,6 +93,12 @@ pub(super) fn gated_causal_gqa_at(
                 let gate = &qg[qg_at.at(i, h * 2 * d + d)..][..d];
                 probs.clear();
                 let mut max = f32::NEG_INFINITY;
+                for j in pr.clone() {
+                    let kj = &prefix_k[j * kv_w + kh * d..][..d];
+                    let s = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    max = max.max(s);
+                    probs.push(s);
+                }
                 for j in r.start..=i {
                     let kj = &k[k_at.at(j, kh * d)..][..d];
                     let s = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
@@ -72,7 +107,15 @@ pub(super) fn gated_causal_gqa_at(
                 }
                 let denom = exp_shifted(&mut probs, max);
                 acc.fill(0.0);
-                for (j, &p) in (r.start..=i).zip(probs.iter()) {
+                let (before, own) = probs.split_at(pr.len());
+                for (j, &p) in pr.clone().zip(before) {
+                    let vj = &prefix_v[j * kv_w + kh * d..][..d];
+                    let w = p / denom;
+                    for (a, &x) in acc.iter_mut().zip(vj) {
+                        *a += w * x;
+                    }
+                }
+                for (j, &p) in (r.start..=i).zip(own) {
                     let vj = &v[v_at.at(j, kh * d)..][..d];
                     let w = p / denom;
                     for (a, &x) in acc.iter_mut().zip(vj) {

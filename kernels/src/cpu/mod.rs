@@ -11,9 +11,10 @@ mod vision;
 use std::ops::Range;
 
 use crate::backend::{
-    AttentionDims, Backend, Buffers, Conv1d, ConvWindow, DeltaDims, DeltaGates, DeltaInputs,
-    DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, QkPrologue,
-    Rope, RowNorm, Store, Varlen, VisionBackend,
+    delta_net_core_carried_apart, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d,
+    ConvWindow, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch,
+    DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, PrefixKv,
+    QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -260,6 +261,23 @@ impl Backend for CpuBackend {
         last_only: bool,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
+        let output = AttentionOutput {
+            out,
+            last_only,
+            kv: None,
+        };
+        self.gated_attention_carried(qkv, prologue, batch, dims, None, output)
+    }
+
+    fn gated_attention_carried(
+        &self,
+        qkv: &mut Vec<f32>,
+        prologue: QkPrologue<'_, Self>,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: AttentionDims,
+        prefix: Option<PrefixKv<'_, Self>>,
+        output: AttentionOutput<'_, Vec<f32>>,
+    ) -> KernelResult<()> {
         let (rows, eps, positions) = (batch.rows, prologue.eps, prologue.positions);
         let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
         self.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
@@ -267,14 +285,30 @@ impl Backend for CpuBackend {
         self.rope(qkv, q_at, positions, rows, prologue.rope)?;
         self.rope(qkv, k_at, positions, rows, prologue.rope)?;
         let [qg_at, kv_at, v_at] = dims.stacked_blocks();
+        if let Some((k_out, v_out)) = output.kv {
+            let kv_w = dims.kv_heads * dims.head_dim;
+            check_len("gated_attention", "qkv", qkv, v_at.required_len(rows, kv_w))?;
+            for (at, dst, what) in [(kv_at, k_out, "k out"), (v_at, v_out, "v out")] {
+                check_len("gated_attention", what, dst, rows * kv_w)?;
+                for t in 0..rows {
+                    dst[t * kv_w..][..kv_w].copy_from_slice(&qkv[at.at(t, 0)..][..kv_w]);
+                }
+            }
+        }
+        let prefix = prefix.map(|p| attention::Prefix {
+            k: p.k,
+            v: p.v,
+            cu: p.cu_prefix,
+            rows: p.rows,
+        });
         let inputs = [(&qkv[..], qg_at), (&qkv[..], kv_at), (&qkv[..], v_at)];
-        if !last_only {
-            return attention::gated_causal_gqa_at(inputs, batch, dims, out);
+        if !output.last_only {
+            return attention::gated_causal_gqa_at(inputs, batch, dims, prefix, output.out);
         }
         let out_w = dims.q_heads * dims.head_dim;
         let mut all = vec![0.0; rows * out_w];
-        attention::gated_causal_gqa_at(inputs, batch, dims, &mut all)?;
-        dense::gather_last(&all, batch, out_w, out)
+        attention::gated_causal_gqa_at(inputs, batch, dims, prefix, &mut all)?;
+        dense::gather_last(&all, batch, out_w, output.out)
     }
 
     fn conv1d_silu(
@@ -315,6 +349,18 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
         delta::run(delta::Mode::Chunked, inputs, batch, dims, state, out)
+    }
+
+    fn delta_net_core_carried(
+        &self,
+        input: DeltaNetInput<'_, Vec<f32>>,
+        batch: Varlen<'_, Vec<u32>>,
+        dims: DeltaDims,
+        carry: DeltaCarry<'_, Self>,
+        scratch: DeltaNetScratch<'_, Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        delta_net_core_carried_apart(self, input, (batch, dims), carry, scratch, out)
     }
 
     fn gated_delta_rule_recurrent(

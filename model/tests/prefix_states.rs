@@ -1,0 +1,227 @@
+//! Prefix-state snapshots on the tiny demo model (CPU): a prompt run as prefix → snapshot →
+//! tail answers as the whole prompt run at once, within 1e-5 per probability, at every cut the
+//! kernels treat specially (the conv window, the delta rule's 64-token chunk grid), in batches
+//! mixing resumed and fresh sequences, and chained over several chunks.
+
+use instinct_kernels::CpuBackend;
+use instinct_model::decider::{load_text, Decider, Prompt, QuestionSegment};
+use instinct_model::forward::BatchLimits;
+use instinct_model::prefix::{LayerState, PrefixState};
+
+const LETTERS: usize = 6;
+const TOLERANCE: f32 = 1e-5;
+
+struct Fixture {
+    decider: Decider<CpuBackend>,
+    /// Ids of a long text from the real (tiny) tokenizer.
+    text: Vec<u32>,
+}
+
+fn fixture() -> Fixture {
+    let demo = instinct_model::demo::materialize(&std::env::temp_dir()).unwrap();
+    let loaded = load_text(
+        CpuBackend::new(),
+        &demo.model_dir,
+        Some(&demo.text_adapter_dir),
+        BatchLimits::new(1024, 8),
+    )
+    .unwrap();
+    let paragraph = "The agent looks at the screen, reads the question and the options, and picks \
+                     the letter of the action that moves the task forward; when two options look \
+                     alike it prefers the one that keeps the user's data safe. ";
+    let text = loaded.tokenizer.encode(&paragraph.repeat(12)).unwrap();
+    assert!(text.len() >= 300, "{} tokens", text.len());
+    Fixture {
+        decider: loaded.decider,
+        text,
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+impl Fixture {
+    fn whole(&mut self, ids: &[u32]) -> Vec<f32> {
+        self.decider
+            .decide(&[Prompt::text(ids, LETTERS)])
+            .unwrap()
+            .remove(0)
+    }
+
+    fn snapshot(&mut self, ids: &[u32], resume: Option<&PrefixState>) -> PrefixState {
+        let mut out = self
+            .decider
+            .decide_segments(&[QuestionSegment::prefix(ids, resume)])
+            .unwrap();
+        assert!(out[0].probabilities.is_none(), "a prefix has no answer");
+        out.remove(0).snapshot.expect("the snapshot asked for")
+    }
+
+    fn tail(&mut self, ids: &[u32], resume: &PrefixState) -> Vec<f32> {
+        let seg = QuestionSegment::answer(Prompt::text(ids, LETTERS), Some(resume));
+        let mut out = self.decider.decide_segments(&[seg]).unwrap();
+        assert!(out[0].snapshot.is_none(), "no snapshot was asked for");
+        out.remove(0).probabilities.unwrap()
+    }
+}
+
+#[test]
+fn a_tail_resumed_from_its_prefix_answers_as_the_whole_prompt() {
+    let mut f = fixture();
+    let prompt = f.text[..140].to_vec();
+    let whole = f.whole(&prompt);
+    let mut worst = 0f32;
+    // 1 and 2 are shorter than the conv window (3 rows), 3 fills it; 63/64/65 and 127/128/129
+    // straddle the delta rule's chunk grid; 139 leaves a tail of one token.
+    for cut in [1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 139] {
+        let snap = f.snapshot(&prompt[..cut], None);
+        assert_eq!(snap.tokens(), cut);
+        assert_eq!(snap.next_position(), cut as u32);
+        let resumed = f.tail(&prompt[cut..], &snap);
+        let diff = max_diff(&resumed, &whole);
+        assert!(diff <= TOLERANCE, "cut at {cut}: |Δp| {diff}");
+        worst = worst.max(diff);
+        // The same tail without its prefix answers differently: the test would see a prefix
+        // that was ignored.
+        let alone = f.whole(&prompt[cut..]);
+        assert!(max_diff(&alone, &whole) > 20.0 * TOLERANCE, "cut at {cut}");
+    }
+    eprintln!("largest |Δp| over the cuts: {worst:e}");
+}
+
+#[test]
+fn one_batch_mixes_resumed_fresh_and_snapshotting_sequences() {
+    let mut f = fixture();
+    let (a, b, c) = (
+        f.text[..100].to_vec(),
+        f.text[37..120].to_vec(),
+        f.text[150..190].to_vec(),
+    );
+    let (cut_a, cut_b) = (64, 2);
+    // Two prefixes snapshotted and a whole question answered in one pass.
+    let first = f
+        .decider
+        .decide_segments(&[
+            QuestionSegment::prefix(&a[..cut_a], None),
+            QuestionSegment::answer(Prompt::text(&c, LETTERS), None),
+            QuestionSegment::prefix(&b[..cut_b], None),
+        ])
+        .unwrap();
+    let snap_a = first[0].snapshot.clone().unwrap();
+    let snap_b = first[2].snapshot.clone().unwrap();
+    assert!(first[1].snapshot.is_none());
+    // A snapshot does not depend on what shared its pass.
+    assert_eq!(snap_a, f.snapshot(&a[..cut_a], None));
+    assert_eq!(snap_b, f.snapshot(&b[..cut_b], None));
+    let c_whole = f.whole(&c);
+    assert!(max_diff(first[1].probabilities.as_ref().unwrap(), &c_whole) <= TOLERANCE);
+
+    // Tails of both prefixes, a second tail of `a` (one snapshot read twice) and a fresh question.
+    let a2 = [&a[..cut_a], &f.text[200..230]].concat();
+    let second = f
+        .decider
+        .decide_segments(&[
+            QuestionSegment::answer(Prompt::text(&a[cut_a..], LETTERS), Some(&snap_a)),
+            QuestionSegment::answer(Prompt::text(&c, LETTERS), None),
+            QuestionSegment::answer(Prompt::text(&b[cut_b..], LETTERS), Some(&snap_b)),
+            QuestionSegment::answer(Prompt::text(&a2[cut_a..], LETTERS), Some(&snap_a)),
+        ])
+        .unwrap();
+    let want = [f.whole(&a), c_whole, f.whole(&b), f.whole(&a2)];
+    let mut worst = 0f32;
+    for (i, (got, want)) in second.iter().zip(&want).enumerate() {
+        let diff = max_diff(got.probabilities.as_ref().unwrap(), want);
+        assert!(diff <= TOLERANCE, "sequence {i}: |Δp| {diff}");
+        worst = worst.max(diff);
+    }
+    // The two tails of `a` are different questions.
+    assert!(max_diff(&want[0], &want[3]) > 20.0 * TOLERANCE);
+    eprintln!("largest |Δp| in the mixed batch: {worst:e}");
+}
+
+#[test]
+fn chained_snapshots_run_a_prompt_in_chunks() {
+    let mut f = fixture();
+    let prompt = f.text[..210].to_vec();
+    let whole = f.whole(&prompt);
+    let mut worst = 0f32;
+    // Chunks off the 64 grid, on it, and a one-token middle.
+    for cuts in [[50, 120], [64, 128], [100, 101]] {
+        let first = f.snapshot(&prompt[..cuts[0]], None);
+        let second = f.snapshot(&prompt[cuts[0]..cuts[1]], Some(&first));
+        assert_eq!(second.tokens(), cuts[1]);
+        assert_eq!(second.next_position(), cuts[1] as u32);
+        let diff = max_diff(&f.tail(&prompt[cuts[1]..], &second), &whole);
+        assert!(diff <= TOLERANCE, "cuts {cuts:?}: |Δp| {diff}");
+        worst = worst.max(diff);
+        // The chained snapshot is the one-step snapshot of the same tokens, up to rounding: the
+        // keys of the first chunk are carried over as they were.
+        let direct = f.snapshot(&prompt[..cuts[1]], None);
+        for (i, (got, want)) in second.layers().iter().zip(direct.layers()).enumerate() {
+            let (got, want) = match (got, want) {
+                (LayerState::Attention { k: gk, .. }, LayerState::Attention { k: wk, .. }) => {
+                    let own = first_layer_keys(&first, i);
+                    assert_eq!(&gk[..own.len()], own, "layer {i}: prefix keys carried");
+                    (gk, wk)
+                }
+                (
+                    LayerState::DeltaNet { state: gs, .. },
+                    LayerState::DeltaNet { state: ws, .. },
+                ) => (gs, ws),
+                _ => panic!("layer {i}: kinds differ"),
+            };
+            let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+            assert!(max_diff(got, want) <= 1e-4 * scale, "layer {i}");
+        }
+    }
+    eprintln!("largest |Δp| over the chains: {worst:e}");
+}
+
+fn first_layer_keys(state: &PrefixState, layer: usize) -> &[f32] {
+    match &state.layers()[layer] {
+        LayerState::Attention { k, .. } => k,
+        LayerState::DeltaNet { .. } => panic!("layer {layer} is not attention"),
+    }
+}
+
+#[test]
+fn a_snapshot_holds_what_its_size_says() {
+    let mut f = fixture();
+    // Tiny config: 6 DeltaNet layers (4 value heads of 32×32 state; conv window 3 rows of
+    // q|k|v = 2·2·32 + 4·32 = 256), 2 attention layers (2 kv heads of 64: k and v, 128 each).
+    let (delta, per_token) = (6 * (4 * 32 * 32 + 3 * 256), 2 * 2 * 128);
+    let text = f.text.clone();
+    for tokens in [1, 5, 70] {
+        let snap = f.snapshot(&text[..tokens], None);
+        let held: usize = snap
+            .layers()
+            .iter()
+            .map(|l| match l {
+                LayerState::DeltaNet { state, conv_window } => state.len() + conv_window.len(),
+                LayerState::Attention { k, v } => k.len() + v.len(),
+            })
+            .sum();
+        assert_eq!(snap.size_bytes(), 4 * held);
+        assert_eq!(snap.size_bytes(), 4 * (delta + per_token * tokens));
+    }
+}
+
+#[test]
+fn a_prefix_shorter_than_the_conv_window_keeps_zeros_before_its_start() {
+    let mut f = fixture();
+    let first = f.text[..1].to_vec();
+    let snap = f.snapshot(&first, None);
+    let channels = 256;
+    for layer in snap.layers() {
+        if let LayerState::DeltaNet { conv_window, .. } = layer {
+            // Oldest first: two rows before the prefix, then its one token.
+            assert!(conv_window[..2 * channels].iter().all(|&x| x == 0.0));
+            assert!(conv_window[2 * channels..].iter().any(|&x| x != 0.0));
+        }
+    }
+}
