@@ -6,9 +6,11 @@
 # minute. Everything lands in $OUT (capacity.json, soak.json, memory.csv, serve.log, summary.json,
 # summary.md).
 #
-# RATE (requests/s) is the load; without it, a 30 s closed loop at 16 clients measures capacity
-# first and the soak runs at LOAD_FRACTION (0.7) of it.
-#   OUT=/tmp/soak MINUTES=10 tools/reference/soak.sh                       # demo model on the CPU
+# RATE (requests/s) is the load; without it, a 30 s closed loop at CLIENTS (16) clients measures
+# capacity first and the soak runs at LOAD_FRACTION (0.7) of it. LOAD_FLAGS adds flags to both
+# instinct-loadtest runs (e.g. a lighter mix for the CPU demo model).
+#   OUT=/tmp/soak MINUTES=10 CLIENTS=4 LOAD_FLAGS="--questions 1 --prompt-tokens 300" \
+#     tools/reference/soak.sh                                               # demo model on the CPU
 #   OUT=$OUT/soak MINUTES=30 SERVE_FLAGS="--device cuda:0 --model /tmp/real/base \
 #     --text-adapter /tmp/real/text" BIN=.carry/bin tools/reference/soak.sh   # on the GPU
 set -euo pipefail
@@ -26,6 +28,8 @@ LOAD_FRACTION=${LOAD_FRACTION:-0.7}
 SEED=${SEED:-78}
 PYTHON=${PYTHON:-python3}
 SERVE_FLAGS=${SERVE_FLAGS:-}
+LOAD_FLAGS=${LOAD_FLAGS:-}
+CLIENTS=${CLIENTS:-16}
 REVISION=${REVISION:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 URL="http://127.0.0.1:$PORT"
 
@@ -46,16 +50,17 @@ curl -sf "$URL/readyz" >/dev/null || { echo "the server never became ready"; exi
 load() {  # load JSON ARGS...: one instinct-loadtest run against the server
   local json=$1
   shift
+  # shellcheck disable=SC2086 # LOAD_FLAGS is a list of flags
   "$BIN/instinct-loadtest" --target "$URL" --seed "$SEED" --synthetic-count 512 --quiet \
-    --json "$json" "$@"
+    --json "$json" $LOAD_FLAGS "$@"
 }
 
 if [[ -z ${RATE:-} ]]; then
-  load "$OUT/capacity.json" --concurrency 16 --duration 30 --requests 1000000
+  load "$OUT/capacity.json" --concurrency "$CLIENTS" --duration 30 --requests 1000000
   RATE=$("$PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1]))["levels"][0]; print(round(r["request_throughput"]*float(sys.argv[2]), 1))' \
     "$OUT/capacity.json" "$LOAD_FRACTION")
 fi
-echo "soak: $MINUTES min at $RATE requests/s against $REVISION ($SERVE_FLAGS)"
+echo "soak: $MINUTES min at $RATE requests/s against $REVISION (serve: ${SERVE_FLAGS:-demo}; load: ${LOAD_FLAGS:-upstream mix})"
 
 # Memory sampler: seconds since start, resident KiB, device bytes in use (0 without a GPU).
 sample_memory() {
@@ -82,4 +87,4 @@ kill "$sampler_pid" 2>/dev/null || true
 wait "$sampler_pid" 2>/dev/null || true
 
 "$PYTHON" "$ROOT/tools/reference/soak_summary.py" "$OUT" --rate "$RATE" --revision "$REVISION" \
-  --serve-flags "$SERVE_FLAGS" --hardware "$(hardware_of cuda:0 2>/dev/null || true) / $(nproc) CPUs"
+  --serve-flags "$SERVE_FLAGS" --load-flags "$LOAD_FLAGS" --hardware "$(hardware_of cuda:0 2>/dev/null || true) / $(nproc) CPUs"

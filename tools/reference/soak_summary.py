@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--rate", type=float, required=True)
     ap.add_argument("--revision", default="unknown")
     ap.add_argument("--serve-flags", default="")
+    ap.add_argument("--load-flags", default="")
     ap.add_argument("--hardware", default="unknown")
     a = ap.parse_args()
 
@@ -58,6 +59,7 @@ def main():
     summary = {
         "revision": a.revision,
         "serve_flags": a.serve_flags,
+        "load_flags": a.load_flags,
         "hardware": a.hardware,
         "rate_rps": a.rate,
         "minutes": len(minutes),
@@ -78,7 +80,8 @@ def main():
     lines = [
         f"# Soak at {a.rate} requests/s for {len(minutes)} min ({a.revision})",
         "",
-        f"- hardware: {a.hardware}; serve flags: `{a.serve_flags or '(demo model, cpu)'}`",
+        f"- hardware: {a.hardware}; serve flags: `{a.serve_flags or '(demo model, cpu)'}`; load "
+        f"flags: `{a.load_flags or '(synthetic upstream mix)'}`",
         f"- sent {summary['sent']}, completed {summary['completed']}, rejected (503) "
         f"{summary['rejected_503']}, errors {summary['errors']}, never answered "
         f"{summary['unanswered']}",
