@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -26,24 +26,6 @@ fn repo_file(path: &str) -> String {
         .join("..")
         .join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
-
-/// Kills the server when the test ends, pass or fail.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Metric names in a PromQL expression: identifiers standing where a series selector stands.
@@ -351,7 +333,7 @@ async fn every_metric_in_the_dashboard_and_the_alerts_is_exported() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("starting instinct serve");
-    let _server = Server(child);
+    let _server = KillOnDrop(child);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,24 +12,6 @@ use common::*;
 use instinct::server::{AppState, Settings};
 use instinct_scheduler::Config;
 use serde_json::Value;
-
-/// Kills the Prometheus child when the test ends, pass or fail.
-struct Killer(Child);
-
-impl Drop for Killer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn percent_encode(s: &str) -> String {
     s.bytes()
@@ -95,7 +77,7 @@ async fn prometheus_reads_p99_and_rejections_through_promql() {
         .unwrap_or_else(|e| {
             panic!("cannot start `{binary}` ({e}): install Debian's `prometheus` package (tools/install-test-deps.sh does)")
         });
-    let _prom = Killer(child);
+    let _prom = KillOnDrop(child);
     let prom: std::net::SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
 
     // Load: steady requests, then bursts over the queue so some are rejected.

@@ -54,6 +54,25 @@ pub async fn serve_state(state: Arc<AppState>) -> std::net::SocketAddr {
     addr
 }
 
+/// A child process (a server the test started) killed when the test ends, pass or fail.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port free at the time of asking (for a child process to bind).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
