@@ -55,6 +55,9 @@ pub const TIMEOUT_PHASES: &[&str] = &["head", "idle", "body", "write"];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often histogram samples are drained without a scrape.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Installs the Prometheus recorder (once per process) and returns its handle.
 pub fn install() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
@@ -103,6 +106,21 @@ pub fn install() -> &'static PrometheusHandle {
         counter!(CONNECTIONS_REFUSED_TOTAL).absolute(0);
         for phase in TIMEOUT_PHASES {
             counter!(CONNECTION_TIMEOUTS_TOTAL, "phase" => *phase).absolute(0);
+        }
+        // The recorder keeps every histogram sample until they are drained into the histograms,
+        // which a scrape does; a server nobody scrapes would grow without bound. Drain them
+        // every few seconds regardless.
+        let upkeep = handle.clone();
+        let spawned = std::thread::Builder::new()
+            .name("instinct-metrics-upkeep".into())
+            .spawn(move || loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "no metrics upkeep thread ({e}); histogram samples drain on scrapes only"
+            );
         }
         handle.clone()
     })
