@@ -114,6 +114,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let options = LoadOptions {
         cpu_engines: args.engines,
         image_cache_bytes: args.image_cache_mib << 20,
+        prefix_cache_bytes: args.prefix_cache_mib << 20,
     };
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
