@@ -357,6 +357,23 @@ mod tests {
     }
 
     #[test]
+    fn the_prefix_cache_budget_is_in_mib_and_zero_turns_reuse_off() {
+        let args = serve_args(&[]).unwrap();
+        assert_eq!(
+            crate::serve::load_options(&args).prefix_cache_bytes,
+            256 << 20
+        );
+        let args = serve_args(&["--prefix-cache-mib=1"]).unwrap();
+        assert_eq!(
+            crate::serve::load_options(&args).prefix_cache_bytes,
+            1 << 20
+        );
+        let args = serve_args(&["--prefix-cache-mib=0"]).unwrap();
+        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, 0);
+        assert!(serve_args(&["--prefix-cache-mib=-1"]).is_err());
+    }
+
+    #[test]
     fn connection_limits_have_defaults_and_refuse_zero_and_absurd_values() {
         let args = serve_args(&[]).unwrap();
         let s = crate::serve::settings(&args, "id".into()).unwrap();
