@@ -13,6 +13,7 @@ pub mod image;
 pub mod lora;
 pub mod mrope;
 pub mod prefix;
+pub mod prefix_cache;
 pub mod prompt;
 pub mod pyjson;
 pub mod readout;

@@ -57,6 +57,12 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_IMAGE_CACHE_MIB", default_value_t = 256)]
     pub image_cache_mib: usize,
 
+    /// Byte budget of the prefix-state cache, in MiB (0 turns prefix reuse off): text questions
+    /// sharing a token prefix (within a request, or the system prompt across requests) compute
+    /// it once. CPU backend only for now; GPUs run every prompt whole.
+    #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB", default_value_t = 256)]
+    pub prefix_cache_mib: usize,
+
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
     #[arg(long, env = "INSTINCT_MAX_SCREENSHOT_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
@@ -348,6 +354,23 @@ mod tests {
             "--max-screenshot-body-bytes=1000000",
         ]);
         assert!(crate::serve::settings(&args.unwrap(), "id".into()).is_ok());
+    }
+
+    #[test]
+    fn the_prefix_cache_budget_is_in_mib_and_zero_turns_reuse_off() {
+        let args = serve_args(&[]).unwrap();
+        assert_eq!(
+            crate::serve::load_options(&args).prefix_cache_bytes,
+            256 << 20
+        );
+        let args = serve_args(&["--prefix-cache-mib=1"]).unwrap();
+        assert_eq!(
+            crate::serve::load_options(&args).prefix_cache_bytes,
+            1 << 20
+        );
+        let args = serve_args(&["--prefix-cache-mib=0"]).unwrap();
+        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, 0);
+        assert!(serve_args(&["--prefix-cache-mib=-1"]).is_err());
     }
 
     #[test]

@@ -10,7 +10,9 @@ use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend, KernelError};
 use instinct_model::chat::ChatTemplate;
-use instinct_model::decider::{load_multimodal, load_text, Decider, ImagePrompt, Prompt};
+use instinct_model::decider::{
+    load_multimodal, load_text, Decider, ImagePrompt, LoadedText, Prompt,
+};
 use instinct_model::forward::{BatchLimits, OverLimits};
 use instinct_model::image::preprocess;
 use instinct_model::mrope::{expand_image_placeholders, rope_index};
@@ -21,6 +23,7 @@ use instinct_model::vision::{ImageInput, VisionTower};
 use instinct_scheduler::{Batch, Bucket, Engine, FatalEngineError, Question};
 
 use crate::image_cache::{key_of, EncodedImage, ImageCache};
+use crate::prefix_reuse::{self, PrefixReuse, TEXT_NAMESPACE};
 use crate::screenshot::Screenshot;
 
 /// Renders and tokenizes prompts, and encodes screenshots. Shared by all request tasks: every
@@ -149,6 +152,8 @@ impl Preparer {
 pub struct DeciderEngine<B: Backend> {
     decider: Decider<B>,
     multimodal: Option<Decider<B>>,
+    /// Prefix reuse for text questions, shared with the device's other engines.
+    reuse: Arc<PrefixReuse>,
 }
 
 impl<B: Backend> DeciderEngine<B> {
@@ -223,7 +228,9 @@ impl<B: Backend> DeciderEngine<B> {
         let mut answers = vec![Vec::new(); batch.seqs.len()];
         if !text.is_empty() {
             let prompts: Vec<Prompt> = text.iter().map(|(_, p)| *p).collect();
-            for ((i, _), a) in text.iter().zip(self.decider.decide(&prompts)?) {
+            let decided =
+                prefix_reuse::decide(&mut self.decider, &self.reuse, TEXT_NAMESPACE, &prompts)?;
+            for ((i, _), a) in text.iter().zip(decided) {
                 answers[*i] = a;
             }
         }
@@ -233,6 +240,9 @@ impl<B: Backend> DeciderEngine<B> {
                 .as_mut()
                 .ok_or_else(|| anyhow::anyhow!("screenshot question without a multimodal model"))?;
             let prompts: Vec<Prompt> = shots.iter().map(|(_, p)| *p).collect();
+            // Screenshot prompts run whole: their M-RoPE positions do not resume yet.
+            self.reuse
+                .count_computed(prompts.iter().map(|p| p.ids.len()).sum());
             for ((i, _), a) in shots.iter().zip(decider.decide(&prompts)?) {
                 answers[*i] = a;
             }
@@ -283,6 +293,9 @@ pub struct Loaded {
     pub weights_bytes: u64,
     /// The GPUs the engines run on, if any.
     pub devices: Vec<DeviceMemory>,
+    /// Prefix reuse of each device's engines, in device order (off where the backend does not
+    /// carry states).
+    pub prefix_reuse: Vec<Arc<PrefixReuse>>,
 }
 
 /// Memory of one GPU an engine runs on, for metrics.
@@ -312,6 +325,8 @@ pub struct LoadOptions {
     pub cpu_engines: usize,
     /// Byte budget of the encoded-screenshot cache.
     pub image_cache_bytes: usize,
+    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse).
+    pub prefix_cache_bytes: usize,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -392,6 +407,7 @@ pub fn load_on(
                 all.engines.extend(loaded.engines);
                 all.weights_bytes += loaded.weights_bytes;
                 all.devices.extend(loaded.devices);
+                all.prefix_reuse.extend(loaded.prefix_reuse);
             }
         }
     }
@@ -418,15 +434,20 @@ type LoadScreenshots<B> = fn(
 trait ServingBackend: Backend + Sized + Send + 'static {
     /// How this backend loads the screenshot path, or the part it lacks for it.
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
+    /// Whether its kernels resume from prefix states (and so serve prefix reuse).
+    const CARRIES_PREFIX_STATES: bool;
 }
 
 impl ServingBackend for CpuBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
+    const CARRIES_PREFIX_STATES: bool = true;
 }
 
 impl ServingBackend for CudaBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
         Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
+    // Its delta-rule prepare/conv path and flash attention do not take carried states yet.
+    const CARRIES_PREFIX_STATES: bool = false;
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.
@@ -461,6 +482,7 @@ where
 struct EngineParts<B: Backend> {
     preparer: Preparer,
     engines: Vec<DeciderEngine<B>>,
+    reuse: Arc<PrefixReuse>,
     /// Bytes of f32 weights read for all engines (a screenshot path counts one more language
     /// copy; the small vision tower is not counted).
     weights_bytes: u64,
@@ -482,8 +504,35 @@ where
                 .collect(),
             weights_bytes,
             devices,
+            prefix_reuse: vec![self.reuse],
         }
     }
+}
+
+/// The prefix reuse of `device`'s engines: off where the budget is 0 or the backend does not
+/// carry states (said once in the log when a budget was asked for).
+fn prefix_reuse_for<B: ServingBackend>(
+    device: Device,
+    text: &LoadedText<B>,
+    options: LoadOptions,
+) -> anyhow::Result<PrefixReuse> {
+    if options.prefix_cache_bytes == 0 {
+        return Ok(PrefixReuse::off());
+    }
+    if !B::CARRIES_PREFIX_STATES {
+        tracing::info!(
+            "prefix reuse is off on {device}: its kernels do not resume from prefix states yet \
+             (--prefix-cache-mib applies to the CPU backend)"
+        );
+        return Ok(PrefixReuse::off());
+    }
+    let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
+    tracing::info!(
+        budget_mib = options.prefix_cache_bytes >> 20,
+        system_tokens = system.len(),
+        "prefix reuse on"
+    );
+    Ok(PrefixReuse::new(options.prefix_cache_bytes, system))
 }
 
 /// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
@@ -513,6 +562,7 @@ fn load_engines<B: ServingBackend>(
     };
     let mut engines = Vec::with_capacity(options.cpu_engines);
     let mut preparer: Option<Preparer> = None;
+    let mut reuse: Option<Arc<PrefixReuse>> = None;
     let mut weights_bytes = 0;
     for _ in 0..options.cpu_engines {
         let text = load_text(
@@ -541,6 +591,15 @@ fn load_engines<B: ServingBackend>(
             ),
             None => (None, None),
         };
+        // One cache for the device's engines: they hold the same weights.
+        let reuse = match &reuse {
+            Some(reuse) => reuse.clone(),
+            None => {
+                let r = Arc::new(prefix_reuse_for::<B>(device, &text, options)?);
+                reuse = Some(r.clone());
+                r
+            }
+        };
         // Every engine loads the same files; one preparer (tokenizer, template, tower) serves all.
         preparer.get_or_insert(Preparer {
             tokenizer: text.tokenizer,
@@ -550,10 +609,12 @@ fn load_engines<B: ServingBackend>(
         engines.push(DeciderEngine {
             decider: text.decider,
             multimodal,
+            reuse,
         });
     }
     Ok(EngineParts {
         preparer: preparer.expect("at least one engine was loaded"),
+        reuse: reuse.expect("at least one engine was loaded"),
         engines,
         weights_bytes,
     })
@@ -570,6 +631,7 @@ mod tests {
         let options = LoadOptions {
             cpu_engines: 1,
             image_cache_bytes: 1 << 20,
+            prefix_cache_bytes: 0,
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }

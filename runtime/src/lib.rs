@@ -11,6 +11,7 @@ pub mod framing;
 pub mod image_cache;
 pub mod metrics;
 pub mod openapi;
+pub mod prefix_reuse;
 pub mod problem;
 pub mod screenshot;
 pub mod serve;

@@ -11,6 +11,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use instinct_scheduler::telemetry;
 
 use crate::engine::DeviceMemory;
+use crate::prefix_reuse;
 
 /// Histogram, per request: from the first byte of the body to the answer.
 pub const REQUEST_DURATION_SECONDS: &str = "instinct_request_duration_seconds";
@@ -107,6 +108,11 @@ pub fn install() -> &'static PrometheusHandle {
         for phase in TIMEOUT_PHASES {
             counter!(CONNECTION_TIMEOUTS_TOTAL, "phase" => *phase).absolute(0);
         }
+        for name in prefix_reuse::COUNTERS {
+            counter!(*name).absolute(0);
+        }
+        gauge!(prefix_reuse::BYTES).set(0.0);
+        gauge!(prefix_reuse::BUDGET_BYTES).set(0.0);
         // The recorder keeps every histogram sample until they are drained into the histograms,
         // which a scrape does; a server nobody scrapes would grow without bound. Drain them
         // every few seconds regardless.
@@ -182,6 +188,36 @@ fn describe() {
     describe_counter!(
         CONNECTION_TIMEOUTS_TOTAL,
         "Connections cut by a timeout, by phase: head, idle, body, write"
+    );
+    describe_counter!(
+        prefix_reuse::HITS_TOTAL,
+        "Text questions that resumed from a cached prefix snapshot"
+    );
+    describe_counter!(
+        prefix_reuse::MISSES_TOTAL,
+        "Text questions that found no cached prefix snapshot (prefix reuse on)"
+    );
+    describe_counter!(
+        prefix_reuse::HIT_TOKENS_TOTAL,
+        "Prompt tokens taken from cached prefix snapshots instead of computed"
+    );
+    describe_counter!(
+        prefix_reuse::EVICTIONS_TOTAL,
+        "Prefix snapshots evicted to stay within --prefix-cache-mib"
+    );
+    describe_counter!(
+        prefix_reuse::PROMPT_TOKENS_COMPUTED_TOTAL,
+        "Prompt tokens run through the model (beside instinct_prompt_tokens_total)"
+    );
+    describe_gauge!(
+        prefix_reuse::BYTES,
+        Unit::Bytes,
+        "Bytes of prefix snapshots cached"
+    );
+    describe_gauge!(
+        prefix_reuse::BUDGET_BYTES,
+        Unit::Bytes,
+        "Budget of the prefix cache (--prefix-cache-mib; 0 where prefix reuse is off)"
     );
     describe_gauge!(
         DEVICE_MEMORY_BYTES,

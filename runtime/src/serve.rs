@@ -80,6 +80,15 @@ pub fn settings(args: &ServeArgs, model_id: String) -> anyhow::Result<Settings> 
     })
 }
 
+/// What the loader takes from the flags.
+pub fn load_options(args: &ServeArgs) -> LoadOptions {
+    LoadOptions {
+        cpu_engines: args.engines,
+        image_cache_bytes: args.image_cache_mib << 20,
+        prefix_cache_bytes: args.prefix_cache_mib << 20,
+    }
+}
+
 /// Runs the server until SIGINT or SIGTERM, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = scheduler_config(&args)?;
@@ -111,10 +120,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .device
         .resolve(|| Ok(instinct_kernels::cuda::gpu_count()?))
         .context("--device")?;
-    let options = LoadOptions {
-        cpu_engines: args.engines,
-        image_cache_bytes: args.image_cache_mib << 20,
-    };
+    let options = load_options(&args);
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use instinct::engine::{self, LoadOptions};
+use instinct::prefix_reuse::PrefixReuse;
 use instinct::server::{self, AppState, Ready, Settings};
 use instinct_model::source::{Device, ModelSource};
 use instinct_scheduler::{Config, Scheduler};
@@ -29,12 +30,36 @@ pub fn demo_ready_with(config: Config) -> Ready {
     let options = LoadOptions {
         cpu_engines: 1,
         image_cache_bytes: 64 << 20,
+        prefix_cache_bytes: 0,
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
         preparer: loaded.preparer,
         scheduler: Scheduler::start(config, loaded.engines).unwrap(),
     }
+}
+
+/// The demo model on `engines` CPU engines with a prefix cache of `prefix_cache_bytes` (0: no
+/// reuse), and the engines' prefix reuse, to read its counters.
+pub fn demo_ready_with_prefix(
+    config: Config,
+    engines: usize,
+    prefix_cache_bytes: usize,
+) -> (Ready, Arc<PrefixReuse>) {
+    let source = ModelSource::resolve(None, None, None).unwrap();
+    let limits = engine::batch_limits(config.batch_capacity().unwrap());
+    let options = LoadOptions {
+        cpu_engines: engines,
+        image_cache_bytes: 64 << 20,
+        prefix_cache_bytes,
+    };
+    let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
+    let reuse = loaded.prefix_reuse.pop().expect("one device");
+    let ready = Ready {
+        preparer: loaded.preparer,
+        scheduler: Scheduler::start(config, loaded.engines).unwrap(),
+    };
+    (ready, reuse)
 }
 
 /// Starts a server; `ready` decides whether the model is installed (ready) or not (loading).

@@ -1,0 +1,816 @@
+//! Prefix reuse in the serving path (issue 19): text questions that share a token prefix compute
+//! it once, within a batch and across batches, through [`PrefixState`] snapshots kept in a
+//! [`PrefixCache`] shared by a device's engines.
+//!
+//! A batch of text questions is planned ([`PrefixReuse::plan`]) then run ([`execute`]):
+//!
+//! 1. Each question looks up the longest cached prefix of its ids (a token left to it).
+//! 2. Questions of the batch that share a prefix of at least [`MIN_SHARED_TOKENS`] beyond what
+//!    the cache holds for them form groups (one level; chosen to save the most tokens: a small
+//!    dynamic programme over the questions in sorted order, where adjacent common prefixes give
+//!    every range's common prefix). Each group's prefix runs once in a first pass, resumed from
+//!    the cache where it can be, and its snapshot is cached.
+//! 3. Every question then runs as one segment resumed from its best snapshot (second pass).
+//!
+//! Across requests the boundary is the end of the system turn (`…<|im_start|>user\n`), the same
+//! ids for every Cua-S1 text prompt: when the cache lacks it, its snapshot is taken by one extra
+//! short segment (in the batch's only pass when nothing else is reused, so no second pass for it).
+//! With nothing to reuse and the system snapshot cached, a batch runs exactly as without reuse:
+//! one [`Decider::decide`] call.
+//!
+//! Only backends that carry states have it (the CPU backend); a budget of 0 turns it off.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use instinct_kernels::Backend;
+use instinct_model::chat::ChatTemplate;
+use instinct_model::decider::{Decider, Prompt, QuestionSegment};
+use instinct_model::forward::BatchLimits;
+use instinct_model::prefix::PrefixState;
+use instinct_model::prefix_cache::{Hit, Inserted, PrefixCache};
+use instinct_model::tokenizer::Tokenizer;
+use metrics::{counter, gauge};
+use parking_lot::Mutex;
+
+/// Counter: text questions that resumed from a cached snapshot.
+pub const HITS_TOTAL: &str = "instinct_prefix_cache_hits_total";
+/// Counter: text questions that found no cached snapshot (with reuse on).
+pub const MISSES_TOTAL: &str = "instinct_prefix_cache_misses_total";
+/// Counter: prompt tokens that questions took from cached snapshots instead of computing.
+pub const HIT_TOKENS_TOTAL: &str = "instinct_prefix_cache_hit_tokens_total";
+/// Gauge: bytes of snapshots held.
+pub const BYTES: &str = "instinct_prefix_cache_bytes";
+/// Gauge: the cache's budget (`--prefix-cache-mib`; 0 where reuse is off).
+pub const BUDGET_BYTES: &str = "instinct_prefix_cache_budget_bytes";
+/// Counter: snapshots evicted to stay within the budget.
+pub const EVICTIONS_TOTAL: &str = "instinct_prefix_cache_evictions_total";
+/// Counter: prompt tokens run through the model (segments' own tokens, prefixes included), to
+/// read beside `instinct_prompt_tokens_total`.
+pub const PROMPT_TOKENS_COMPUTED_TOTAL: &str = "instinct_prompt_tokens_computed_total";
+
+/// Every counter above, exported from zero.
+pub const COUNTERS: &[&str] = &[
+    HITS_TOTAL,
+    MISSES_TOTAL,
+    HIT_TOKENS_TOTAL,
+    EVICTIONS_TOTAL,
+    PROMPT_TOKENS_COMPUTED_TOTAL,
+];
+
+/// The namespace of the text decider's snapshots (its weights: base + text adapter).
+pub const TEXT_NAMESPACE: &str = "text";
+
+/// The shortest shared prefix worth a first pass: one 64-token chunk of the delta rule. Below it
+/// each question saves less than one chunk of work, while the split costs a second pass (the
+/// weights read again) and staging a snapshot (about 50 MB of DeltaNet state on Qwen3.5-4B, the
+/// same whatever the prefix's length).
+pub const MIN_SHARED_TOKENS: usize = 64;
+
+/// What reuse did so far (the metrics hold the same counts; tests read these per engine set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReuseStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_tokens: u64,
+    pub evictions: u64,
+    pub computed_tokens: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    hit_tokens: AtomicU64,
+    evictions: AtomicU64,
+    computed_tokens: AtomicU64,
+}
+
+/// The prefix cache of one device's engines and how they plan with it. Shared (`Arc`) by the
+/// engines; the lock is held for lookups and inserts only, never across a forward pass.
+pub struct PrefixReuse {
+    cache: Option<Mutex<PrefixCache>>,
+    /// The ids every text prompt starts with (the system turn); empty when unknown.
+    system_ids: Vec<u32>,
+    min_shared: usize,
+    /// Set once the system snapshot turned out larger than the budget: not taken again.
+    system_too_large: AtomicBool,
+    counters: Counters,
+}
+
+impl PrefixReuse {
+    /// Reuse with a cache of `budget` bytes (0: off); `system_ids` as [`system_prefix_ids`].
+    pub fn new(budget: usize, system_ids: Vec<u32>) -> Self {
+        Self::with_min_shared(budget, system_ids, MIN_SHARED_TOKENS)
+    }
+
+    /// [`Self::new`] with another smallest group prefix (tests use short prompts).
+    pub fn with_min_shared(budget: usize, system_ids: Vec<u32>, min_shared: usize) -> Self {
+        gauge!(BUDGET_BYTES).set(budget as f64);
+        gauge!(BYTES).set(0.0);
+        Self {
+            cache: (budget > 0).then(|| Mutex::new(PrefixCache::new(budget))),
+            system_ids,
+            min_shared: min_shared.max(1),
+            system_too_large: AtomicBool::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    /// No reuse: every batch runs whole (tokens computed are still counted).
+    pub fn off() -> Self {
+        Self::new(0, Vec::new())
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// The cache's budget in bytes (0 when off).
+    pub fn budget(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.lock().budget())
+    }
+
+    /// Bytes of snapshots held.
+    pub fn bytes(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.lock().bytes())
+    }
+
+    /// Snapshots held.
+    pub fn entries(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.lock().len())
+    }
+
+    /// Entries and bytes recounted from the tree, against [`Self::entries`] and [`Self::bytes`].
+    pub fn recount(&self) -> (usize, usize) {
+        self.cache.as_ref().map_or((0, 0), |c| c.lock().recount())
+    }
+
+    /// The system-turn ids this reuse snapshots.
+    pub fn system_ids(&self) -> &[u32] {
+        &self.system_ids
+    }
+
+    /// Drops every snapshot.
+    pub fn clear(&self) {
+        if let Some(cache) = &self.cache {
+            let mut cache = cache.lock();
+            cache.clear();
+            gauge!(BYTES).set(0.0);
+        }
+    }
+
+    pub fn stats(&self) -> ReuseStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ReuseStats {
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            hit_tokens: get(&c.hit_tokens),
+            evictions: get(&c.evictions),
+            computed_tokens: get(&c.computed_tokens),
+        }
+    }
+
+    /// Counts tokens run through the model.
+    pub fn count_computed(&self, tokens: usize) {
+        self.counters
+            .computed_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        counter!(PROMPT_TOKENS_COMPUTED_TOTAL).increment(tokens as u64);
+    }
+
+    fn count_lookups(&self, plan: &Plan) {
+        let c = &self.counters;
+        for hit in &plan.cached {
+            if *hit > 0 {
+                c.hits.fetch_add(1, Ordering::Relaxed);
+                c.hit_tokens.fetch_add(*hit as u64, Ordering::Relaxed);
+                counter!(HITS_TOTAL).increment(1);
+                counter!(HIT_TOKENS_TOTAL).increment(*hit as u64);
+            } else {
+                c.misses.fetch_add(1, Ordering::Relaxed);
+                counter!(MISSES_TOTAL).increment(1);
+            }
+        }
+    }
+
+    /// Caches the snapshot of `ids`.
+    fn store(&self, namespace: &str, ids: &[u32], state: Arc<PrefixState>) -> anyhow::Result<()> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let mut cache = cache.lock();
+        let inserted = cache.insert(namespace, ids, state)?;
+        match inserted {
+            Inserted::Stored { evicted } if evicted > 0 => {
+                self.counters
+                    .evictions
+                    .fetch_add(evicted as u64, Ordering::Relaxed);
+                counter!(EVICTIONS_TOTAL).increment(evicted as u64);
+            }
+            Inserted::TooLarge if ids == self.system_ids.as_slice() => {
+                self.system_too_large.store(true, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        gauge!(BYTES).set(cache.bytes() as f64);
+        Ok(())
+    }
+
+    /// Plans a batch of text questions (see the module docs). `limits` are the pass's: a plan
+    /// whose passes would not fit them drops the system snapshot (nothing else can overflow:
+    /// each pass has no more tokens and sequences than the batch).
+    pub fn plan(&self, namespace: &str, prompts: &[&[u32]], limits: BatchLimits) -> Plan {
+        let n = prompts.len();
+        let Some(cache) = &self.cache else {
+            return Plan::whole(n);
+        };
+        let mut cache = cache.lock();
+        let hits: Vec<Option<Hit>> = prompts
+            .iter()
+            .map(|ids| cache.longest_prefix(namespace, ids, ids.len().saturating_sub(1)))
+            .collect();
+        let cached: Vec<usize> = hits
+            .iter()
+            .map(|h| h.as_ref().map_or(0, |h| h.tokens))
+            .collect();
+        let mut bases: Vec<Base> = hits
+            .into_iter()
+            .map(|h| h.map_or(Base::Whole, Base::Cached))
+            .collect();
+        let mut prefixes = Vec::new();
+        for group in shared_groups(prompts, &cached, self.min_shared) {
+            let ids = &prompts[group.members[0]][..group.tokens];
+            let resume = cache.longest_prefix(namespace, ids, group.tokens - 1);
+            let job = prefixes.len();
+            prefixes.push(PrefixJob {
+                question: group.members[0],
+                tokens: group.tokens,
+                resume,
+            });
+            for m in group.members {
+                bases[m] = Base::Job {
+                    job,
+                    tokens: group.tokens,
+                };
+            }
+        }
+        let mut plan = Plan {
+            prefixes,
+            bases,
+            side: None,
+            cached,
+        };
+        let sys = self.system_ids.as_slice();
+        let p = sys.len();
+        let wants_system = p > 0
+            && !self.system_too_large.load(Ordering::Relaxed)
+            && prompts.iter().any(|ids| ids.len() > p && ids.starts_with(sys))
+            // A group prefix that is the system turn already takes its snapshot.
+            && !plan
+                .prefixes
+                .iter()
+                .any(|j| j.tokens == p && prompts[j.question].starts_with(sys))
+            && cache
+                .longest_prefix(namespace, sys, p)
+                .is_none_or(|h| h.tokens < p);
+        if wants_system {
+            let question = prompts
+                .iter()
+                .position(|ids| ids.len() > p && ids.starts_with(sys))
+                .expect("checked above");
+            let job = PrefixJob {
+                question,
+                tokens: p,
+                resume: cache.longest_prefix(namespace, sys, p - 1),
+            };
+            plan.add_system_job(job, prompts, limits);
+        }
+        plan
+    }
+}
+
+/// The ids every Cua-S1 text prompt starts with: the system turn through `<|im_start|>user\n`,
+/// found as the common ids of two prompts whose user messages differ from their first character
+/// (the two ways a Cua-S1 user message starts). Prompts are matched by ids, so a wrong guess
+/// costs reuse, never an answer.
+pub fn system_prefix_ids(tokenizer: &Tokenizer, chat: &ChatTemplate) -> anyhow::Result<Vec<u32>> {
+    use instinct_model::prompt::SYSTEM_PROMPT;
+    let a = tokenizer.encode(&chat.render(SYSTEM_PROMPT, "Goal: x")?)?;
+    let b = tokenizer.encode(&chat.render(SYSTEM_PROMPT, "App: x")?)?;
+    let common = common_prefix(&a, &b);
+    Ok(a[..common].to_vec())
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// A prefix computed in the first pass (or beside the questions), then cached.
+#[derive(Clone, Debug)]
+pub struct PrefixJob {
+    /// A question whose ids start with the prefix.
+    pub question: usize,
+    /// Tokens of the prefix.
+    pub tokens: usize,
+    /// The cached snapshot the prefix resumes from.
+    pub resume: Option<Hit>,
+}
+
+/// Where a question resumes.
+#[derive(Clone, Debug)]
+pub enum Base {
+    Whole,
+    Cached(Hit),
+    /// From the snapshot of first-pass job `job`, which covers `tokens`.
+    Job {
+        job: usize,
+        tokens: usize,
+    },
+}
+
+impl Base {
+    fn tokens(&self) -> usize {
+        match self {
+            Self::Whole => 0,
+            Self::Cached(hit) => hit.tokens,
+            Self::Job { tokens, .. } => *tokens,
+        }
+    }
+}
+
+/// How a batch of text questions runs.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The first pass: prefixes to compute and cache (empty: the questions' pass is the only one).
+    pub prefixes: Vec<PrefixJob>,
+    /// Per question.
+    pub bases: Vec<Base>,
+    /// A prefix run beside the questions, in their pass, only to be cached (the system turn when
+    /// there is no first pass).
+    pub side: Option<PrefixJob>,
+    /// Per question: tokens of the cached snapshot its lookup found (0: a miss).
+    pub cached: Vec<usize>,
+}
+
+impl Plan {
+    fn whole(n: usize) -> Self {
+        Self {
+            prefixes: Vec::new(),
+            bases: vec![Base::Whole; n],
+            side: None,
+            cached: Vec::new(),
+        }
+    }
+
+    /// Whether the batch runs exactly as without reuse.
+    pub fn is_whole(&self) -> bool {
+        self.prefixes.is_empty()
+            && self.side.is_none()
+            && self.bases.iter().all(|b| matches!(b, Base::Whole))
+    }
+
+    /// Tokens and sequences of the first pass and of the questions' pass.
+    fn passes(&self, prompts: &[&[u32]]) -> [(usize, usize); 2] {
+        let own = |j: &PrefixJob| j.tokens - j.resume.as_ref().map_or(0, |h| h.tokens);
+        let first = (
+            self.prefixes.iter().map(own).sum::<usize>(),
+            self.prefixes.len(),
+        );
+        let side = self.side.as_ref().map_or((0, 0), |j| (own(j), 1));
+        let questions: usize = prompts
+            .iter()
+            .zip(&self.bases)
+            .map(|(ids, b)| ids.len() - b.tokens())
+            .sum();
+        [first, (questions + side.0, prompts.len() + side.1)]
+    }
+
+    /// Adds the system-turn job: to the first pass when there is one (questions with less
+    /// resume from it), else beside the questions. Left out if a pass would not fit `limits`.
+    fn add_system_job(&mut self, job: PrefixJob, prompts: &[&[u32]], limits: BatchLimits) {
+        let before = self.clone();
+        let p = job.tokens;
+        if self.prefixes.is_empty() {
+            self.side = Some(job);
+        } else {
+            let index = self.prefixes.len();
+            self.prefixes.push(job);
+            let system = &prompts[self.prefixes[index].question][..p];
+            for (ids, base) in prompts.iter().zip(&mut self.bases) {
+                if base.tokens() < p && ids.len() > p && ids.starts_with(system) {
+                    *base = Base::Job {
+                        job: index,
+                        tokens: p,
+                    };
+                }
+            }
+        }
+        let fits = self
+            .passes(prompts)
+            .iter()
+            .all(|&(tokens, seqs)| seqs == 0 || limits.check(tokens, seqs).is_ok());
+        if !fits {
+            *self = before;
+        }
+    }
+}
+
+/// Questions of a batch that run from one shared prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub members: Vec<usize>,
+    pub tokens: usize,
+}
+
+/// Picks groups of questions sharing a prefix of at least `min_shared` tokens beyond the `cached`
+/// tokens of each member (a token left to each), to save the most tokens: a group of k sharing
+/// L tokens of which c are cached saves (k − 1)·(L − c). Groups are ranges of the questions in
+/// sorted order (where the common prefix of a range is the least of its adjacent ones); a
+/// dynamic programme over them picks the best partition, O(n²).
+pub fn shared_groups(prompts: &[&[u32]], cached: &[usize], min_shared: usize) -> Vec<Group> {
+    let n = prompts.len();
+    if n < 2 {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| prompts[a].cmp(prompts[b]));
+    // Capped so that each member keeps a token of its own.
+    let adjacent: Vec<usize> = order
+        .windows(2)
+        .map(|w| {
+            let (a, b) = (prompts[w[0]], prompts[w[1]]);
+            common_prefix(a, b)
+                .min(a.len().saturating_sub(1))
+                .min(b.len().saturating_sub(1))
+        })
+        .collect();
+    // best[e]: most tokens saved over order[..e]; start[e]: where its last range starts.
+    let mut best = vec![0usize; n + 1];
+    let mut start = vec![0usize; n + 1];
+    let mut shared = vec![0usize; n + 1];
+    for e in 1..=n {
+        best[e] = best[e - 1];
+        start[e] = e - 1;
+        let mut common = usize::MAX;
+        let mut have = cached[order[e - 1]];
+        for s in (0..e - 1).rev() {
+            common = common.min(adjacent[s]);
+            have = have.max(cached[order[s]]);
+            if common <= have || common - have < min_shared {
+                continue;
+            }
+            let saved = best[s] + (e - s - 1) * (common - have);
+            if saved > best[e] {
+                best[e] = saved;
+                start[e] = s;
+                shared[e] = common;
+            }
+        }
+    }
+    let mut groups = Vec::new();
+    let mut e = n;
+    while e > 0 {
+        let s = start[e];
+        if e - s >= 2 {
+            let mut members: Vec<usize> = order[s..e].to_vec();
+            members.sort_unstable();
+            groups.push(Group {
+                members,
+                tokens: shared[e],
+            });
+        }
+        e = s;
+    }
+    groups.reverse();
+    groups
+}
+
+/// Runs a batch of text prompts on `decider` as `plan` says; answers in order. A plan that
+/// reuses nothing is one [`Decider::decide`] call, as without reuse.
+pub fn execute<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    namespace: &str,
+    prompts: &[Prompt<'_>],
+    plan: &Plan,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    if plan.is_whole() {
+        reuse.count_computed(prompts.iter().map(|p| p.ids.len()).sum());
+        reuse.count_lookups(plan);
+        return decider.decide(prompts);
+    }
+    reuse.count_lookups(plan);
+    // The first pass: group prefixes (and the system turn), snapshots cached.
+    let mut made: Vec<Arc<PrefixState>> = Vec::with_capacity(plan.prefixes.len());
+    if !plan.prefixes.is_empty() {
+        let segments: Vec<QuestionSegment> = plan
+            .prefixes
+            .iter()
+            .map(|job| job_segment(prompts, job))
+            .collect();
+        reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
+        for (job, out) in plan
+            .prefixes
+            .iter()
+            .zip(decider.decide_segments(&segments)?)
+        {
+            let state = Arc::new(
+                out.snapshot
+                    .context("a prefix segment without its snapshot")?,
+            );
+            reuse.store(
+                namespace,
+                &prompts[job.question].ids[..job.tokens],
+                state.clone(),
+            )?;
+            made.push(state);
+        }
+    }
+    // The questions' pass, each resumed from its best snapshot.
+    let mut segments: Vec<QuestionSegment> = prompts
+        .iter()
+        .zip(&plan.bases)
+        .map(|(p, base)| {
+            let resume: Option<&PrefixState> = match base {
+                Base::Whole => None,
+                Base::Cached(hit) => Some(&*hit.state),
+                Base::Job { job, .. } => Some(&*made[*job]),
+            };
+            let own = Prompt {
+                ids: &p.ids[base.tokens()..],
+                ..*p
+            };
+            QuestionSegment::answer(own, resume)
+        })
+        .collect();
+    if let Some(side) = &plan.side {
+        segments.push(job_segment(prompts, side));
+    }
+    reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
+    let mut outputs = decider.decide_segments(&segments)?;
+    if let Some(side) = &plan.side {
+        let out = outputs.pop().context("the side segment's output")?;
+        let state = out
+            .snapshot
+            .context("a prefix segment without its snapshot")?;
+        let ids = &prompts[side.question].ids[..side.tokens];
+        reuse.store(namespace, ids, Arc::new(state))?;
+    }
+    outputs
+        .into_iter()
+        .map(|o| {
+            o.probabilities
+                .context("an answer segment without probabilities")
+        })
+        .collect()
+}
+
+/// The segment that computes `job`'s prefix, resumed from its cached part.
+fn job_segment<'a>(prompts: &'a [Prompt<'a>], job: &'a PrefixJob) -> QuestionSegment<'a> {
+    let ids = &prompts[job.question].ids[..job.tokens];
+    let resume = job.resume.as_ref();
+    let from = resume.map_or(0, |h| h.tokens);
+    QuestionSegment::prefix(&ids[from..], resume.map(|h| &*h.state))
+}
+
+/// Plans and runs a batch of text prompts (see [`PrefixReuse::plan`] and [`execute`]).
+pub fn decide<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    namespace: &str,
+    prompts: &[Prompt<'_>],
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
+    let plan = reuse.plan(namespace, &ids, decider.limits());
+    execute(decider, reuse, namespace, prompts, &plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use instinct_kernels::CpuBackend;
+    use instinct_model::decider::load_text;
+
+    use super::*;
+
+    /// Distinct-looking ids of the demo vocabulary (1,088 ids).
+    fn ids(len: usize, seed: u32) -> Vec<u32> {
+        (0..len as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)) % 1000 + 10)
+            .collect()
+    }
+
+    fn demo_decider(limits: BatchLimits) -> Decider<CpuBackend> {
+        let demo = instinct_model::demo::materialize(&std::env::temp_dir()).unwrap();
+        let text_adapter = demo.text_adapter_dir;
+        load_text(
+            CpuBackend::new(),
+            &demo.model_dir,
+            Some(&text_adapter),
+            limits,
+        )
+        .unwrap()
+        .decider
+    }
+
+    fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.len(), y.len(), "{what}");
+            for (p, q) in x.iter().zip(y) {
+                assert!((p - q).abs() <= 1e-5, "{what}: {x:?} vs {y:?}");
+            }
+        }
+    }
+
+    /// `prefix` followed by each tail, as three-option questions.
+    fn questions(prefix: &[u32], tails: &[Vec<u32>]) -> Vec<Vec<u32>> {
+        tails.iter().map(|t| [prefix, t].concat()).collect()
+    }
+
+    fn prompts(qs: &[Vec<u32>]) -> Vec<Prompt<'_>> {
+        qs.iter().map(|q| Prompt::text(q, 3)).collect()
+    }
+
+    #[test]
+    fn groups_save_the_most_tokens_and_leave_a_token_to_each_question() {
+        let p = ids(600, 1);
+        let a = [&p[..500], &[1, 2]].concat();
+        let b = [&p[..500], &[3]].concat();
+        let c = [&p[..100], &[4, 5, 6]].concat();
+        let d = ids(50, 9);
+        let all: Vec<&[u32]> = vec![&a, &c, &d, &b];
+        // {a, b} at 500 saves 500; {a, b, c} at 100 would save 200.
+        let groups = shared_groups(&all, &[0; 4], 64);
+        assert_eq!(
+            groups,
+            vec![Group {
+                members: vec![0, 3],
+                tokens: 500
+            }]
+        );
+        // A question that is the prefix of another keeps its last token.
+        let short = p[..200].to_vec();
+        let long = p[..300].to_vec();
+        let groups = shared_groups(&[&short, &long], &[0, 0], 64);
+        assert_eq!(groups[0].tokens, 199);
+        // Under the smallest shared length beyond the cache: no group.
+        assert!(shared_groups(&[&a, &b], &[0, 0], 501).is_empty());
+        assert!(shared_groups(&[&a, &b], &[450, 450], 64).is_empty());
+        assert_eq!(shared_groups(&[&a, &b], &[400, 400], 64)[0].tokens, 500);
+        // A member with more cached than the group shares keeps its own snapshot.
+        assert!(shared_groups(&[&a, &b], &[0, 500], 64).is_empty());
+        assert!(shared_groups(&[&a], &[0], 1).is_empty());
+    }
+
+    #[test]
+    fn a_batch_with_nothing_to_reuse_runs_as_before() {
+        let reuse = PrefixReuse::new(1 << 20, Vec::new());
+        let qs = [ids(100, 1), ids(100, 2)];
+        let all: Vec<&[u32]> = qs.iter().map(Vec::as_slice).collect();
+        let plan = reuse.plan(TEXT_NAMESPACE, &all, BatchLimits::new(1000, 4));
+        assert!(plan.is_whole(), "{plan:?}");
+        assert_eq!(plan.cached, vec![0, 0]);
+        // Off: not even looked up.
+        let plan = PrefixReuse::off().plan(TEXT_NAMESPACE, &all, BatchLimits::new(1000, 4));
+        assert!(plan.is_whole() && plan.cached.is_empty());
+    }
+
+    #[test]
+    fn the_system_snapshot_is_left_out_when_its_segment_would_not_fit() {
+        let system = ids(70, 3);
+        let q = [&system[..], &ids(30, 4)].concat();
+        let reuse = PrefixReuse::new(1 << 20, system.clone());
+        let plan = reuse.plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(100, 4));
+        assert!(plan.is_whole(), "{plan:?}");
+        let plan = reuse.plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(170, 4));
+        let side = plan.side.as_ref().expect("a side job");
+        assert_eq!((side.question, side.tokens), (0, 70));
+        // Not for prompts that do not start with it.
+        let other = ids(100, 5);
+        let plan = reuse.plan(TEXT_NAMESPACE, &[&other], BatchLimits::new(1000, 4));
+        assert!(plan.is_whole());
+    }
+
+    #[test]
+    fn answers_with_reuse_equal_whole_prompts_at_every_boundary() {
+        let mut decider = demo_decider(BatchLimits::new(2048, 8));
+        for shared in [63, 64, 65, 128, 129, 200] {
+            let reuse = PrefixReuse::with_min_shared(1 << 30, Vec::new(), 1);
+            let prefix = ids(shared, shared as u32);
+            // Tails of 1, 2 and 70 tokens, each starting differently.
+            let tails = vec![vec![1], vec![2, 3], ids(70, 7)];
+            let qs = questions(&prefix, &tails);
+            let ps = prompts(&qs);
+            let whole = decider.decide(&ps).unwrap();
+            let first = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+            assert_close(&first, &whole, &format!("group prefix of {shared}"));
+            let tail_tokens = 1 + 2 + 70;
+            let s = reuse.stats();
+            assert_eq!(s.computed_tokens, (shared + tail_tokens) as u64);
+            assert_eq!((s.hits, s.misses), (0, 3));
+            assert_eq!(reuse.entries(), 1);
+            // The next batch resumes every question from the cache, in one pass.
+            let second = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+            assert_close(&second, &whole, &format!("cached prefix of {shared}"));
+            let s2 = reuse.stats();
+            assert_eq!(s2.computed_tokens - s.computed_tokens, tail_tokens as u64);
+            assert_eq!((s2.hits, s2.hit_tokens), (3, 3 * shared as u64));
+        }
+    }
+
+    #[test]
+    fn a_snapshot_evicted_between_planning_and_running_still_serves_its_batch() {
+        let mut decider = demo_decider(BatchLimits::new(1024, 4));
+        let reuse = PrefixReuse::new(1 << 30, Vec::new());
+        let qs = questions(&ids(100, 1), &[vec![5], vec![6]]);
+        let ps = prompts(&qs);
+        let whole = decider.decide(&ps).unwrap();
+        decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+        let all: Vec<&[u32]> = qs.iter().map(Vec::as_slice).collect();
+        let plan = reuse.plan(TEXT_NAMESPACE, &all, decider.limits());
+        assert_eq!(plan.cached, vec![100, 100]);
+        reuse.clear();
+        assert_eq!(reuse.entries(), 0);
+        let answers = execute(&mut decider, &reuse, TEXT_NAMESPACE, &ps, &plan).unwrap();
+        assert_close(&answers, &whole, "evicted after planning");
+    }
+
+    #[test]
+    fn two_engines_racing_for_one_prefix_both_answer_and_it_is_cached_once() {
+        let limits = BatchLimits::new(1024, 4);
+        let (mut a, mut b) = (demo_decider(limits), demo_decider(limits));
+        let reuse = PrefixReuse::new(1 << 30, Vec::new());
+        let qs = questions(&ids(90, 2), &[vec![5], vec![6, 7]]);
+        let ps = prompts(&qs);
+        let whole = a.decide(&ps).unwrap();
+        let all: Vec<&[u32]> = qs.iter().map(Vec::as_slice).collect();
+        // Both plan before either has run: both compute the prefix.
+        let plan_a = reuse.plan(TEXT_NAMESPACE, &all, limits);
+        let plan_b = reuse.plan(TEXT_NAMESPACE, &all, limits);
+        assert_eq!((plan_a.prefixes.len(), plan_b.prefixes.len()), (1, 1));
+        let from_a = execute(&mut a, &reuse, TEXT_NAMESPACE, &ps, &plan_a).unwrap();
+        let from_b = execute(&mut b, &reuse, TEXT_NAMESPACE, &ps, &plan_b).unwrap();
+        assert_close(&from_a, &whole, "first");
+        assert_close(&from_b, &whole, "second");
+        assert_eq!(reuse.entries(), 1);
+        assert_eq!(reuse.recount(), (1, reuse.bytes()));
+    }
+
+    #[test]
+    fn the_system_turn_is_snapshotted_in_the_only_pass_and_reused_by_the_next_batch() {
+        let mut decider = demo_decider(BatchLimits::new(1024, 4));
+        let system = ids(70, 3);
+        let reuse = PrefixReuse::new(1 << 30, system.clone());
+        let first = [system.clone(), ids(30, 4)].concat();
+        let whole = decider.decide(&[Prompt::text(&first, 2)]).unwrap();
+        let got = decide(
+            &mut decider,
+            &reuse,
+            TEXT_NAMESPACE,
+            &[Prompt::text(&first, 2)],
+        );
+        assert_close(&got.unwrap(), &whole, "beside the system segment");
+        assert_eq!(reuse.stats().computed_tokens, 100 + 70);
+        assert_eq!(reuse.entries(), 1);
+        let next = [system.clone(), ids(40, 5)].concat();
+        let whole = decider.decide(&[Prompt::text(&next, 2)]).unwrap();
+        let got = decide(
+            &mut decider,
+            &reuse,
+            TEXT_NAMESPACE,
+            &[Prompt::text(&next, 2)],
+        );
+        assert_close(&got.unwrap(), &whole, "resumed from the system snapshot");
+        let s = reuse.stats();
+        assert_eq!(s.computed_tokens, 170 + 40);
+        assert_eq!((s.hits, s.hit_tokens), (1, 70));
+    }
+
+    #[test]
+    fn a_small_budget_is_never_exceeded_and_answers_stay_exact() {
+        let mut decider = demo_decider(BatchLimits::new(2048, 4));
+        let reuse = PrefixReuse::new(1 << 20, Vec::new());
+        for seed in 0..4 {
+            // A 300-token prefix: about 0.7 MiB of snapshot on the demo model; one fits.
+            let qs = questions(&ids(300, seed), &[vec![5], vec![6]]);
+            let ps = prompts(&qs);
+            let whole = decider.decide(&ps).unwrap();
+            let got = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+            assert_close(&got, &whole, "small budget");
+            assert!(reuse.bytes() <= 1 << 20);
+            assert_eq!(reuse.recount(), (reuse.entries(), reuse.bytes()));
+        }
+        assert_eq!(reuse.entries(), 1);
+        assert_eq!(reuse.stats().evictions, 3);
+        // A prefix whose snapshot is larger than the budget is reused within its batch only.
+        let qs = questions(&ids(600, 9), &[vec![5], vec![6]]);
+        let ps = prompts(&qs);
+        let whole = decider.decide(&ps).unwrap();
+        let got = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+        assert_close(&got, &whole, "over the budget");
+        assert!(reuse.bytes() <= 1 << 20);
+    }
+}
