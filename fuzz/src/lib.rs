@@ -248,7 +248,11 @@ fn check_refusal(problem: &Problem, parsed: bool, extra: Option<Code>) {
         "a request is refused with {problem}"
     );
     if !parsed {
-        assert_eq!(problem.code, Code::InvalidJson, "{problem}");
+        assert_eq!(
+            problem.code,
+            Code::InvalidJson,
+            "a body that is not JSON is refused with {problem}"
+        );
     }
 }
 
@@ -569,4 +573,45 @@ pub fn check_problem(problem: &Problem) {
     };
     let sent = frame.into_data().expect("a data frame");
     assert_eq!(&sent[..], &body[..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The invariants are live: a problem whose parts disagree is caught.
+    #[test]
+    #[should_panic(expected = "assertion")]
+    fn a_problem_with_the_wrong_status_fails_the_check() {
+        let mut problem = Problem::new(Code::InvalidState, "x");
+        problem.status = 500;
+        check_problem(&problem);
+    }
+
+    #[test]
+    #[should_panic(expected = "a request is refused with")]
+    fn a_request_refused_as_a_server_error_fails_the_check() {
+        check_refusal(&Problem::inference_failed(), true, None);
+    }
+
+    #[test]
+    #[should_panic(expected = "is not JSON")]
+    fn a_non_json_body_refused_with_another_code_fails_the_check() {
+        check_refusal(&Problem::new(Code::InvalidState, "x"), false, None);
+    }
+
+    #[test]
+    fn every_code_is_listed_once() {
+        let unique: HashSet<&str> = ALL_CODES.iter().map(|c| c.as_str()).collect();
+        assert_eq!(unique.len(), ALL_CODES.len());
+        assert!(REQUEST_CODES.iter().all(|c| ALL_CODES.contains(c)));
+    }
+
+    #[test]
+    fn targets_take_empty_and_odd_input() {
+        for (_, target) in TARGETS {
+            target(b"");
+            target(b"\xff\x00\xfe");
+        }
+    }
 }
