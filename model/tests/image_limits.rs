@@ -198,6 +198,38 @@ fn truncated_or_corrupt_files_give_errors_not_panics() {
     ));
 }
 
+/// Found by fuzzing (docs/validation/fuzzing.md): a PLTE of 49 or 50 bytes (not whole RGB entries)
+/// made the `png` decoder panic while building its palette; the header check refuses it first.
+#[test]
+fn palette_that_is_not_whole_rgb_entries_is_refused_before_decoding() {
+    for name in [
+        "png_palette4_plte_49_bytes_33x47.png",
+        "png_palette4_plte_50_bytes_33x47.png",
+    ] {
+        let refused = preprocess(&data(name), "image/png");
+        assert!(
+            matches!(
+                refused,
+                Err(ImageError::MalformedHeader {
+                    reason: "PLTE is not 1 to 256 RGB entries",
+                    ..
+                })
+            ),
+            "{name}: {refused:?}"
+        );
+    }
+    // The same file with its 48-byte (16-entry) palette is fine.
+    assert!(preprocess(&data("png_palette4_33x47.png"), "image/png").is_ok());
+    for length in [0, 3 * 256 + 3] {
+        let plte = chunk(b"PLTE", &vec![0; length]);
+        assert!(matches!(
+            inspect(&png_header(4, 4, &[plte])),
+            Err(ImageError::MalformedHeader { .. })
+        ));
+    }
+    assert!(inspect(&png_header(4, 4, &[chunk(b"PLTE", &[0; 768])])).is_ok());
+}
+
 #[test]
 fn smart_resize_follows_python_rounding_and_bounds() {
     let f = 32;

@@ -69,6 +69,15 @@ pub struct ScreenshotQuestions {
 }
 
 impl Preparer {
+    /// A preparer for text questions only (no vision tower), as a text-only server has.
+    pub fn text_only(tokenizer: Tokenizer, chat: ChatTemplate) -> Self {
+        Self {
+            tokenizer,
+            chat,
+            vision: None,
+        }
+    }
+
     /// Whether screenshot questions are served.
     pub fn serves_screenshots(&self) -> bool {
         self.vision.is_some()

@@ -477,7 +477,11 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         // Unreachable: the body is never longer than what was reserved for it.
         return inflight_full(body_bytes);
     }
-    let prepared = tokio::task::spawn_blocking(move || prepare(&prep_state, &body)).await;
+    let prepared = tokio::task::spawn_blocking(move || {
+        let preparer = &prep_state.ready().expect("checked above").preparer;
+        prepare(&prep_state.settings, preparer, &body)
+    })
+    .await;
     let (request, questions) = match prepared {
         Ok(Ok(p)) => p,
         Ok(Err(problem)) => return problem_response(&problem),
@@ -584,10 +588,13 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
 }
 
 /// Validates the whole request, renders and tokenizes every question, and checks the prompt limit
-/// for all of them before any model work.
-fn prepare(state: &AppState, body: &[u8]) -> Result<(ValidatedRequest, Vec<Question>), Problem> {
-    let settings = &state.settings;
-    let preparer = &state.ready().expect("checked before").preparer;
+/// for all of them before any model work. Public for the fuzz targets, which run it on arbitrary
+/// bodies.
+pub fn prepare(
+    settings: &Settings,
+    preparer: &Preparer,
+    body: &[u8],
+) -> Result<(ValidatedRequest, Vec<Question>), Problem> {
     let parsed = contract::parse_request_with(
         body,
         &settings.served_model_name,

@@ -112,8 +112,8 @@ fn be_u16(bytes: &[u8]) -> u16 {
     u16::from_be_bytes([bytes[0], bytes[1]])
 }
 
-/// Walks the chunk list up to the first `IDAT`: `IHDR` must come first and an `acTL` (APNG) must
-/// come before the image data, so nothing after it needs reading.
+/// Walks the chunk list up to the first `IDAT`: `IHDR` must come first, and an `acTL` (APNG) and
+/// the `PLTE` must come before the image data, so nothing after it needs reading.
 fn inspect_png(bytes: &[u8]) -> Result<ImageInfo, ImageError> {
     let mut pos = PNG_SIGNATURE.len();
     let mut header: Option<(u32, u32, PngColor)> = None;
@@ -152,6 +152,11 @@ fn inspect_png(bytes: &[u8]) -> Result<ImageInfo, ImageError> {
                 }
                 animated = true;
                 frames = be_u32(&data[0..4]);
+            }
+            // The spec makes a length that is not whole RGB entries an error; the `png` decoder
+            // (0.18.1) panics on one instead of refusing it.
+            b"PLTE" if length == 0 || !length.is_multiple_of(3) || length > 256 * 3 => {
+                return Err(png_error("PLTE is not 1 to 256 RGB entries"));
             }
             b"IDAT" | b"IEND" => break,
             _ => {}
