@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use instinct_model::image::{
-    inspect, preprocess, smart_resize, ImageError, ImageFormat, ImageLimits, MAX_PIXELS, MIN_PIXELS,
+    decode_rgb, inspect, preprocess, smart_resize, ImageError, ImageFormat, ImageInfo, ImageLimits,
+    MAX_PIXELS, MIN_PIXELS,
 };
 
 fn data(name: &str) -> Vec<u8> {
@@ -218,6 +219,19 @@ fn palette_that_is_not_whole_rgb_entries_is_refused_before_decoding() {
             "{name}: {refused:?}"
         );
     }
+    // Past the header check (as with any decoder bug it does not know of), the decoder's panic on
+    // such a file is caught and refused as undecodable.
+    let bytes = data("png_palette4_plte_50_bytes_33x47.png");
+    let info = ImageInfo {
+        format: ImageFormat::Png,
+        width: 33,
+        height: 47,
+        frames: 1,
+        animated: false,
+        png_color: inspect(&data("png_palette4_33x47.png")).unwrap().png_color,
+    };
+    let decoded = decode_rgb(&bytes, &info, &ImageLimits::SERVING);
+    assert!(matches!(decoded, Err(ImageError::Decode(_))), "{decoded:?}");
     // The same file with its 48-byte (16-entry) palette is fine.
     assert!(preprocess(&data("png_palette4_33x47.png"), "image/png").is_ok());
     for length in [0, 3 * 256 + 3] {

@@ -33,8 +33,10 @@ pub fn decode_rgb(
     decoder_limits.max_image_height = Some(limits.max_side);
     decoder_limits.max_alloc = Some(limits.max_decoder_alloc);
     reader.limits(decoder_limits);
-    let decoded = reader
-        .decode()
+    // A decoder bug (png 0.18.1 panicked on a short palette, found by fuzzing) must make a bad
+    // image a client error, never a failed request worker: a panic here is refused as undecodable.
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.decode()))
+        .map_err(|_| ImageError::Decode("the decoder failed on this image".into()))?
         .map_err(|err| ImageError::Decode(err.to_string()))?;
     if (decoded.width(), decoded.height()) != (info.width, info.height) {
         return Err(ImageError::Decode(format!(
