@@ -46,13 +46,7 @@ pub(crate) fn delta_net_core_apart<B: Backend + ?Sized>(
     out: &mut B::Buf,
 ) -> KernelResult<()> {
     let DeltaNetScratch { conv, beta, g } = scratch;
-    let conv_in = Conv1d {
-        x: input.x,
-        x_at: input.x_at,
-        weight: input.conv_weight,
-        channels: dims.qkv_width(),
-        kernel: input.kernel,
-    };
+    let conv_in = delta_conv(&input, dims);
     let l2 = L2Heads {
         layout: dims.qk_layout(),
         eps: input.l2_eps,
@@ -73,6 +67,17 @@ pub(crate) fn delta_net_core_apart<B: Backend + ?Sized>(
     be.gated_delta_rule_chunked(inputs, batch, dims, state, out)
 }
 
+/// The conv over the q|k|v block of a DeltaNet layer's stacked projection.
+fn delta_conv<'a, Buf>(input: &DeltaNetInput<'a, Buf>, dims: DeltaDims) -> Conv1d<'a, Buf> {
+    Conv1d {
+        x: input.x,
+        x_at: input.x_at,
+        weight: input.conv_weight,
+        channels: dims.qkv_width(),
+        kernel: input.kernel,
+    }
+}
+
 /// [`Backend::delta_net_core_carried`] as its ops: the conv with the carried window, the q/k L2
 /// norm, the gates and the chunked rule with the carried state. The same ops as
 /// [`delta_net_core_apart`] when nothing is carried.
@@ -85,13 +90,7 @@ pub(crate) fn delta_net_core_carried_apart<B: Backend + ?Sized>(
     out: &mut B::Buf,
 ) -> KernelResult<()> {
     let DeltaNetScratch { conv, beta, g } = scratch;
-    let conv_in = Conv1d {
-        x: input.x,
-        x_at: input.x_at,
-        weight: input.conv_weight,
-        channels: dims.qkv_width(),
-        kernel: input.kernel,
-    };
+    let conv_in = delta_conv(&input, dims);
     be.conv1d_silu(conv_in, batch, carry.window, conv)?;
     be.l2_norm(conv, dims.qk_layout(), batch.rows, input.l2_eps)?;
     be.delta_gates(input.gates, batch.rows, GateOutputs { beta, g })?;
