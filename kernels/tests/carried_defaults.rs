@@ -1,5 +1,5 @@
 //! The trait's defaults for carried prefix states, as a backend that does not implement them
-//! (the CUDA backend, for now) gets them: a clear refusal whenever a state is carried, and the
+//! gets them: a clear refusal whenever a state is carried, and the
 //! plain op, bit for bit, when none is.
 
 use instinct_kernels::{

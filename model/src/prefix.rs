@@ -36,10 +36,11 @@
 //!   state, in and out, `[num_seqs, …]` packed over the batch; zeros in for a sequence with no
 //!   prefix) and [`Backend::gated_attention_carried`] (each sequence's prefix k/v rows packed
 //!   back to back with `num_seqs + 1` offsets in an index buffer, [`PrefixKv`]; every row's k
-//!   and v out). The CPU backend implements both; the trait's defaults refuse them, so the CUDA
-//!   backend answers `prefix states are not implemented on cuda:N yet`. Its delta-rule kernels
-//!   already take initial and final states and its conv kernel a window; the fused
-//!   `gdr_prepare_conv` path and the flash attention (keys = prefix rows, then own rows) do not.
+//!   and v out). The CPU and CUDA backends implement both (a backend that does not gets the
+//!   trait's refusal, `prefix states are not implemented on … yet`). On CUDA a carried window
+//!   takes the delta-rule ops apart (the fused `gdr_prepare_conv` reads no window), and a resumed
+//!   sequence's attention runs the naive f32 kernel `attention_gated_prefix`, not the flash one:
+//!   exact, but slow enough that serving leaves reuse off on GPUs unless asked for.
 //! - Staging: today [`TextModel::forward_segments`] uploads the states of the batch's prefixes
 //!   and reads the snapshots back through the host, per batch. A device-resident cache would
 //!   hand the kernels its own buffers instead (the layouts above, one sequence's slice each).

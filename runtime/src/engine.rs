@@ -334,8 +334,9 @@ pub struct LoadOptions {
     pub cpu_engines: usize,
     /// Byte budget of the encoded-screenshot cache.
     pub image_cache_bytes: usize,
-    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse).
-    pub prefix_cache_bytes: usize,
+    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse; `None`: the
+    /// backend's default).
+    pub prefix_cache_bytes: Option<usize>,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -443,20 +444,21 @@ type LoadScreenshots<B> = fn(
 trait ServingBackend: Backend + Sized + Send + 'static {
     /// How this backend loads the screenshot path, or the part it lacks for it.
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
-    /// Whether its kernels resume from prefix states (and so serve prefix reuse).
-    const CARRIES_PREFIX_STATES: bool;
+    /// The prefix-state cache's budget where `--prefix-cache-mib` is not given (0: reuse off).
+    const DEFAULT_PREFIX_CACHE_BYTES: usize;
 }
 
 impl ServingBackend for CpuBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
-    const CARRIES_PREFIX_STATES: bool = true;
+    const DEFAULT_PREFIX_CACHE_BYTES: usize = 256 << 20;
 }
 
 impl ServingBackend for CudaBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
         Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
-    // Its delta-rule prepare/conv path and flash attention do not take carried states yet.
-    const CARRIES_PREFIX_STATES: bool = false;
+    // Off unless asked for: a resumed sequence's attention is the naive kernel (exact, slow) until
+    // the flash kernel takes prefix keys, which costs more than the system prompt saves.
+    const DEFAULT_PREFIX_CACHE_BYTES: usize = 0;
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.
@@ -518,30 +520,32 @@ where
     }
 }
 
-/// The prefix reuse of `device`'s engines: off where the budget is 0 or the backend does not
-/// carry states (said once in the log when a budget was asked for).
+/// The prefix reuse of `device`'s engines: off where the budget (asked for, or the backend's
+/// default) is 0.
 fn prefix_reuse_for<B: ServingBackend>(
     device: Device,
     text: &LoadedText<B>,
     options: LoadOptions,
 ) -> anyhow::Result<PrefixReuse> {
-    if options.prefix_cache_bytes == 0 {
-        return Ok(PrefixReuse::off());
-    }
-    if !B::CARRIES_PREFIX_STATES {
-        tracing::info!(
-            "prefix reuse is off on {device}: its kernels do not resume from prefix states yet \
-             (--prefix-cache-mib applies to the CPU backend)"
-        );
+    let bytes = options
+        .prefix_cache_bytes
+        .unwrap_or(B::DEFAULT_PREFIX_CACHE_BYTES);
+    if bytes == 0 {
+        if options.prefix_cache_bytes.is_none() {
+            tracing::info!(
+                "prefix reuse is off on {device} by default (its resumed attention is not the \
+                 flash kernel yet); --prefix-cache-mib turns it on"
+            );
+        }
         return Ok(PrefixReuse::off());
     }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
     tracing::info!(
-        budget_mib = options.prefix_cache_bytes >> 20,
+        budget_mib = bytes >> 20,
         system_tokens = system.len(),
         "prefix reuse on"
     );
-    Ok(PrefixReuse::new(options.prefix_cache_bytes, system))
+    Ok(PrefixReuse::new(bytes, system))
 }
 
 /// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
@@ -640,7 +644,7 @@ mod tests {
         let options = LoadOptions {
             cpu_engines: 1,
             image_cache_bytes: 1 << 20,
-            prefix_cache_bytes: 0,
+            prefix_cache_bytes: Some(0),
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }

@@ -239,7 +239,7 @@ pub trait Backend: Buffers {
     /// positions in `prologue` are the batch's own, continuing each prefix.
     ///
     /// With no prefix and no kv output this is [`Self::gated_attention`], bit for bit. The default
-    /// refuses anything else: a backend opts in by overriding it (the CPU backend does).
+    /// refuses anything else: a backend opts in by overriding it (the CPU and CUDA backends do).
     fn gated_attention_carried(
         &self,
         qkv: &mut Self::Buf,
@@ -354,7 +354,7 @@ pub trait Backend: Buffers {
     /// sequence's first row instead of zeros (as [`Self::conv1d_silu`] does).
     ///
     /// With no window this is [`Self::delta_net_core`]. The default refuses a window: a backend
-    /// opts in by overriding it (the CPU backend does).
+    /// opts in by overriding it (the CPU and CUDA backends do).
     fn delta_net_core_carried(
         &self,
         input: DeltaNetInput<'_, Self::Buf>,

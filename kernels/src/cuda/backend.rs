@@ -23,10 +23,11 @@ use super::tuning::TuningFile;
 use super::upload::Staging;
 use super::workspace::Workspace;
 use crate::backend::{
-    conv1d_silu_then_l2, delta_net_core_apart, qk_norm_then_rope, AttentionDims, Backend, Buffers,
-    Conv1d, ConvWindow, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch,
-    DeltaState, GateOutputs, GatedNorm, GemmShape, HeadLayout, KernelResult, L2Heads, Projection,
-    QkPrologue, Rope, RowNorm, Store, Varlen,
+    conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
+    AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims,
+    DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm,
+    GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv, Projection, QkPrologue, Rope, RowNorm,
+    Store, Varlen,
 };
 use crate::error::KernelError;
 
@@ -374,6 +375,35 @@ impl Backend for CudaBackend {
         attention::gated_attention(&self.gpu, qkv, prologue, batch, (dims, last_only), out)
     }
 
+    fn gated_attention_carried(
+        &self,
+        qkv: &mut CudaBuf,
+        prologue: QkPrologue<'_, Self>,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: AttentionDims,
+        prefix: Option<PrefixKv<'_, Self>>,
+        output: AttentionOutput<'_, CudaBuf>,
+    ) -> KernelResult<()> {
+        if prefix.is_none() && output.kv.is_none() {
+            return self.gated_attention(qkv, prologue, batch, dims, output.last_only, output.out);
+        }
+        // The prologue as its four kernels (the snapshot keeps k after them), then the naive
+        // kernel that reads prefix rows before a sequence's own.
+        let (rows, eps, positions) = (batch.rows, prologue.eps, prologue.positions);
+        let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
+        self.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
+        self.head_rms_norm(qkv, prologue.k_norm, k_at, rows, eps)?;
+        self.rope(qkv, q_at, positions, rows, prologue.rope)?;
+        self.rope(qkv, k_at, positions, rows, prologue.rope)?;
+        let prefix = prefix.map(|p| attention::PrefixRows {
+            k: p.k,
+            v: p.v,
+            cu_prefix: p.cu_prefix,
+            rows: p.rows,
+        });
+        attention::attention_carried(&self.gpu, qkv, (batch, dims), prefix, output)
+    }
+
     fn conv1d_silu(
         &self,
         conv: Conv1d<'_, CudaBuf>,
@@ -543,6 +573,23 @@ impl Backend for CudaBackend {
         // No cuBLASLt plan for the shape: the two-step form.
         self.swiglu(gate_up, rows, inter, act)?;
         self.gemm_to(act, proj.w, proj.shape(rows, inter), proj.store, y)
+    }
+
+    fn delta_net_core_carried(
+        &self,
+        input: DeltaNetInput<'_, CudaBuf>,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: DeltaDims,
+        carry: DeltaCarry<'_, Self>,
+        scratch: DeltaNetScratch<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        if carry.window.input.is_none() && carry.window.output.is_none() {
+            return self.delta_net_core(input, batch, dims, carry.state, scratch, out);
+        }
+        // The fused prepare reads no window: a carried one takes the ops apart (the conv kernel
+        // reads and writes windows; the rule takes and gives states).
+        delta_net_core_carried_apart(self, input, (batch, dims), carry, scratch, out)
     }
 
     fn gather_last(

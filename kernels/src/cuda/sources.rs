@@ -108,7 +108,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "attention.cu",
         code: include_str!("../../cuda/attention.cu"),
-        functions: &["attention_gated"],
+        functions: &["attention_gated", "attention_gated_prefix", "copy_columns"],
     },
     KernelSource {
         file: "flash_attention.cu",

@@ -1,16 +1,17 @@
 //! Gated causal GQA attention: the checks and the choice of kernel. Head sizes the tensor-core
 //! kernels take go to [`super::flash_attention`]; the rest run the naive `attention_gated`
-//! (`kernels/cuda/attention.cu`).
+//! (`kernels/cuda/attention.cu`). Sequences that continue a prefix run the naive
+//! `attention_gated_prefix` ([`attention_carried`]).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf, OutBuf};
-use super::super::launch::{to_i32, to_u32, Gpu};
+use super::super::launch::{linear, to_i32, to_u32, Gpu, BLOCK};
 use super::flash_attention::{flash_attention, flash_variant, FlashInputs};
 use super::rope::RopeTable;
 use super::shared::check_batch;
 use super::shared::CudaBuffers;
-use crate::backend::{AttentionDims, KernelResult, QkPrologue, Strided, Varlen};
+use crate::backend::{AttentionDims, AttentionOutput, KernelResult, QkPrologue, Strided, Varlen};
 use crate::error::KernelError;
 
 /// Threads per block of the naive attention kernel (`ATTN_THREADS` in attention.cu).
@@ -28,6 +29,21 @@ fn attention_rows(
     (qg, k, v): Qkv<'_>,
     dims: AttentionDims,
 ) -> KernelResult<usize> {
+    check_heads(op, dims)?;
+    let (q_heads, kv_heads, head_dim) = (dims.q_heads, dims.kv_heads, dims.head_dim);
+    // Rows every buffer can hold: kernels never touch a row beyond it.
+    Ok([
+        qg.len() / (q_heads * 2 * head_dim),
+        k.len() / (kv_heads * head_dim),
+        v.len() / (kv_heads * head_dim),
+    ]
+    .into_iter()
+    .min()
+    .unwrap_or(0))
+}
+
+/// Checks the head counts and size the naive kernels take.
+fn check_heads(op: &'static str, dims: AttentionDims) -> KernelResult<()> {
     let (q_heads, kv_heads, head_dim) = (dims.q_heads, dims.kv_heads, dims.head_dim);
     if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) || head_dim == 0 {
         return Err(KernelError::invalid(
@@ -44,15 +60,7 @@ fn attention_rows(
             format!("head_dim {head_dim} exceeds {ATTN_MAX_HEAD_DIM}"),
         ));
     }
-    // Rows every buffer can hold: kernels never touch a row beyond it.
-    Ok([
-        qg.len() / (q_heads * 2 * head_dim),
-        k.len() / (kv_heads * head_dim),
-        v.len() / (kv_heads * head_dim),
-    ]
-    .into_iter()
-    .min()
-    .unwrap_or(0))
+    Ok(())
 }
 
 pub(crate) fn attention(
@@ -187,4 +195,147 @@ pub(crate) fn gated_attention<B: CudaBuffers + ?Sized>(
         eps: prologue.eps,
     };
     flash_attention(gpu, inputs, batch, (dims, last_only), out)
+}
+
+/// Each sequence's prefix keys and values for [`attention_carried`]: rows `cu_prefix[s]..cu_prefix[s
+/// + 1]` of `k` and `v` (dense, `kv_heads·head_dim` wide), `rows` in all.
+pub(crate) struct PrefixRows<'a> {
+    pub k: &'a CudaBuf,
+    pub v: &'a CudaBuf,
+    pub cu_prefix: &'a CudaSlice<u32>,
+    pub rows: usize,
+}
+
+/// The attention core of [`crate::Backend::gated_attention_carried`] on a stacked projection whose
+/// q and k are already normed and roped: every row's k and v copied out if asked, then the naive
+/// kernel over each sequence's prefix rows and its own (every row, or each sequence's last).
+pub(crate) fn attention_carried(
+    gpu: &Gpu,
+    qkv_buf: &CudaBuf,
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, AttentionDims),
+    prefix: Option<PrefixRows<'_>>,
+    output: AttentionOutput<'_, CudaBuf>,
+) -> KernelResult<()> {
+    const OP: &str = "gated_attention_carried";
+    check_heads(OP, dims)?;
+    let (q_heads, head_dim) = (dims.q_heads, dims.head_dim);
+    let width = dims.stacked_width();
+    let kv_w = dims.kv_heads * head_dim;
+    let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
+    check_batch(OP, &batch, rows_cap)?;
+    let rows = batch.rows;
+    let qkv = act(OP, "qkv", qkv_buf, rows * width)?;
+    let prefix = match prefix {
+        Some(p) => Some((
+            act(OP, "prefix k", p.k, p.rows * kv_w)?,
+            act(OP, "prefix v", p.v, p.rows * kv_w)?,
+            idx(OP, "cu_prefix", p.cu_prefix, batch.num_seqs + 1)?,
+            to_u32(OP, "prefix rows", p.rows)?,
+        )),
+        None => None,
+    };
+    let out_rows = if output.last_only {
+        batch.num_seqs
+    } else {
+        rows
+    };
+    let mut out = out_buf(OP, "out", output.out, out_rows * q_heads * head_dim)?;
+    let [qg_at, k_at, v_at] = dims.stacked_blocks();
+    let stride = to_i32(OP, "stacked width", width)?;
+    if let Some((k_out, v_out)) = output.kv {
+        let k_out = act_mut(OP, "k out", k_out, rows * kv_w)?;
+        let v_out = act_mut(OP, "v out", v_out, rows * kv_w)?;
+        for (at, dst) in [(k_at, k_out), (v_at, v_out)] {
+            copy_columns(gpu, (qkv, stride, at.offset), (kv_w, rows), dst)?;
+        }
+    }
+    if rows == 0 || batch.num_seqs == 0 {
+        return Ok(());
+    }
+    // Absent prefix buffers are never read (has_prefix = 0): the projection stands in.
+    let (pk, pv, cu_prefix, prefix_rows) = prefix.unwrap_or((qkv, qkv, batch.cu_seqlens, 0));
+    let has_prefix = i32::from(prefix_rows > 0);
+    let qg_off = to_i32(OP, "column offset", qg_at.offset)?;
+    let k_off = to_i32(OP, "column offset", k_at.offset)?;
+    let v_off = to_i32(OP, "column offset", v_at.offset)?;
+    let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+    let q_heads_a = to_i32(OP, "q_heads", q_heads)?;
+    let kv_heads_a = to_i32(OP, "kv_heads", dims.kv_heads)?;
+    let head_dim_a = to_i32(OP, "head_dim", head_dim)?;
+    let rows_a = to_u32(OP, "rows", rows)?;
+    let out_bf16 = i32::from(out.is_bf16());
+    let last_only = i32::from(output.last_only);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            to_u32(OP, "blocks", out_rows)?,
+            to_u32(OP, "q_heads", q_heads)?,
+            1,
+        ),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: argument types match the kernel; it reads rows below `rows` of qkv and below
+    // `prefix_rows` of the prefix (both held, checked above) and writes out_rows rows of out.
+    unsafe {
+        gpu.launch(OP, "attention_gated_prefix", cfg, |launch| {
+            launch
+                .arg(qkv)
+                .arg(&stride)
+                .arg(&qg_off)
+                .arg(&k_off)
+                .arg(&v_off)
+                .arg(pk)
+                .arg(pv)
+                .arg(cu_prefix)
+                .arg(&has_prefix)
+                .arg(&prefix_rows)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs);
+            out.push(launch);
+            launch
+                .arg(&out_bf16)
+                .arg(&q_heads_a)
+                .arg(&kv_heads_a)
+                .arg(&head_dim_a)
+                .arg(&dims.scale)
+                .arg(&rows_a)
+                .arg(&last_only);
+        })
+    }
+}
+
+/// Copies columns `offset..offset + width` of `rows` rows `stride` wide into dense rows of `width`.
+fn copy_columns(
+    gpu: &Gpu,
+    (x, stride, offset): (&CudaSlice<f32>, i32, usize),
+    (width, rows): (usize, usize),
+    out: &mut CudaSlice<f32>,
+) -> KernelResult<()> {
+    const OP: &str = "gated_attention_carried";
+    if width * rows == 0 {
+        return Ok(());
+    }
+    let (offset, width_a, rows_a) = (
+        to_i32(OP, "column offset", offset)?,
+        to_i32(OP, "width", width)?,
+        to_i32(OP, "rows", rows)?,
+    );
+    // SAFETY: argument types match the kernel; x holds `rows` rows of `stride` (the caller checked
+    // it) and out rows·width values (act_mut checked it).
+    unsafe {
+        gpu.launch(
+            OP,
+            "copy_columns",
+            linear(OP, width * rows, BLOCK)?,
+            |launch| {
+                launch
+                    .arg(x)
+                    .arg(&stride)
+                    .arg(&offset)
+                    .arg(out)
+                    .arg(&width_a)
+                    .arg(&rows_a);
+            },
+        )
+    }
 }

@@ -1,0 +1,392 @@
+//! The CUDA backend's carried ops (prefix-state reuse and chunked prompts) against the CPU
+//! reference: `gated_attention_carried` with each sequence's prefix keys before its own and every
+//! row's k/v written out, and `delta_net_core_carried` with the conv window and the recurrent state
+//! in and out. Ragged batches mixing resumed and fresh sequences, own lengths of 1 and not
+//! multiples of 64, prefixes of 0, 1, 63, 64, 65 and 200 rows.
+//!
+//! These need a GPU: `cargo test -p instinct-kernels --test cuda_carried -- --ignored`.
+//!
+//! The same code runs both backends (generic over [`Backend`]); weights are bf16-exact so both
+//! compute with the same numbers. The resumed attention is the naive f32 kernel, so its tolerance
+//! is f32 summation order; the delta rule's GPU products are bf16, as in `cuda_ops`.
+
+mod common;
+use common::{bf16_round, cu_of, gpu, rand_vec};
+
+use instinct_kernels::{
+    AttentionDims, AttentionOutput, Backend, ConvWindow, CpuBackend, DeltaCarry, DeltaDims,
+    DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, PrefixKv, QkPrologue, Rope, Strided,
+    Varlen,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Qwen3.5-4B full attention: 16 query heads over 4 kv heads of 256.
+const REAL: AttentionDims = AttentionDims {
+    q_heads: 16,
+    kv_heads: 4,
+    head_dim: 256,
+    scale: 0.0625,
+};
+
+/// (own lengths, prefix lengths) of the batches: a lone token after a prefix; resumed and fresh
+/// sequences mixed at the chunk grid's edges.
+const BATCHES: &[(&[usize], &[usize])] = &[
+    (&[1], &[200]),
+    (&[70], &[0]),
+    (&[1, 64, 3, 129], &[63, 0, 1, 65]),
+    (&[65, 1, 2], &[64, 0, 130]),
+];
+
+/// Values that must agree: `|got − want| ≤ tol · (1 + |want|)` everywhere.
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}: index {i}: cuda {g} vs cpu {w}"
+        );
+    }
+}
+
+/// One attention case's host data.
+struct AttentionCase {
+    dims: AttentionDims,
+    own: Vec<usize>,
+    prefix: Vec<usize>,
+    qkv: Vec<f32>,
+    prefix_k: Vec<f32>,
+    prefix_v: Vec<f32>,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    positions: Vec<u32>,
+    rope: Rope,
+}
+
+impl AttentionCase {
+    fn new(rng: &mut StdRng, dims: AttentionDims, own: &[usize], prefix: &[usize]) -> Self {
+        let rows: usize = own.iter().sum();
+        let prefix_rows: usize = prefix.iter().sum();
+        let kv_w = dims.kv_heads * dims.head_dim;
+        // Each sequence's own rows continue its prefix's positions.
+        let positions = own
+            .iter()
+            .zip(prefix)
+            .flat_map(|(&n, &p)| (0..n as u32).map(move |t| p as u32 + t))
+            .flat_map(|t| [t, t, t])
+            .collect();
+        let half = 32;
+        Self {
+            dims,
+            own: own.to_vec(),
+            prefix: prefix.to_vec(),
+            qkv: rand_vec(rng, rows * dims.stacked_width(), 2.0),
+            prefix_k: rand_vec(rng, prefix_rows * kv_w, 2.0),
+            prefix_v: rand_vec(rng, prefix_rows * kv_w, 1.0),
+            q_norm: bf16_round(&rand_vec(rng, dims.head_dim, 0.5)),
+            k_norm: bf16_round(&rand_vec(rng, dims.head_dim, 0.5)),
+            positions,
+            rope: Rope {
+                rotary_dim: 2 * half,
+                theta: 10_000_000.0,
+                section: [half - 2 * (half / 3), half / 3, half / 3],
+                interleaved: true,
+            },
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.own.iter().sum()
+    }
+
+    /// The op on `be`: (out, k out, v out), with the prefix or without, every row or the last.
+    fn run<B: Backend>(
+        &self,
+        be: &B,
+        with_prefix: bool,
+        last_only: bool,
+        bf16_out: bool,
+    ) -> [Vec<f32>; 3] {
+        let (dims, rows) = (self.dims, self.rows());
+        let kv_w = dims.kv_heads * dims.head_dim;
+        let up_idx = |data: &[u32]| {
+            let mut b = be.alloc_idx(data.len().max(1)).unwrap();
+            be.write_idx(&mut b, data).unwrap();
+            b
+        };
+        let act = |data: &[f32]| {
+            let mut b = be.alloc(data.len().max(1)).unwrap();
+            be.write(&mut b, data).unwrap();
+            b
+        };
+        let cu = up_idx(&cu_of(&self.own));
+        let cu_prefix = up_idx(&cu_of(&self.prefix));
+        let positions = up_idx(&self.positions);
+        let (q_norm, k_norm) = (
+            be.upload(&self.q_norm).unwrap(),
+            be.upload(&self.k_norm).unwrap(),
+        );
+        let (pk, pv) = (act(&self.prefix_k), act(&self.prefix_v));
+        let mut qkv = act(&self.qkv);
+        let out_rows = if last_only { self.own.len() } else { rows };
+        let width = dims.q_heads * dims.head_dim;
+        // One spare row that must stay untouched.
+        let out_len = (out_rows + 1) * width;
+        let mut out = if bf16_out {
+            be.alloc_gemm_input(out_len).unwrap()
+        } else {
+            be.alloc(out_len).unwrap()
+        };
+        be.write(&mut out, &vec![7.0; out_len]).unwrap();
+        let (mut k_out, mut v_out) = (
+            be.alloc(rows * kv_w).unwrap(),
+            be.alloc(rows * kv_w).unwrap(),
+        );
+        let prefix = with_prefix.then_some(PrefixKv {
+            k: &pk,
+            v: &pv,
+            cu_prefix: &cu_prefix,
+            rows: self.prefix.iter().sum(),
+        });
+        be.gated_attention_carried(
+            &mut qkv,
+            QkPrologue {
+                q_norm: &q_norm,
+                k_norm: &k_norm,
+                positions: &positions,
+                rope: &self.rope,
+                eps: 1e-6,
+            },
+            Varlen {
+                cu_seqlens: &cu,
+                num_seqs: self.own.len(),
+                rows,
+            },
+            dims,
+            prefix,
+            AttentionOutput {
+                out: &mut out,
+                last_only,
+                kv: Some((&mut k_out, &mut v_out)),
+            },
+        )
+        .unwrap();
+        let out = be.read(&out, out_len).unwrap();
+        assert!(
+            out[out_rows * width..].iter().all(|&x| x == 7.0),
+            "{}: wrote past the output rows",
+            be.name()
+        );
+        [
+            out[..out_rows * width].to_vec(),
+            be.read(&k_out, rows * kv_w).unwrap(),
+            be.read(&v_out, rows * kv_w).unwrap(),
+        ]
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gated_attention_carried_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(61);
+    let small = AttentionDims {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 96,
+        scale: 96f32.powf(-0.5),
+    };
+    for dims in [REAL, small] {
+        for &(own, prefix) in BATCHES {
+            let case = AttentionCase::new(&mut rng, dims, own, prefix);
+            for (with_prefix, last_only, bf16_out) in [
+                (true, false, false),
+                (true, true, false),
+                (true, false, true),
+                (false, false, false),
+                (false, true, true),
+            ] {
+                let what = format!(
+                    "heads {}x{}, own {own:?}, prefix {prefix:?} (used {with_prefix}), \
+                     last {last_only}, bf16 out {bf16_out}",
+                    dims.q_heads, dims.head_dim
+                );
+                let [want, want_k, want_v] = case.run(&cpu, with_prefix, last_only, false);
+                let [got, got_k, got_v] = case.run(&gpu, with_prefix, last_only, bf16_out);
+                // The rows a snapshot keeps: k after the norm and rope, v as projected.
+                assert_close(&got_k, &want_k, 1e-4, &format!("{what}: k out"));
+                assert_eq!(got_v, want_v, "{what}: v out is a copy");
+                let (want, tol) = if bf16_out {
+                    (bf16_round(&want), 1e-2)
+                } else {
+                    (want, 1e-4)
+                };
+                assert_close(&got, &want, tol, &what);
+            }
+        }
+    }
+}
+
+/// One DeltaNet case: a stacked projection (q|k|v, then b and a) of the batch, the conv weight,
+/// the gates' parameters, and each sequence's incoming window and state.
+struct DeltaCase {
+    dims: DeltaDims,
+    taps: usize,
+    own: Vec<usize>,
+    stacked: Vec<f32>,
+    width: usize,
+    conv_w: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    window: Vec<f32>,
+    state: Vec<f32>,
+}
+
+impl DeltaCase {
+    fn rows(&self) -> usize {
+        self.own.iter().sum()
+    }
+
+    fn window_len(&self) -> usize {
+        self.own.len() * (self.taps - 1) * self.dims.qkv_width()
+    }
+
+    fn state_len(&self) -> usize {
+        self.own.len() * self.dims.v_heads * self.dims.k_dim * self.dims.v_dim
+    }
+
+    /// The op on `be` (projection in bf16 where `bf16_x`): (out, window out, final state).
+    fn run<B: Backend>(&self, be: &B, carried_in: bool, bf16_x: bool) -> [Vec<f32>; 3] {
+        let (dims, rows) = (self.dims, self.rows());
+        let (channels, heads) = (self.dims.qkv_width(), dims.v_heads);
+        let act = |data: &[f32], bf16: bool| {
+            let mut b = if bf16 {
+                be.alloc_gemm_input(data.len().max(1)).unwrap()
+            } else {
+                be.alloc(data.len().max(1)).unwrap()
+            };
+            be.write(&mut b, data).unwrap();
+            b
+        };
+        let mut cu = be.alloc_idx(self.own.len() + 1).unwrap();
+        be.write_idx(&mut cu, &cu_of(&self.own)).unwrap();
+        let x = act(&self.stacked, bf16_x);
+        let (w, a_log, dt_bias) = (
+            be.upload(&self.conv_w).unwrap(),
+            be.upload(&self.a_log).unwrap(),
+            be.upload(&self.dt_bias).unwrap(),
+        );
+        let (window_in, state_in) = (act(&self.window, false), act(&self.state, false));
+        let mut window_out = be.alloc(self.window_len()).unwrap();
+        let mut state_out = be.alloc(self.state_len()).unwrap();
+        let (mut conv, mut beta, mut g) = (
+            be.alloc(rows * channels).unwrap(),
+            be.alloc(rows * heads).unwrap(),
+            be.alloc(rows * heads).unwrap(),
+        );
+        let out_len = rows * heads * dims.v_dim;
+        let mut out = be.alloc(out_len).unwrap();
+        let width = self.width;
+        let input = DeltaNetInput {
+            x: &x,
+            x_at: Strided::cols(width, 0),
+            conv_weight: &w,
+            kernel: self.taps,
+            l2_eps: 1e-6,
+            gates: DeltaGates {
+                b: &x,
+                b_at: Strided::cols(width, width - 2 * heads),
+                a: &x,
+                a_at: Strided::cols(width, width - heads),
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+                heads,
+            },
+        };
+        let carry = DeltaCarry {
+            state: DeltaState {
+                initial: carried_in.then_some(&state_in),
+                final_out: Some(&mut state_out),
+            },
+            window: ConvWindow {
+                input: carried_in.then_some(&window_in),
+                output: Some(&mut window_out),
+            },
+        };
+        let batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: self.own.len(),
+            rows,
+        };
+        let scratch = DeltaNetScratch {
+            conv: &mut conv,
+            beta: &mut beta,
+            g: &mut g,
+        };
+        be.delta_net_core_carried(input, batch, dims, carry, scratch, &mut out)
+            .unwrap();
+        [
+            be.read(&out, out_len).unwrap(),
+            be.read(&window_out, self.window_len()).unwrap(),
+            be.read(&state_out, self.state_len()).unwrap(),
+        ]
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn delta_net_core_carried_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(67);
+    let real = DeltaDims {
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+    };
+    let narrow = DeltaDims {
+        k_heads: 2,
+        v_heads: 4,
+        k_dim: 64,
+        v_dim: 96,
+    };
+    for (dims, taps) in [(real, 4), (narrow, 4), (narrow, 3)] {
+        for &(own, _) in BATCHES {
+            let channels = dims.qkv_width();
+            let heads = dims.v_heads;
+            let width = channels + 2 * heads;
+            let rows: usize = own.iter().sum();
+            let mut case = DeltaCase {
+                dims,
+                taps,
+                own: own.to_vec(),
+                stacked: bf16_round(&rand_vec(&mut rng, rows * width, 1.5)),
+                width,
+                conv_w: bf16_round(&rand_vec(&mut rng, channels * taps, 0.7)),
+                a_log: bf16_round(&rand_vec(&mut rng, heads, 1.0)),
+                dt_bias: bf16_round(&rand_vec(&mut rng, heads, 2.0)),
+                window: Vec::new(),
+                state: Vec::new(),
+            };
+            // A window as a conv input and a state of the size a prefix leaves.
+            case.window = bf16_round(&rand_vec(&mut rng, case.window_len(), 1.5));
+            case.state = (0..case.state_len())
+                .map(|_| rng.gen_range(-0.3..0.3))
+                .collect();
+            for (carried_in, bf16_x) in [(true, true), (true, false), (false, true)] {
+                let what = format!(
+                    "{dims:?}, {taps} taps, own {own:?}, carried in {carried_in}, bf16 x {bf16_x}"
+                );
+                let [want, want_window, want_state] = case.run(&cpu, carried_in, false);
+                let [got, got_window, got_state] = case.run(&gpu, carried_in, bf16_x);
+                assert_eq!(
+                    got_window, want_window,
+                    "{what}: the window is a copy of inputs"
+                );
+                assert_close(&got, &want, 2e-2, &format!("{what}: out"));
+                assert_close(&got_state, &want_state, 2e-2, &format!("{what}: state"));
+            }
+        }
+    }
+}
