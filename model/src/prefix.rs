@@ -40,7 +40,9 @@
 //!   trait's refusal, `prefix states are not implemented on … yet`). On CUDA a carried window
 //!   takes the delta-rule ops apart (the fused `gdr_prepare_conv` reads no window), and a resumed
 //!   sequence's attention runs the naive f32 kernel `attention_gated_prefix`, not the flash one:
-//!   exact, but slow enough that serving leaves reuse off on GPUs unless asked for.
+//!   exact, but slower than flash. Neither has run on a GPU yet (the tests are
+//!   kernels/tests/cuda_carried.rs and this crate's prefix_states on the GPU), so serving keeps
+//!   reuse off on GPUs.
 //! - Staging: today [`TextModel::forward_segments`] uploads the states of the batch's prefixes
 //!   and reads the snapshots back through the host, per batch. A device-resident cache would
 //!   hand the kernels its own buffers instead (the layouts above, one sequence's slice each).

@@ -59,11 +59,10 @@ pub struct ServeArgs {
 
     /// Byte budget of the prefix-state cache, in MiB (0 turns prefix reuse off): text questions
     /// sharing a token prefix (within a request, or the system prompt across requests) compute
-    /// it once. Default: 256 on the CPU; off on GPUs unless set (their resumed attention is a
-    /// naive kernel until the flash kernel takes prefixes: a win for long shared prefixes, a loss
-    /// for the short system prompt).
-    #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB")]
-    pub prefix_cache_mib: Option<usize>,
+    /// it once. CPU backend only for now: GPUs run every prompt whole until their carried kernels
+    /// have passed their GPU tests.
+    #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB", default_value_t = 256)]
+    pub prefix_cache_mib: usize,
 
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
@@ -360,19 +359,18 @@ mod tests {
 
     #[test]
     fn the_prefix_cache_budget_is_in_mib_and_zero_turns_reuse_off() {
-        // Unset: each backend's default (the loader's).
         let args = serve_args(&[]).unwrap();
-        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, None);
+        assert_eq!(
+            crate::serve::load_options(&args).prefix_cache_bytes,
+            256 << 20
+        );
         let args = serve_args(&["--prefix-cache-mib=1"]).unwrap();
         assert_eq!(
             crate::serve::load_options(&args).prefix_cache_bytes,
-            Some(1 << 20)
+            1 << 20
         );
         let args = serve_args(&["--prefix-cache-mib=0"]).unwrap();
-        assert_eq!(
-            crate::serve::load_options(&args).prefix_cache_bytes,
-            Some(0)
-        );
+        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, 0);
         assert!(serve_args(&["--prefix-cache-mib=-1"]).is_err());
     }
 

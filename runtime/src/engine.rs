@@ -334,9 +334,8 @@ pub struct LoadOptions {
     pub cpu_engines: usize,
     /// Byte budget of the encoded-screenshot cache.
     pub image_cache_bytes: usize,
-    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse; `None`: the
-    /// backend's default).
-    pub prefix_cache_bytes: Option<usize>,
+    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse).
+    pub prefix_cache_bytes: usize,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -444,21 +443,21 @@ type LoadScreenshots<B> = fn(
 trait ServingBackend: Backend + Sized + Send + 'static {
     /// How this backend loads the screenshot path, or the part it lacks for it.
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
-    /// The prefix-state cache's budget where `--prefix-cache-mib` is not given (0: reuse off).
-    const DEFAULT_PREFIX_CACHE_BYTES: usize;
+    /// Whether its kernels resume from prefix states (and so serve prefix reuse).
+    const CARRIES_PREFIX_STATES: bool;
 }
 
 impl ServingBackend for CpuBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
-    const DEFAULT_PREFIX_CACHE_BYTES: usize = 256 << 20;
+    const CARRIES_PREFIX_STATES: bool = true;
 }
 
 impl ServingBackend for CudaBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
         Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
-    // Off unless asked for: a resumed sequence's attention is the naive kernel (exact, slow) until
-    // the flash kernel takes prefix keys, which costs more than the system prompt saves.
-    const DEFAULT_PREFIX_CACHE_BYTES: usize = 0;
+    // Its carried ops exist (kernels/tests/cuda_carried.rs, and the demo model's prefix_states
+    // on the GPU) but have not run on a GPU yet; until they pass there, every prompt runs whole.
+    const CARRIES_PREFIX_STATES: bool = false;
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.
@@ -520,32 +519,30 @@ where
     }
 }
 
-/// The prefix reuse of `device`'s engines: off where the budget (asked for, or the backend's
-/// default) is 0.
+/// The prefix reuse of `device`'s engines: off where the budget is 0 or the backend does not
+/// carry states (said once in the log when a budget was asked for).
 fn prefix_reuse_for<B: ServingBackend>(
     device: Device,
     text: &LoadedText<B>,
     options: LoadOptions,
 ) -> anyhow::Result<PrefixReuse> {
-    let bytes = options
-        .prefix_cache_bytes
-        .unwrap_or(B::DEFAULT_PREFIX_CACHE_BYTES);
-    if bytes == 0 {
-        if options.prefix_cache_bytes.is_none() {
-            tracing::info!(
-                "prefix reuse is off on {device} by default (its resumed attention is not the \
-                 flash kernel yet); --prefix-cache-mib turns it on"
-            );
-        }
+    if options.prefix_cache_bytes == 0 {
+        return Ok(PrefixReuse::off());
+    }
+    if !B::CARRIES_PREFIX_STATES {
+        tracing::info!(
+            "prefix reuse is off on {device}: its carried kernels are not verified on a GPU yet \
+             (--prefix-cache-mib applies to the CPU backend)"
+        );
         return Ok(PrefixReuse::off());
     }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
     tracing::info!(
-        budget_mib = bytes >> 20,
+        budget_mib = options.prefix_cache_bytes >> 20,
         system_tokens = system.len(),
         "prefix reuse on"
     );
-    Ok(PrefixReuse::new(bytes, system))
+    Ok(PrefixReuse::new(options.prefix_cache_bytes, system))
 }
 
 /// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
@@ -644,7 +641,7 @@ mod tests {
         let options = LoadOptions {
             cpu_engines: 1,
             image_cache_bytes: 1 << 20,
-            prefix_cache_bytes: Some(0),
+            prefix_cache_bytes: 0,
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }
