@@ -5,6 +5,17 @@
 #define ATTN_THREADS 128
 #define ATTN_MAX_PER_THREAD 4  // head_dim <= ATTN_THREADS * ATTN_MAX_PER_THREAD
 
+// This thread's share of the scaled query, and a zero accumulator.
+__device__ __forceinline__ void load_query(const float* __restrict__ q, float scale, int head_dim,
+                                           float (&qr)[ATTN_MAX_PER_THREAD], float (&acc)[ATTN_MAX_PER_THREAD]) {
+#pragma unroll
+    for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
+        const int d = threadIdx.x + r * ATTN_THREADS;
+        qr[r] = d < head_dim ? q[d] * scale : 0.0f;
+        acc[r] = 0.0f;
+    }
+}
+
 // One key of the online softmax: folds score q·k_j and value v_j into (running_max, denom, acc).
 __device__ __forceinline__ void attend_key(const float (&qr)[ATTN_MAX_PER_THREAD], const float* __restrict__ kj,
                                            const float* __restrict__ vj, int head_dim, float& running_max,
@@ -44,12 +55,7 @@ attention_gated(const float* __restrict__ qg, const float* __restrict__ k, const
 
     float qr[ATTN_MAX_PER_THREAD];
     float acc[ATTN_MAX_PER_THREAD];
-#pragma unroll
-    for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
-        const int d = threadIdx.x + r * ATTN_THREADS;
-        qr[r] = d < head_dim ? q[d] * scale : 0.0f;
-        acc[r] = 0.0f;
-    }
+    load_query(q, scale, head_dim, qr, acc);
     float running_max = F32_NEG_INF;
     float denom = 0.0f;
     for (u32 j = start; j <= row; ++j) {
@@ -102,12 +108,7 @@ attention_gated_prefix(const float* __restrict__ qkv, int stride, int qg_off, in
 
     float qr[ATTN_MAX_PER_THREAD];
     float acc[ATTN_MAX_PER_THREAD];
-#pragma unroll
-    for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
-        const int d = threadIdx.x + r * ATTN_THREADS;
-        qr[r] = d < head_dim ? q[d] * scale : 0.0f;
-        acc[r] = 0.0f;
-    }
+    load_query(q, scale, head_dim, qr, acc);
     float running_max = F32_NEG_INF;
     float denom = 0.0f;
     if (has_prefix) {

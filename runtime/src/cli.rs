@@ -64,6 +64,14 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB", default_value_t = 256)]
     pub prefix_cache_mib: usize,
 
+    /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
+    /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
+    /// short questions queued behind it run beside its chunks instead of after it. 0 (the
+    /// default) runs every question whole. Needs a backend that resumes from prefix states (the
+    /// CPU backend for now); elsewhere it stays off and the log says so.
+    #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
+    pub max_chunk_tokens: usize,
+
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
     #[arg(long, env = "INSTINCT_MAX_SCREENSHOT_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
@@ -355,6 +363,22 @@ mod tests {
             "--max-screenshot-body-bytes=1000000",
         ]);
         assert!(crate::serve::settings(&args.unwrap(), "id".into()).is_ok());
+    }
+
+    #[test]
+    fn chunked_prefill_is_off_by_default_and_must_fit_a_batch() {
+        let config = |flags: &[&str]| crate::serve::scheduler_config(&serve_args(flags).unwrap());
+        assert_eq!(config(&[]).unwrap().max_chunk_tokens, None);
+        assert_eq!(
+            config(&["--max-chunk-tokens=0"]).unwrap().max_chunk_tokens,
+            None
+        );
+        let chunked = config(&["--max-chunk-tokens=512"]).unwrap();
+        assert_eq!(chunked.max_chunk_tokens, Some(512));
+        assert!(chunked.batch_capacity().is_ok());
+        let too_big = config(&["--max-batch-tokens=16384", "--max-chunk-tokens=20000"]).unwrap();
+        let err = too_big.batch_capacity().unwrap_err().to_string();
+        assert!(err.contains("max_chunk_tokens"), "{err}");
     }
 
     #[test]

@@ -11,16 +11,17 @@ use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend, KernelError};
 use instinct_model::chat::ChatTemplate;
 use instinct_model::decider::{
-    load_multimodal, load_text, Decider, ImagePrompt, LoadedText, Prompt,
+    load_multimodal, load_text, Decider, ImagePrompt, LoadedText, Prompt, QuestionSegment,
 };
 use instinct_model::forward::{BatchLimits, OverLimits};
 use instinct_model::image::preprocess;
 use instinct_model::mrope::{expand_image_placeholders, rope_index};
+use instinct_model::prefix::PrefixState;
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::source::{Device, ModelSource};
 use instinct_model::tokenizer::Tokenizer;
 use instinct_model::vision::{ImageInput, VisionTower};
-use instinct_scheduler::{Batch, Bucket, Engine, FatalEngineError, Question};
+use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
 
 use crate::image_cache::{key_of, EncodedImage, ImageCache};
 use crate::prefix_reuse::{self, PrefixReuse, TEXT_NAMESPACE};
@@ -135,6 +136,8 @@ impl Preparer {
                 ids,
                 n_options,
                 context: Some(Arc::new(context)),
+                // Screenshot prompts do not resume (their M-RoPE positions are not carried).
+                resumable: false,
             });
         }
         Ok(ScreenshotQuestions {
@@ -216,7 +219,12 @@ impl<B: Backend> DeciderEngine<B> {
         // batch's shape), answers put back in order.
         let mut text = Vec::new();
         let mut shots = Vec::new();
+        let mut chunks = Vec::new();
         for (i, s) in batch.seqs.iter().enumerate() {
+            if let Some(chunk) = s.chunk {
+                chunks.push((i, s, chunk));
+                continue;
+            }
             match s.context {
                 None => text.push((i, Prompt::text(s.ids, s.n_options))),
                 Some(context) => {
@@ -235,6 +243,12 @@ impl<B: Backend> DeciderEngine<B> {
             }
         }
         let mut answers = vec![Vec::new(); batch.seqs.len()];
+        if !chunks.is_empty() {
+            let seqs: Vec<_> = chunks.iter().map(|(_, s, c)| (*s, *c)).collect();
+            for ((i, _, _), a) in chunks.iter().zip(self.run_chunks(&seqs)?) {
+                answers[*i] = a;
+            }
+        }
         if !text.is_empty() {
             let prompts: Vec<Prompt> = text.iter().map(|(_, p)| *p).collect();
             let decided =
@@ -254,6 +268,64 @@ impl<B: Backend> DeciderEngine<B> {
                 .count_computed(prompts.iter().map(|p| p.ids.len()).sum());
             for ((i, _), a) in shots.iter().zip(decider.decide(&prompts)?) {
                 answers[*i] = a;
+            }
+        }
+        Ok(answers)
+    }
+}
+
+impl<B: Backend> DeciderEngine<B> {
+    /// Runs chunks of long text questions in one pass (chunked prefill): each resumes from the
+    /// prefix state its question's previous chunk left in its carry, and leaves its own for the
+    /// next one; a last chunk answers instead. The states are f32 snapshots on the host.
+    fn run_chunks(
+        &mut self,
+        seqs: &[(&SeqInput<'_>, ChunkInput<'_>)],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut resumed = Vec::with_capacity(seqs.len());
+        for (s, chunk) in seqs {
+            ensure!(s.context.is_none(), "only text questions run in chunks");
+            let state = match chunk.carry.take() {
+                Some(state) => Some(
+                    *state
+                        .downcast::<PrefixState>()
+                        .map_err(|_| anyhow::anyhow!("a chunk's carry holds no prefix state"))?,
+                ),
+                None => None,
+            };
+            let held = state.as_ref().map_or(0, PrefixState::tokens);
+            ensure!(
+                held == chunk.start,
+                "a chunk starting at token {} found a state of {held} tokens",
+                chunk.start
+            );
+            resumed.push(state);
+        }
+        let segments: Vec<QuestionSegment> = seqs
+            .iter()
+            .zip(&resumed)
+            .map(|((s, chunk), state)| {
+                if chunk.last {
+                    QuestionSegment::answer(Prompt::text(s.ids, s.n_options), state.as_ref())
+                } else {
+                    QuestionSegment::prefix(s.ids, state.as_ref())
+                }
+            })
+            .collect();
+        self.reuse
+            .count_computed(seqs.iter().map(|(s, _)| s.ids.len()).sum());
+        let outputs = self.decider.decide_segments(&segments)?;
+        let mut answers = Vec::with_capacity(seqs.len());
+        for ((_, chunk), out) in seqs.iter().zip(outputs) {
+            if chunk.last {
+                answers.push(
+                    out.probabilities
+                        .context("a last chunk without its answer")?,
+                );
+            } else {
+                let snapshot = out.snapshot.context("a chunk without its snapshot")?;
+                chunk.carry.put(Box::new(snapshot));
+                answers.push(Vec::new());
             }
         }
         Ok(answers)
@@ -305,6 +377,9 @@ pub struct Loaded {
     /// Prefix reuse of each device's engines, in device order (off where the backend does not
     /// carry states).
     pub prefix_reuse: Vec<Arc<PrefixReuse>>,
+    /// Whether every engine resumes from prefix states, and so can run long questions in chunks
+    /// (chunked prefill).
+    pub resumes: bool,
 }
 
 /// Memory of one GPU an engine runs on, for metrics.
@@ -417,6 +492,7 @@ pub fn load_on(
                 all.weights_bytes += loaded.weights_bytes;
                 all.devices.extend(loaded.devices);
                 all.prefix_reuse.extend(loaded.prefix_reuse);
+                all.resumes &= loaded.resumes;
             }
         }
     }
@@ -493,6 +569,8 @@ struct EngineParts<B: Backend> {
     preparer: Preparer,
     engines: Vec<DeciderEngine<B>>,
     reuse: Arc<PrefixReuse>,
+    /// Whether the backend resumes from prefix states.
+    resumes: bool,
     /// Bytes of f32 weights read for all engines (a screenshot path counts one more language
     /// copy; the small vision tower is not counted).
     weights_bytes: u64,
@@ -515,6 +593,7 @@ where
             weights_bytes,
             devices,
             prefix_reuse: vec![self.reuse],
+            resumes: self.resumes,
         }
     }
 }
@@ -625,6 +704,7 @@ fn load_engines<B: ServingBackend>(
     Ok(EngineParts {
         preparer: preparer.expect("at least one engine was loaded"),
         reuse: reuse.expect("at least one engine was loaded"),
+        resumes: B::CARRIES_PREFIX_STATES,
         engines,
         weights_bytes,
     })
@@ -663,6 +743,7 @@ mod tests {
                 ids,
                 n_options: 2,
                 context: None,
+                chunk: None,
             })
             .collect();
         let batch = Batch {

@@ -51,30 +51,6 @@ const LABELS: &[&[&str]] = &[
     &["Alpha", "Beta", "Gamma", "Delta"],
 ];
 
-/// Probabilities per question key, and the request's prompt tokens.
-fn answers(reply: &Reply) -> (BTreeMap<String, Vec<f64>>, u64) {
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
-    let body = reply.json();
-    let per_question = body["answers"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, a)| {
-            let p = a["probabilities"].as_object().unwrap();
-            (k.clone(), p.values().map(|v| v.as_f64().unwrap()).collect())
-        })
-        .collect();
-    (
-        per_question,
-        body["usage"]["input_tokens"].as_u64().unwrap(),
-    )
-}
-
 fn assert_close(a: &BTreeMap<String, Vec<f64>>, b: &BTreeMap<String, Vec<f64>>, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}");
     for ((ka, pa), (kb, pb)) in a.iter().zip(b) {

@@ -49,6 +49,11 @@ pub struct Config {
     pub max_scan: usize,
     /// How often an idle engine thread wakes to refresh its heartbeat.
     pub heartbeat_interval: Duration,
+    /// Chunked prefill: a resumable question longer than this runs as consecutive chunks of at
+    /// most this many tokens, one per batch, so batches keep to a bounded size and short
+    /// questions queued behind a long one run beside its chunks. `None`: every question runs
+    /// whole (and none may exceed the largest bucket).
+    pub max_chunk_tokens: Option<usize>,
     /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
     pub drain_rate_window: Duration,
     /// `Retry-After` given before any batch has completed.
@@ -70,6 +75,7 @@ impl Default for Config {
             default_deadline: None,
             max_scan: 1_024,
             heartbeat_interval: Duration::from_millis(100),
+            max_chunk_tokens: None,
             drain_rate_window: Duration::from_secs(10),
             retry_after_default: Duration::from_secs(1),
             retry_after_min: Duration::from_secs(1),
@@ -147,6 +153,15 @@ impl Config {
             buckets.iter().map(|b| b.tokens).max().unwrap_or(0),
             buckets.iter().map(|b| b.seqs).max().unwrap_or(0),
         );
+        if let Some(chunk) = self.max_chunk_tokens {
+            if chunk == 0 || chunk > capacity.tokens {
+                return bad(format!(
+                    "max_chunk_tokens {chunk} must be positive and fit the largest bucket ({} \
+                     tokens)",
+                    capacity.tokens
+                ));
+            }
+        }
         Ok(Validated {
             config: self.clone(),
             buckets,

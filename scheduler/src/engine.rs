@@ -2,15 +2,62 @@
 
 use crate::config::Bucket;
 
-/// One sequence (one question) of a batch.
+/// One sequence (one question, or one chunk of a long one) of a batch.
 #[derive(Clone, Copy, Debug)]
 pub struct SeqInput<'a> {
-    /// Prompt token ids.
+    /// Prompt token ids (of this chunk only, for a chunk).
     pub ids: &'a [u32],
-    /// How many answer options the question offers; the engine returns that many probabilities.
+    /// How many answer options the question offers; the engine returns that many probabilities
+    /// (none for a chunk that is not its question's last).
     pub n_options: usize,
     /// Engine-specific inputs beyond the ids (see [`SeqContext`](crate::SeqContext)).
     pub context: Option<&'a (dyn std::any::Any + Send + Sync)>,
+    /// Set when the question runs as consecutive chunks ([`Config::max_chunk_tokens`]).
+    ///
+    /// [`Config::max_chunk_tokens`]: crate::Config::max_chunk_tokens
+    pub chunk: Option<ChunkInput<'a>>,
+}
+
+impl SeqInput<'_> {
+    /// Whether the engine answers this sequence: a whole question or its last chunk.
+    pub fn answers(&self) -> bool {
+        self.chunk.is_none_or(|c| c.last)
+    }
+}
+
+/// A chunk of a question run as consecutive chunks in consecutive batches (chunked prefill): its
+/// first token's place in the question, whether it is the last, and the engine's state between
+/// chunks. A chunk runs only after the one before it has completed, so the engine finds in
+/// `carry` what it left there at the end of the previous chunk (nothing before the first).
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkInput<'a> {
+    pub start: usize,
+    pub last: bool,
+    pub carry: &'a ChunkCarry,
+}
+
+/// What an engine keeps between the chunks of one question (its prefix state), opaque to the
+/// scheduler. Dropped with the question: when it is answered, fails, expires or is cancelled.
+#[derive(Default)]
+pub struct ChunkCarry(parking_lot::Mutex<Option<Box<dyn std::any::Any + Send>>>);
+
+impl ChunkCarry {
+    /// Takes what the previous chunk left (`None` before the first chunk).
+    pub fn take(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        self.0.lock().take()
+    }
+
+    /// Leaves `state` for the next chunk.
+    pub fn put(&self, state: Box<dyn std::any::Any + Send>) {
+        *self.0.lock() = Some(state);
+    }
+}
+
+impl std::fmt::Debug for ChunkCarry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0.lock().is_some();
+        f.debug_struct("ChunkCarry").field("held", &held).finish()
+    }
 }
 
 /// A batch as handed to an engine: its sequences in order, and the bucket it was planned for (the
@@ -34,7 +81,8 @@ impl Batch<'_> {
 /// One device's model. One value per device is moved into its engine thread, so it may keep
 /// mutable scratch state (`&mut self`).
 ///
-/// `run_batch` returns, per sequence and in order, the probabilities of its `n_options` options.
+/// `run_batch` returns, per sequence and in order, the probabilities of its `n_options` options
+/// (an empty list for a chunk that is not its question's last: see [`SeqInput::answers`]).
 /// An error, a panic, or a result of the wrong shape fails exactly the requests of that batch with
 /// [`Failure::Internal`](crate::Failure::Internal); the thread keeps serving. (Catching the panic
 /// needs `panic = "unwind"`, the default.) An error whose chain holds a [`FatalEngineError`]

@@ -24,7 +24,10 @@
 //! forms the next batch), when it is full (a queued question was left out for lack of room) or
 //! when draining; otherwise, while another engine's batch runs, when its oldest question has
 //! waited `max_wait`. Questions of one request may span
-//! batches and engines; answers are reassembled in order.
+//! batches and engines; answers are reassembled in order. With `max_chunk_tokens`, a resumable
+//! question longer than it is queued as consecutive chunks: the next chunk is queued, in the
+//! question's place, only when the one before it has completed, and the engine carries its state
+//! between them ([`ChunkInput`]).
 //!
 //! **Failures**: a deadline passing while any question of the request is queued fails it with
 //! `DeadlineExceeded` (its queued questions never run); an engine error or panic fails exactly
@@ -47,7 +50,7 @@ mod ticket;
 mod worker;
 
 pub use config::{Bucket, Config, StartError};
-pub use engine::{Batch, Engine, FatalEngineError, SeqInput};
+pub use engine::{Batch, ChunkCarry, ChunkInput, Engine, FatalEngineError, SeqInput};
 pub use outcome::{Answer, Failure, Question, RejectReason, Rejection, SeqContext};
 pub use scheduler::Scheduler;
 pub use stats::{EngineStats, Stats};

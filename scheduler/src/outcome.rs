@@ -14,15 +14,19 @@ pub struct Question {
     pub n_options: usize,
     /// Engine-specific inputs beyond the ids; `None` for plain text.
     pub context: Option<SeqContext>,
+    /// Whether the engine can run it as consecutive chunks when it is longer than
+    /// [`Config::max_chunk_tokens`](crate::Config::max_chunk_tokens).
+    pub resumable: bool,
 }
 
 impl Question {
-    /// A plain-text question.
+    /// A plain-text question (resumable).
     pub fn text(ids: Vec<u32>, n_options: usize) -> Self {
         Self {
             ids,
             n_options,
             context: None,
+            resumable: true,
         }
     }
 }
@@ -31,6 +35,7 @@ impl PartialEq for Question {
     fn eq(&self, other: &Self) -> bool {
         self.ids == other.ids
             && self.n_options == other.n_options
+            && self.resumable == other.resumable
             && match (&self.context, &other.context) {
                 (None, None) => true,
                 (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),

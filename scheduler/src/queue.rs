@@ -8,6 +8,7 @@
 //! have queued questions.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 use metrics::{counter, gauge, histogram};
@@ -16,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::batching;
 use crate::config::{Bucket, Validated};
 use crate::drain_rate::DrainRate;
+use crate::engine::ChunkCarry;
 use crate::outcome::{Answer, Failure, Question, RejectReason, Rejection};
 use crate::stats::Stats;
 use crate::telemetry as names;
@@ -23,13 +25,55 @@ use crate::telemetry as names;
 pub(crate) type Reply = oneshot::Sender<Result<Answer, Failure>>;
 pub(crate) type ReplyReceiver = oneshot::Receiver<Result<Answer, Failure>>;
 
-/// One queued question: which request it belongs to, its place there, and when it was queued.
+/// One queued question (or the next chunk of one): which request it belongs to, its place there,
+/// and when it was queued (a question's later chunks keep its first chunk's time).
 #[derive(Debug)]
 pub(crate) struct QueuedSeq {
     pub request: u64,
     pub index: usize,
     pub question: Question,
     pub enqueued: Instant,
+    pub chunk: Option<Chunk>,
+}
+
+/// The part of a chunked question an entry stands for: ids `start..end`, and the engine's state
+/// between chunks.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub start: usize,
+    pub end: usize,
+    pub carry: Arc<ChunkCarry>,
+}
+
+impl QueuedSeq {
+    /// The ids this entry runs: the whole question, or its chunk.
+    pub fn ids(&self) -> &[u32] {
+        match &self.chunk {
+            Some(c) => &self.question.ids[c.start..c.end],
+            None => &self.question.ids,
+        }
+    }
+
+    /// Whether running this entry answers the question (it is whole, or its last chunk).
+    pub fn answers(&self) -> bool {
+        self.chunk
+            .as_ref()
+            .is_none_or(|c| c.end == self.question.ids.len())
+    }
+
+    /// The entry for the chunk after this one (which must not be the last).
+    fn next_chunk(self, max_chunk: usize) -> Self {
+        let chunk = self.chunk.expect("only a chunk has a next one");
+        let len = self.question.ids.len();
+        Self {
+            chunk: Some(Chunk {
+                start: chunk.end,
+                end: len.min(chunk.end + max_chunk),
+                carry: chunk.carry,
+            }),
+            ..self
+        }
+    }
 }
 
 /// Questions taken out of the queue for one engine call.
@@ -175,8 +219,17 @@ impl QueueState {
             return Err(self.reject(RejectReason::Invalid, now));
         }
         let tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
-        let longest = questions.iter().map(|q| q.ids.len()).max().unwrap_or(0);
         let c = &self.cfg.config;
+        let chunk_of = |q: &Question| {
+            c.max_chunk_tokens
+                .filter(|&m| q.resumable && q.ids.len() > m)
+        };
+        // The longest piece a batch must hold: a question, or a chunk of one.
+        let longest = questions
+            .iter()
+            .map(|q| chunk_of(q).unwrap_or(q.ids.len()))
+            .max()
+            .unwrap_or(0);
         if longest > self.cfg.capacity.tokens || tokens > c.max_queue_tokens {
             return Err(self.reject(RejectReason::TooLarge, now));
         }
@@ -193,11 +246,17 @@ impl QueueState {
         let (reply, receiver) = oneshot::channel();
         let n = questions.len();
         for (index, q) in questions.into_iter().enumerate() {
+            let chunk = chunk_of(&q).map(|max_chunk| Chunk {
+                start: 0,
+                end: max_chunk,
+                carry: Arc::default(),
+            });
             self.pending.push_back(QueuedSeq {
                 request: id,
                 index,
                 question: q,
                 enqueued: now,
+                chunk,
             });
         }
         self.requests.insert(
@@ -288,7 +347,7 @@ impl QueueState {
             return Next::Idle;
         };
         let Some(plan) = batching::plan(
-            self.pending.iter().map(|s| s.question.ids.len()),
+            self.pending.iter().map(|s| s.ids().len()),
             &self.cfg.buckets,
             self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
@@ -332,12 +391,16 @@ impl QueueState {
         }
 
         for seq in &seqs {
-            let len = seq.question.ids.len();
+            let len = seq.ids().len();
             self.queued_tokens -= len;
             if let Some(entry) = self.requests.get_mut(&seq.request) {
                 entry.first_start.get_or_insert(now);
-                entry.queued_seqs -= 1;
                 entry.queued_tokens -= len;
+                // A question stays queued until its last chunk is taken.
+                if !seq.answers() {
+                    continue;
+                }
+                entry.queued_seqs -= 1;
                 if entry.queued_seqs == 0 {
                     self.queued_requests -= 1;
                     if let Some(d) = entry.deadline {
@@ -348,7 +411,11 @@ impl QueueState {
             histogram!(names::QUEUE_WAIT_SECONDS)
                 .record(now.saturating_duration_since(seq.enqueued).as_secs_f64());
         }
-        let tokens: usize = seqs.iter().map(|s| s.question.ids.len()).sum();
+        let tokens: usize = seqs.iter().map(|s| s.ids().len()).sum();
+        let chunks = seqs.iter().filter(|s| s.chunk.is_some()).count();
+        if chunks > 0 {
+            counter!(names::PREFILL_CHUNKS_TOTAL).increment(chunks as u64);
+        }
         histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
         histogram!(names::BATCH_TOKENS).record(tokens as f64);
         histogram!(names::BATCH_FILL_RATIO).record(tokens as f64 / plan.bucket.tokens as f64);
@@ -362,20 +429,26 @@ impl QueueState {
     }
 
     /// Hands the engine's outcome for `batch` to its requests. Results of requests that already
-    /// left (cancelled, failed, expired) are dropped; a failed batch fails all its requests.
+    /// left (cancelled, failed, expired) are dropped; a failed batch fails all its requests. A
+    /// chunk that is not its question's last queues the next one, in its question's place (by
+    /// age: usually first, so a long question moves one chunk per batch).
     pub fn complete(
         &mut self,
-        batch: &TakenBatch,
+        batch: TakenBatch,
         outcome: Result<Vec<Vec<f32>>, String>,
         start: Instant,
         end: Instant,
     ) {
         self.running_batches -= 1;
         self.drain_rate.record(start, end, batch.tokens);
-        match outcome.and_then(|out| check_shape(batch, out)) {
+        match outcome.and_then(|out| check_shape(&batch, out)) {
             Ok(outputs) => {
-                for (seq, probs) in batch.seqs.iter().zip(outputs) {
-                    self.deliver(seq.request, seq.index, probs, end);
+                for (seq, probs) in batch.seqs.into_iter().zip(outputs) {
+                    if seq.answers() {
+                        self.deliver(seq.request, seq.index, probs, end);
+                    } else if self.requests.contains_key(&seq.request) {
+                        self.requeue_next_chunk(seq);
+                    }
                 }
             }
             Err(message) => {
@@ -387,6 +460,15 @@ impl QueueState {
             }
         }
         self.publish_gauges();
+    }
+
+    fn requeue_next_chunk(&mut self, seq: QueuedSeq) {
+        let max_chunk = self.cfg.config.max_chunk_tokens.unwrap_or(usize::MAX);
+        let next = seq.next_chunk(max_chunk);
+        let at = self
+            .pending
+            .partition_point(|s| s.enqueued <= next.enqueued);
+        self.pending.insert(at, next);
     }
 
     fn deliver(&mut self, id: u64, index: usize, probs: Vec<f32>, end: Instant) {
@@ -469,11 +551,15 @@ pub(crate) fn check_shape(
         ));
     }
     for (i, (seq, probs)) in batch.seqs.iter().zip(&outputs).enumerate() {
-        if probs.len() != seq.question.n_options {
+        let expected = if seq.answers() {
+            seq.question.n_options
+        } else {
+            0
+        };
+        if probs.len() != expected {
             return Err(format!(
-                "engine returned {} probabilities for sequence {i} with {} options",
+                "engine returned {} probabilities for sequence {i}, which expects {expected}",
                 probs.len(),
-                seq.question.n_options
             ));
         }
     }

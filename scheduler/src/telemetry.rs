@@ -28,6 +28,8 @@ pub const CANCELLED_TOTAL: &str = "instinct_cancelled_total";
 pub const DEADLINE_EXCEEDED_TOTAL: &str = "instinct_deadline_exceeded_total";
 /// Counter: batches whose engine call failed (error, panic or wrong shape).
 pub const BATCH_FAILURES_TOTAL: &str = "instinct_batch_failures_total";
+/// Counter: chunks of long questions taken into batches (chunked prefill).
+pub const PREFILL_CHUNKS_TOTAL: &str = "instinct_prefill_chunks_total";
 
 /// Counter, labels `kind`, `engine`, `device`: engine calls that failed, by how (`error`,
 /// `panic`, `shape`: a result of the wrong shape, `fatal`: the device is lost). One per failed
@@ -104,6 +106,10 @@ pub fn describe() {
         "Requests failed because their deadline passed while queued"
     );
     describe_counter!(BATCH_FAILURES_TOTAL, "Batches whose engine call failed");
+    describe_counter!(
+        PREFILL_CHUNKS_TOTAL,
+        "Chunks of questions longer than --max-chunk-tokens taken into batches"
+    );
     describe_counter!(
         ENGINE_FAILURES_TOTAL,
         "Failed engine calls by kind: error, panic, shape (wrong result shape), fatal (device lost)"

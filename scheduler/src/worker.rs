@@ -7,7 +7,7 @@ use std::time::Instant;
 use metrics::{counter, gauge, histogram};
 use parking_lot::MutexGuard;
 
-use crate::engine::{Batch, Engine, FatalEngineError, SeqInput};
+use crate::engine::{Batch, ChunkInput, Engine, FatalEngineError, SeqInput};
 use crate::queue::{check_shape, Next, TakenBatch};
 use crate::shared::Shared;
 use crate::telemetry as names;
@@ -47,7 +47,11 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
                     }
                     _ => None,
                 };
-                state.complete(&batch, outcome.map_err(|f| f.message), start, end);
+                state.complete(batch, outcome.map_err(|f| f.message), start, end);
+                if state.has_queued() {
+                    // A chunk's successor may have been queued: any idle engine may take it.
+                    shared.work.notify_one();
+                }
                 if let Some(why) = lost {
                     lose_engine(&shared, &mut state, index, &why);
                     shared.after_change(&state);
@@ -120,9 +124,14 @@ fn run_batch(
         .seqs
         .iter()
         .map(|s| SeqInput {
-            ids: &s.question.ids,
+            ids: s.ids(),
             n_options: s.question.n_options,
             context: s.question.context.as_deref(),
+            chunk: s.chunk.as_ref().map(|c| ChunkInput {
+                start: c.start,
+                last: s.answers(),
+                carry: &c.carry,
+            }),
         })
         .collect();
     let view = Batch {

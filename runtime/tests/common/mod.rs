@@ -174,3 +174,27 @@ pub async fn post(addr: std::net::SocketAddr, body: &str) -> Reply {
     )
     .await
 }
+
+/// A 200 reply's probabilities per question key, and its prompt tokens (`usage.input_tokens`).
+pub fn answers(reply: &Reply) -> (std::collections::BTreeMap<String, Vec<f64>>, u64) {
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let body = reply.json();
+    let per_question = body["answers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, a)| {
+            let p = a["probabilities"].as_object().unwrap();
+            (k.clone(), p.values().map(|v| v.as_f64().unwrap()).collect())
+        })
+        .collect();
+    (
+        per_question,
+        body["usage"]["input_tokens"].as_u64().unwrap(),
+    )
+}

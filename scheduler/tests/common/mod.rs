@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use instinct_scheduler::{
-    Answer, Batch, Bucket, Config, Engine, Failure, FatalEngineError, Question, Scheduler, Ticket,
+    Answer, Batch, Bucket, Config, Engine, Failure, FatalEngineError, Question, Scheduler,
+    SeqInput, Ticket,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -25,6 +26,8 @@ pub const FATAL_MARK: u32 = u32::MAX - 5;
 pub struct Record {
     pub engine: usize,
     pub seqs: Vec<Vec<u32>>,
+    /// Per sequence, where its chunk starts in its question (`None`: a whole question).
+    pub chunk_starts: Vec<Option<usize>>,
     pub bucket: Bucket,
     pub tokens: usize,
 }
@@ -84,6 +87,11 @@ impl Engine for MockEngine {
         self.log.lock().push(Record {
             engine: self.id,
             seqs: batch.seqs.iter().map(|s| s.ids.to_vec()).collect(),
+            chunk_starts: batch
+                .seqs
+                .iter()
+                .map(|s| s.chunk.map(|c| c.start))
+                .collect(),
             bucket: batch.bucket,
             tokens: batch.tokens,
         });
@@ -106,11 +114,7 @@ impl Engine for MockEngine {
         if first_ids.contains(&PANIC_MARK) {
             panic!("mock panic");
         }
-        let mut out: Vec<Vec<f32>> = batch
-            .seqs
-            .iter()
-            .map(|s| expected(s.ids, s.n_options))
-            .collect();
+        let mut out: Vec<Vec<f32>> = batch.seqs.iter().map(answer_or_carry).collect();
         if first_ids.contains(&SHORT_MARK) {
             out.pop();
         }
@@ -118,13 +122,47 @@ impl Engine for MockEngine {
     }
 }
 
-/// The mock's answer: option weights from a hash of all the ids, normalised.
-pub fn expected(ids: &[u32], n_options: usize) -> Vec<f32> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// The mock's work on one sequence: [`expected`] of a whole question; for a chunk, the hash
+/// resumed from what the previous chunk left in the carry, then the answer (last chunk) or the
+/// hash left for the next one (no probabilities).
+fn answer_or_carry(s: &SeqInput<'_>) -> Vec<f32> {
+    let Some(chunk) = s.chunk else {
+        return expected(s.ids, s.n_options);
+    };
+    let start = match chunk.carry.take() {
+        Some(held) => *held
+            .downcast::<(usize, u64)>()
+            .expect("the mock's own carry"),
+        None => (0, FNV_START),
+    };
+    assert_eq!(
+        start.0, chunk.start,
+        "a chunk resumes where the previous one ended"
+    );
+    let h = fnv(start.1, s.ids);
+    if chunk.last {
+        return weights(h, s.n_options);
+    }
+    chunk.carry.put(Box::new((chunk.start + s.ids.len(), h)));
+    Vec::new()
+}
+
+const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv(mut h: u64, ids: &[u32]) -> u64 {
     for &id in ids {
         h ^= u64::from(id);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
+    h
+}
+
+/// The mock's answer: option weights from a hash of all the ids, normalised.
+pub fn expected(ids: &[u32], n_options: usize) -> Vec<f32> {
+    weights(fnv(FNV_START, ids), n_options)
+}
+
+fn weights(h: u64, n_options: usize) -> Vec<f32> {
     let weights: Vec<f32> = (0..n_options)
         .map(|k| 1.0 + ((h >> ((k * 7) % 57)) & 0xff) as f32)
         .collect();

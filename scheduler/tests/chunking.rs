@@ -1,0 +1,219 @@
+//! Chunked prefill: a resumable question longer than `max_chunk_tokens` runs as consecutive
+//! chunks, one per batch, each after the previous one completed, with the engine's state carried
+//! between them; short questions run beside its chunks; nothing is lost or left counted when a
+//! chunked request is cancelled, expires or fails. The mock engine resumes its hash of the ids
+//! from the carry, so a chunked answer equals the whole question's only if every chunk ran once,
+//! in order.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use instinct_scheduler::{Config, Failure, Question, RejectReason, StartError};
+
+fn config(max_batch_tokens: usize, max_chunk_tokens: Option<usize>) -> Config {
+    Config {
+        max_batch_tokens,
+        max_batch_seqs: 4,
+        max_chunk_tokens,
+        ..Config::default()
+    }
+}
+
+/// The batches that ran chunks of the question tagged `tag` (its first chunk starts with the
+/// tag; later ones are found by their ids): (batch index, chunk start, chunk ids).
+fn chunks_of(h: &Harness, q: &Question) -> Vec<(usize, usize, Vec<u32>)> {
+    let mut found = Vec::new();
+    for (b, record) in h.batches().iter().enumerate() {
+        for (ids, start) in record.seqs.iter().zip(&record.chunk_starts) {
+            if let Some(start) = *start {
+                if q.ids[start..].starts_with(ids) {
+                    found.push((b, start, ids.clone()));
+                }
+            }
+        }
+    }
+    found
+}
+
+fn assert_settled(h: &Harness) {
+    let stats = h.scheduler.stats();
+    assert_eq!(stats.in_flight_requests, 0);
+    assert_eq!(stats.queued_requests, 0);
+    assert_eq!(
+        stats.queued_tokens, 0,
+        "every chunk's tokens left the queue"
+    );
+    assert_eq!(stats.queued_sequences, 0);
+}
+
+#[test]
+fn a_long_question_runs_in_chunks_one_per_batch_and_answers_as_whole() {
+    let h = Harness::new(config(64, Some(16)), 1, Duration::ZERO);
+    // 50 tokens: chunks of 16, 16, 16 and 2; a question of exactly 16 runs whole.
+    let long = question(1, 50, 3);
+    let exact = question(2, 16, 2);
+    let t = h.submit_all(&[vec![long.clone()], vec![exact.clone()]]);
+    let mut t = t.into_iter();
+    assert_eq!(
+        wait(t.next().unwrap(), LONG).unwrap(),
+        expected_answer(std::slice::from_ref(&long))
+    );
+    assert_eq!(
+        wait(t.next().unwrap(), LONG).unwrap(),
+        expected_answer(&[exact])
+    );
+    let chunks = chunks_of(&h, &long);
+    let starts: Vec<usize> = chunks.iter().map(|c| c.1).collect();
+    assert_eq!(starts, vec![0, 16, 32, 48]);
+    let batches: Vec<usize> = chunks.iter().map(|c| c.0).collect();
+    assert!(
+        batches.windows(2).all(|w| w[0] < w[1]),
+        "one chunk per batch, in order: {batches:?}"
+    );
+    let joined: Vec<u32> = chunks.iter().flat_map(|c| c.2.clone()).collect();
+    assert_eq!(joined, long.ids, "the chunks are the question, once");
+    assert_eq!(h.times_computed(2), 1);
+    assert_settled(&h);
+}
+
+#[test]
+fn short_questions_run_beside_a_long_questions_chunks() {
+    let h = Harness::new(config(32, Some(16)), 1, Duration::ZERO);
+    let blocker = h.block_engine();
+    // Queued behind the blocker: a long question (4 chunks), then short ones.
+    let long = question(1, 64, 2);
+    let shorts: Vec<Question> = (10..16).map(|t| question(t, 8, 2)).collect();
+    let mut requests = vec![vec![long.clone()]];
+    requests.extend(shorts.iter().map(|q| vec![q.clone()]));
+    let tickets = h.submit_all(&requests);
+    h.gate.open();
+    wait(blocker, LONG).unwrap();
+    for (q, t) in requests.iter().zip(tickets) {
+        assert_eq!(
+            wait(t, LONG).unwrap(),
+            expected_answer(q),
+            "nothing is lost"
+        );
+    }
+    let chunks = chunks_of(&h, &long);
+    assert_eq!(chunks.len(), 4);
+    let last_chunk_batch = chunks.last().unwrap().0;
+    for q in &shorts {
+        let b = h.batch_of(q.ids[0]).unwrap();
+        assert!(
+            b < last_chunk_batch,
+            "short question {} ran in batch {b}, not beside the long one's chunks (its last in \
+             batch {last_chunk_batch})",
+            q.ids[0]
+        );
+    }
+    // Every batch holds one of the long question's chunks until it is done: it is the oldest.
+    for (i, c) in chunks.iter().enumerate() {
+        assert_eq!(c.0, i, "chunk {i} in batch {}", c.0);
+    }
+    assert_settled(&h);
+}
+
+#[test]
+fn a_question_longer_than_every_bucket_is_admitted_only_when_it_can_be_chunked() {
+    let whole = Harness::new(config(32, None), 1, Duration::ZERO);
+    let refused = whole
+        .scheduler
+        .submit(vec![question(1, 100, 2)], None)
+        .unwrap_err();
+    assert_eq!(refused.reason, RejectReason::TooLarge);
+
+    let chunked = Harness::new(config(32, Some(32)), 1, Duration::ZERO);
+    let long = question(1, 100, 2);
+    let t = chunked.scheduler.submit(vec![long.clone()], None).unwrap();
+    assert_eq!(
+        wait(t, LONG).unwrap(),
+        expected_answer(std::slice::from_ref(&long))
+    );
+    assert_eq!(chunks_of(&chunked, &long).len(), 4);
+    // A question the engine cannot resume is never chunked.
+    let fixed = Question {
+        resumable: false,
+        ..question(2, 100, 2)
+    };
+    let refused = chunked.scheduler.submit(vec![fixed], None).unwrap_err();
+    assert_eq!(refused.reason, RejectReason::TooLarge);
+    assert_settled(&chunked);
+}
+
+#[test]
+fn a_chunk_size_that_fits_no_bucket_is_refused_at_start() {
+    for chunk in [0, 33] {
+        let bad = config(32, Some(chunk));
+        assert!(
+            matches!(bad.batch_capacity(), Err(StartError::Config(_))),
+            "max_chunk_tokens {chunk}"
+        );
+    }
+    assert!(config(32, Some(32)).batch_capacity().is_ok());
+}
+
+#[test]
+fn a_cancelled_chunked_question_runs_no_more_chunks() {
+    let h = Harness::new(config(32, Some(8)), 1, Duration::from_millis(50));
+    let long = question(1, 80, 2);
+    let ticket = h.scheduler.submit(vec![long.clone()], None).unwrap();
+    let until = Instant::now() + LONG;
+    while chunks_of(&h, &long).is_empty() {
+        assert!(Instant::now() < until, "the first chunk never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(ticket);
+    // The chunk running when it was cancelled may finish; none after it starts.
+    std::thread::sleep(Duration::from_millis(100));
+    let ran = chunks_of(&h, &long).len();
+    assert!(ran <= 2, "{ran} chunks ran");
+    h.scheduler.drain();
+    assert!(h.scheduler.wait_drained(LONG), "no batch left running");
+    assert_eq!(chunks_of(&h, &long).len(), ran);
+    assert_settled(&h);
+}
+
+#[test]
+fn a_deadline_passing_between_chunks_fails_the_request_and_stops_its_chunks() {
+    let h = Harness::new(config(32, Some(8)), 1, Duration::from_millis(20));
+    let long = question(1, 80, 2);
+    let deadline = Instant::now() + Duration::from_millis(50);
+    let ticket = h
+        .scheduler
+        .submit(vec![long.clone()], Some(deadline))
+        .unwrap();
+    assert_eq!(wait(ticket, LONG), Err(Failure::DeadlineExceeded));
+    h.scheduler.drain();
+    assert!(h.scheduler.wait_drained(LONG), "no batch left running");
+    let ran = chunks_of(&h, &long).len();
+    assert!(ran < 10, "all {ran} chunks ran");
+    assert_settled(&h);
+}
+
+#[test]
+fn a_failed_chunk_fails_its_request_and_the_rest_never_runs() {
+    // One sequence per batch: the failure is the doomed question's alone.
+    let one_per_batch = Config {
+        max_batch_seqs: 1,
+        ..config(32, Some(8))
+    };
+    let h = Harness::new(one_per_batch, 1, Duration::ZERO);
+    // The mock fails a batch whose sequence starts with FAIL_MARK: the first chunk.
+    let doomed = question(FAIL_MARK, 40, 2);
+    let ok = question(3, 40, 2);
+    let tickets = h.submit_all(&[vec![doomed.clone()], vec![ok.clone()]]);
+    let mut tickets = tickets.into_iter();
+    assert!(matches!(
+        wait(tickets.next().unwrap(), LONG),
+        Err(Failure::Internal(_))
+    ));
+    assert_eq!(
+        wait(tickets.next().unwrap(), LONG).unwrap(),
+        expected_answer(&[ok])
+    );
+    assert_eq!(chunks_of(&h, &doomed).len(), 1, "only the failed chunk ran");
+    assert_settled(&h);
+}
