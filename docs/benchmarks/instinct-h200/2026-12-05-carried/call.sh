@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (the session had ~5 minutes of device time): the GPU tests of the carried ops
+# One device call, prepared on 2026-12-05 and not run yet (that session's device time was too
+# short to start a machine): the GPU tests of the carried ops
 # (prefix-state reuse on CUDA), the demo model's prefix-state tests on the GPU, the one-time CUDA
 # device-lost demonstration, every other kernel test but the long attention ones, and whole-model
 # parity on the seeded real-shape checkpoint. Results in $OUT/$NAME.log and $OUT/tests.log.
