@@ -116,6 +116,11 @@ impl<B: Backend> Decider<B> {
         self.model.backend()
     }
 
+    /// What a prefix-state snapshot of its model costs.
+    pub fn snapshot_cost(&self) -> crate::prefix::SnapshotCost {
+        self.model.snapshot_cost()
+    }
+
     /// See [`TextModel::warm_shapes`].
     pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
         self.model.warm_shapes()

@@ -19,7 +19,7 @@ use instinct_kernels::{
 };
 
 use crate::config::{LayerKind, TextConfig};
-use crate::prefix::{LayerShape, LayerState, PrefixState};
+use crate::prefix::{LayerShape, LayerState, PrefixState, SnapshotCost};
 use crate::weights::{HostTensor, LayerWeights, MixerWeights, TextWeights};
 
 /// The largest batch a model's buffers are sized for.
@@ -569,6 +569,21 @@ impl<B: Backend> TextModel<B> {
     }
 
     /// What one layer of this model keeps in a snapshot.
+    /// What a prefix-state snapshot of this model costs ([`PrefixState::size_bytes`] of one).
+    pub fn snapshot_cost(&self) -> SnapshotCost {
+        let (mut fixed, mut per_token) = (0, 0);
+        for shape in self.layer_shapes() {
+            match shape {
+                LayerShape::DeltaNet {
+                    state_len,
+                    window_len,
+                } => fixed += 4 * (state_len + window_len),
+                LayerShape::Attention { kv_width } => per_token += 4 * 2 * kv_width,
+            }
+        }
+        SnapshotCost { fixed, per_token }
+    }
+
     fn layer_shapes(&self) -> Vec<LayerShape> {
         let d = &self.dims;
         let window_len = (d.conv_kernel - 1) * d.delta.qkv_width();

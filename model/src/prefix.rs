@@ -62,6 +62,21 @@
 
 use anyhow::{ensure, Result};
 
+/// What a [`PrefixState`] of a model costs in bytes: a fixed part (the DeltaNet states and conv
+/// windows) and a part per token (the attention keys and values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotCost {
+    pub fixed: usize,
+    pub per_token: usize,
+}
+
+impl SnapshotCost {
+    /// Bytes of a snapshot of `tokens` tokens ([`PrefixState::size_bytes`]).
+    pub fn bytes(&self, tokens: usize) -> usize {
+        self.fixed + self.per_token * tokens
+    }
+}
+
 /// One layer's part of a [`PrefixState`] (see the module docs for the layouts).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LayerState {

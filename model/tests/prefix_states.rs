@@ -292,6 +292,8 @@ fn a_snapshot_holds_what_its_size_says() {
             .sum();
         assert_eq!(snap.size_bytes(), 4 * held);
         assert_eq!(snap.size_bytes(), 4 * (delta + per_token * tokens));
+        // What the server reserves for a chunked question's state, before holding one.
+        assert_eq!(f.decider.snapshot_cost().bytes(tokens), snap.size_bytes());
     }
 }
 

@@ -16,7 +16,7 @@ use instinct_model::decider::{
 use instinct_model::forward::{BatchLimits, OverLimits};
 use instinct_model::image::preprocess;
 use instinct_model::mrope::{expand_image_placeholders, rope_index};
-use instinct_model::prefix::PrefixState;
+use instinct_model::prefix::{PrefixState, SnapshotCost};
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::source::{Device, ModelSource};
 use instinct_model::tokenizer::Tokenizer;
@@ -33,6 +33,9 @@ pub struct Preparer {
     tokenizer: Tokenizer,
     chat: ChatTemplate,
     vision: Option<VisionSide>,
+    /// What a prefix-state snapshot of the text model costs (the state a chunked question holds
+    /// between its chunks); `None` for a preparer built without a model.
+    snapshot_cost: Option<SnapshotCost>,
 }
 
 /// Encodes one preprocessed screenshot into the language model's image features: the vision
@@ -76,7 +79,26 @@ impl Preparer {
             tokenizer,
             chat,
             vision: None,
+            snapshot_cost: None,
         }
+    }
+
+    /// Bytes the prefix states of `questions` may hold at once while they run as chunks of at
+    /// most `max_chunk` tokens: per chunked question, the state before its last chunk and the one
+    /// before that (an engine holds both while it runs a chunk). 0 without chunking.
+    pub fn chunk_state_bytes(&self, questions: &[Question], max_chunk: Option<usize>) -> usize {
+        let (Some(cost), Some(max_chunk)) = (self.snapshot_cost, max_chunk) else {
+            return 0;
+        };
+        questions
+            .iter()
+            .filter(|q| q.resumable && q.ids.len() > max_chunk)
+            .map(|q| {
+                // Tokens before the last chunk: whole chunks, at least one.
+                let before_last = (q.ids.len() - 1) / max_chunk * max_chunk;
+                cost.bytes(before_last) + cost.bytes(before_last - max_chunk)
+            })
+            .sum()
     }
 
     /// Whether screenshot questions are served.
@@ -694,6 +716,7 @@ fn load_engines<B: ServingBackend>(
             tokenizer: text.tokenizer,
             chat: text.chat,
             vision,
+            snapshot_cost: Some(text.decider.snapshot_cost()),
         });
         engines.push(DeciderEngine {
             decider: text.decider,

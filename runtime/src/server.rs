@@ -482,7 +482,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         prepare(&prep_state.settings, preparer, &body)
     })
     .await;
-    let (request, questions) = match prepared {
+    let (request, mut questions) = match prepared {
         Ok(Ok(p)) => p,
         Ok(Err(problem)) => return problem_response(&problem),
         Err(e) => {
@@ -490,10 +490,27 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
             return problem_response(&Problem::inference_failed());
         }
     };
-    // Until answered: the parsed request (about the body's size) and what the questions hold.
+    // Until answered: the parsed request (about the body's size) and what the questions hold,
+    // with the prefix states of questions run in chunks. When those states do not fit now, the
+    // questions run whole instead (as with chunking off) rather than waiting or being refused.
     let holding = body_bytes + crate::engine::held_bytes(&questions);
-    if !held.resize(holding) {
-        return inflight_full(holding);
+    let ready = state.ready().expect("checked above");
+    let chunk_states = ready
+        .preparer
+        .chunk_state_bytes(&questions, ready.scheduler.max_chunk_tokens());
+    if chunk_states == 0 || !held.resize(holding + chunk_states) {
+        if chunk_states > 0 {
+            tracing::debug!(
+                chunk_states,
+                "chunk states do not fit the budget now: run whole"
+            );
+            for q in &mut questions {
+                q.resumable = false;
+            }
+        }
+        if !held.resize(holding) {
+            return inflight_full(holding);
+        }
     }
     let prepared_at = Instant::now();
     histogram!(m::PREPARE_SECONDS).record((prepared_at - received).as_secs_f64());
@@ -505,7 +522,6 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     let input_tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
     let n_options: Vec<usize> = questions.iter().map(|q| q.n_options).collect();
 
-    let ready = state.ready().expect("checked above");
     let deadline = settings.request_timeout.map(|t| received + t);
     // Dropping the ticket (the client hung up and hyper dropped this future) cancels the request.
     let ticket = match ready.scheduler.submit(questions, deadline) {

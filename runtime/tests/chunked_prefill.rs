@@ -1,9 +1,12 @@
 //! Chunked prefill over real HTTP on the demo model: questions longer than `max_chunk_tokens` run
 //! as consecutive chunks carrying their prefix state, and answer as they do whole (within 1e-5
-//! per probability), with prefix reuse off and on; the chunks are counted in /metrics.
+//! per probability), with prefix reuse off and on; the chunks are counted in /metrics; their
+//! states are reserved in the in-flight byte budget, and a request whose states do not fit runs
+//! whole instead.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::*;
@@ -31,15 +34,55 @@ fn request(tag: usize, words: usize, n: usize) -> String {
 /// A demo server whose scheduler chunks questions longer than `chunk` tokens (`None`: whole),
 /// with a prefix cache of `budget` bytes (0: no reuse).
 async fn server(chunk: Option<usize>, budget: usize) -> std::net::SocketAddr {
+    server_with(
+        chunk,
+        budget,
+        Settings::new(SERVED, MODEL_ID).max_inflight_bytes,
+    )
+    .await
+    .0
+}
+
+/// [`server`] with an in-flight byte budget of `inflight` bytes, and its state.
+async fn server_with(
+    chunk: Option<usize>,
+    budget: usize,
+    inflight: usize,
+) -> (std::net::SocketAddr, Arc<AppState>) {
     let config = Config {
         max_batch_seqs: 16,
         max_chunk_tokens: chunk,
         ..Config::default()
     };
     let (ready, _) = demo_ready_with_prefix(config, 1, budget);
-    let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
+    let settings = Settings {
+        max_inflight_bytes: inflight,
+        ..Settings::new(SERVED, MODEL_ID)
+    };
+    let state = Arc::new(AppState::new(settings));
     state.set_ready(ready);
-    serve_state(state).await
+    (serve_state(state.clone()).await, state)
+}
+
+/// `instinct_prefill_chunks_total` as `addr` exports it.
+async fn chunks_counted(addr: std::net::SocketAddr) -> f64 {
+    let metrics = exchange(addr, "GET /metrics HTTP/1.1", b"").await;
+    let text = String::from_utf8(metrics.body).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("instinct_prefill_chunks_total "))
+        .expect("the chunk counter is exported")
+        .parse()
+        .unwrap()
+}
+
+#[track_caller]
+fn assert_close(got: &BTreeMap<String, Vec<f64>>, want: &BTreeMap<String, Vec<f64>>, what: &str) {
+    assert_eq!(got.len(), want.len());
+    for ((k, p), (_, q)) in got.iter().zip(want) {
+        for (x, y) in p.iter().zip(q) {
+            assert!((x - y).abs() <= 1e-5, "{what}, {k}: {p:?} vs whole {q:?}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,24 +106,31 @@ async fn chunked_questions_answer_as_whole_ones() {
         for (s, &addr) in chunked.iter().enumerate() {
             let (got, got_tokens) = answers(&post(addr, &body).await);
             assert_eq!(got_tokens, tokens);
-            assert_eq!(got.len(), want.len());
-            for ((k, p), (_, q)) in got.iter().zip(&want) {
-                for (x, y) in p.iter().zip(q) {
-                    assert!(
-                        (x - y).abs() <= 1e-5,
-                        "server {s}, tree {words} words, {k}: {p:?} vs whole {q:?}"
-                    );
-                }
-            }
+            assert_close(&got, &want, &format!("server {s}, tree of {words} words"));
         }
     }
-    let metrics = exchange(chunked[0], "GET /metrics HTTP/1.1", b"").await;
-    let text = String::from_utf8(metrics.body).unwrap();
-    let chunks: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("instinct_prefill_chunks_total "))
-        .expect("the chunk counter is exported")
-        .parse()
-        .unwrap();
+    let chunks = chunks_counted(chunked[0]).await;
     assert!(chunks >= 3.0 * 5.0, "{chunks} chunks counted");
+
+    // The states are reserved while the request runs: on the demo model a snapshot is 114 KiB
+    // plus 2 KiB per token, so three questions of ~350 tokens in chunks of 64 hold megabytes.
+    let body = request(1, 60, 3);
+    let (want, _) = answers(&post(whole, &body).await);
+    let (roomy, roomy_state) = server_with(Some(64), 0, 64 << 20).await;
+    let before = chunks_counted(roomy).await;
+    assert_close(&answers(&post(roomy, &body).await).0, &want, "roomy budget");
+    assert!(chunks_counted(roomy).await > before, "it ran in chunks");
+    let peak = roomy_state.inflight.peak();
+    assert!(
+        peak > 2 << 20,
+        "the chunk states were reserved: peak {peak} bytes"
+    );
+    // A budget that holds the request but not its states: it runs whole, exactly as before.
+    let (tight, tight_state) = server_with(Some(64), 0, 512 << 10).await;
+    let before = chunks_counted(tight).await;
+    let (got, _) = answers(&post(tight, &body).await);
+    assert_close(&got, &want, "tight budget");
+    assert_eq!(chunks_counted(tight).await, before, "it ran whole");
+    assert!(tight_state.inflight.peak() <= 512 << 10);
+    assert_eq!(tight_state.inflight.used(), 0, "everything was given back");
 }

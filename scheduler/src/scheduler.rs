@@ -112,6 +112,11 @@ impl Scheduler {
         self.shared.work.notify_all();
     }
 
+    /// The chunk size of chunked prefill (`None`: questions run whole).
+    pub fn max_chunk_tokens(&self) -> Option<usize> {
+        self.shared.config.config.max_chunk_tokens
+    }
+
     pub fn is_draining(&self) -> bool {
         self.shared.state.lock().is_draining()
     }
