@@ -27,6 +27,7 @@ use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::pyjson;
 use instinct_model::tokenizer::{build_qwen35_tokenizer, Tokenizer};
 use instinct_scheduler::Question;
+use strum::VariantArray;
 use unicode_normalization_alignments::UnicodeNormalization;
 
 /// A fuzz target: arbitrary bytes in, a panic when an invariant breaks.
@@ -149,38 +150,6 @@ const REQUEST_CODES: &[Code] = &[
     Code::UnsupportedModality,
     Code::InvalidImage,
     Code::InvalidScreenshotRequest,
-];
-
-/// Every problem code (`problem_body` picks one by index).
-const ALL_CODES: &[Code] = &[
-    Code::InvalidJson,
-    Code::BodyNotObject,
-    Code::BodyTooLarge,
-    Code::TooManyQuestions,
-    Code::PromptTooLong,
-    Code::UnknownModel,
-    Code::InvalidPromptFormat,
-    Code::InvalidState,
-    Code::InvalidQuestions,
-    Code::InvalidQuestion,
-    Code::UnsupportedQuestionType,
-    Code::UnknownQuestionType,
-    Code::MissingInstructions,
-    Code::InvalidInstructions,
-    Code::InvalidCriteria,
-    Code::InvalidOption,
-    Code::InferenceFailed,
-    Code::UnsupportedModality,
-    Code::InvalidImage,
-    Code::InvalidScreenshotRequest,
-    Code::NotFound,
-    Code::MethodNotAllowed,
-    Code::UnsupportedMediaType,
-    Code::Unauthorized,
-    Code::NotReady,
-    Code::Overloaded,
-    Code::Draining,
-    Code::DeadlineExceeded,
 ];
 
 /// The request body as a text-only server prepares it (`server::prepare`: validation, chat
@@ -479,7 +448,7 @@ pub fn problem_body(data: &[u8]) {
     let part = |i: usize| parts.get(i).copied().unwrap_or("");
     let problem = match selector % 10 {
         0 => {
-            let code = ALL_CODES[usize::from(selector / 10) % ALL_CODES.len()];
+            let code = Code::VARIANTS[usize::from(selector / 10) % Code::VARIANTS.len()];
             let problem = Problem::new(code, part(0));
             assert_eq!(problem.detail, part(0));
             problem
@@ -602,9 +571,9 @@ mod tests {
 
     #[test]
     fn every_code_is_listed_once() {
-        let unique: HashSet<&str> = ALL_CODES.iter().map(|c| c.as_str()).collect();
-        assert_eq!(unique.len(), ALL_CODES.len());
-        assert!(REQUEST_CODES.iter().all(|c| ALL_CODES.contains(c)));
+        let unique: HashSet<&str> = Code::VARIANTS.iter().map(|c| c.as_str()).collect();
+        assert_eq!(unique.len(), Code::VARIANTS.len());
+        assert!(REQUEST_CODES.iter().all(|c| Code::VARIANTS.contains(c)));
     }
 
     #[test]

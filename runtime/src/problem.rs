@@ -15,8 +15,9 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 /// The prefix of every problem `type` URI; the code follows it.
 pub const TYPE_BASE: &str = "urn:instinct:problem:";
 
-/// What went wrong, one value per rule; each has a fixed HTTP status and title.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+/// What went wrong, one value per rule; each has a fixed HTTP status and title. `Code::VARIANTS`
+/// lists them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::VariantArray)]
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     /// 400: the body is not strict JSON (syntax, UTF-8, BOM, NaN, range, surrogate, duplicate

@@ -8,8 +8,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
+use instinct::problem::Code;
 use instinct::server::ROUTES;
 use serde_json::Value;
+use strum::VariantArray;
 
 fn committed() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
@@ -33,55 +35,11 @@ async fn the_served_document_is_the_committed_file() {
     assert_eq!(reply.json()["openapi"], "3.1.0");
 }
 
-/// `(variant, text)` pairs of the match arms in `fn <name>` of problem.rs, `_` for the default.
-fn match_arms(source: &str, function: &str) -> Vec<(String, String)> {
-    let start = source
-        .find(&format!("pub fn {function}(self)"))
-        .unwrap_or_else(|| panic!("problem.rs has no `fn {function}`"));
-    let body = &source[start..];
-    let end = body.find("\n    }\n").expect("end of the function");
-    let mut arms = Vec::new();
-    for line in body[..end].lines() {
-        let Some((patterns, value)) = line.split_once("=>") else {
-            continue;
-        };
-        let value = value
-            .trim()
-            .trim_end_matches(',')
-            .trim_matches('"')
-            .to_string();
-        for pattern in patterns.split('|') {
-            let pattern = pattern.trim();
-            let variant = pattern.strip_prefix("Code::").unwrap_or(pattern);
-            arms.push((variant.to_string(), value.clone()));
-        }
-    }
-    arms
-}
-
-/// Every code of `problem::Code` with its HTTP status, read from the source so that a code added
-/// there and not here fails this test.
+/// Every problem code with the HTTP status it is answered with.
 fn codes_with_status() -> BTreeMap<String, u64> {
-    let source = include_str!("../src/problem.rs");
-    let names: BTreeMap<String, String> = match_arms(source, "as_str").into_iter().collect();
-    let arms = match_arms(source, "status");
-    let default: u64 = arms
+    Code::VARIANTS
         .iter()
-        .find(|(v, _)| v == "_")
-        .map(|(_, s)| s.parse().unwrap())
-        .expect("a default status");
-    let explicit: BTreeMap<String, u64> = arms
-        .into_iter()
-        .filter(|(v, _)| v != "_")
-        .map(|(v, s)| (v, s.parse().unwrap()))
-        .collect();
-    assert!(names.len() >= 20, "parsed only {} codes", names.len());
-    names
-        .into_iter()
-        .map(|(variant, code)| {
-            let status = explicit.get(&variant).copied().unwrap_or(default);
-            (code, status)
-        })
+        .map(|c| (c.as_str().to_string(), u64::from(c.status())))
         .collect()
 }
 
