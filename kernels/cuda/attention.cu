@@ -5,39 +5,51 @@
 #define ATTN_THREADS 128
 #define ATTN_MAX_PER_THREAD 4  // head_dim <= ATTN_THREADS * ATTN_MAX_PER_THREAD
 
-// This thread's share of the scaled query, and a zero accumulator.
-__device__ __forceinline__ void load_query(const float* __restrict__ q, float scale, int head_dim,
-                                           float (&qr)[ATTN_MAX_PER_THREAD], float (&acc)[ATTN_MAX_PER_THREAD]) {
-#pragma unroll
-    for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
-        const int d = threadIdx.x + r * ATTN_THREADS;
-        qr[r] = d < head_dim ? q[d] * scale : 0.0f;
-        acc[r] = 0.0f;
-    }
-}
+// One query head's online softmax over the keys it attends to, this thread's share of the head's
+// values: the scaled query, the running maximum and denominator, and the weighted sum of values.
+struct OnlineSoftmax {
+    float qr[ATTN_MAX_PER_THREAD];
+    float acc[ATTN_MAX_PER_THREAD];
+    float running_max;
+    float denom;
+    int head_dim;
 
-// One key of the online softmax: folds score q·k_j and value v_j into (running_max, denom, acc).
-__device__ __forceinline__ void attend_key(const float (&qr)[ATTN_MAX_PER_THREAD], const float* __restrict__ kj,
-                                           const float* __restrict__ vj, int head_dim, float& running_max,
-                                           float& denom, float (&acc)[ATTN_MAX_PER_THREAD]) {
-    float part = 0.0f;
+    __device__ __forceinline__ OnlineSoftmax(const float* __restrict__ q, float scale, int dim)
+        : running_max(F32_NEG_INF), denom(0.0f), head_dim(dim) {
 #pragma unroll
-    for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
-        const int d = threadIdx.x + r * ATTN_THREADS;
-        if (d < head_dim) part += qr[r] * kj[d];
+        for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
+            const int d = threadIdx.x + r * ATTN_THREADS;
+            qr[r] = d < head_dim ? q[d] * scale : 0.0f;
+            acc[r] = 0.0f;
+        }
     }
-    const float score = block_sum(part);
-    const float new_max = fmaxf(running_max, score);
-    const float correction = expf(running_max - new_max);
-    const float p = expf(score - new_max);
-    denom = denom * correction + p;
+
+    // Folds key k_j (score q·k_j) and value v_j in. Every thread of the block calls it.
+    __device__ __forceinline__ void attend(const float* __restrict__ kj, const float* __restrict__ vj) {
+        float part = 0.0f;
 #pragma unroll
-    for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
-        const int d = threadIdx.x + r * ATTN_THREADS;
-        if (d < head_dim) acc[r] = acc[r] * correction + p * vj[d];
+        for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
+            const int d = threadIdx.x + r * ATTN_THREADS;
+            if (d < head_dim) part += qr[r] * kj[d];
+        }
+        const float score = block_sum(part);
+        const float new_max = fmaxf(running_max, score);
+        const float correction = expf(running_max - new_max);
+        const float p = expf(score - new_max);
+        denom = denom * correction + p;
+#pragma unroll
+        for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
+            const int d = threadIdx.x + r * ATTN_THREADS;
+            if (d < head_dim) acc[r] = acc[r] * correction + p * vj[d];
+        }
+        running_max = new_max;
     }
-    running_max = new_max;
-}
+
+    // Output value r of this thread (dimension threadIdx.x + r·ATTN_THREADS), gated.
+    __device__ __forceinline__ float gated(int r, const float* __restrict__ gate) const {
+        return acc[r] / denom * sigmoid_f(gate[threadIdx.x + r * ATTN_THREADS]);
+    }
+};
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_gated(const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v,
@@ -53,20 +65,16 @@ attention_gated(const float* __restrict__ qg, const float* __restrict__ k, const
     const float* q = qg + (i64)row * q_heads * 2 * head_dim + (i64)h * 2 * head_dim;
     const float* gate = q + head_dim;
 
-    float qr[ATTN_MAX_PER_THREAD];
-    float acc[ATTN_MAX_PER_THREAD];
-    load_query(q, scale, head_dim, qr, acc);
-    float running_max = F32_NEG_INF;
-    float denom = 0.0f;
+    OnlineSoftmax softmax(q, scale, head_dim);
     for (u32 j = start; j <= row; ++j) {
         const i64 at = ((i64)j * kv_heads + kvh) * head_dim;
-        attend_key(qr, k + at, v + at, head_dim, running_max, denom, acc);
+        softmax.attend(k + at, v + at);
     }
     float* o = out + (i64)row * q_heads * head_dim + (i64)h * head_dim;
 #pragma unroll
     for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
         const int d = threadIdx.x + r * ATTN_THREADS;
-        if (d < head_dim) o[d] = acc[r] / denom * sigmoid_f(gate[d]);
+        if (d < head_dim) o[d] = softmax.gated(r, gate);
     }
 }
 
@@ -106,28 +114,24 @@ attention_gated_prefix(const float* __restrict__ qkv, int stride, int qg_off, in
     const float* q = qkv + (i64)row * stride + qg_off + (i64)h * 2 * head_dim;
     const float* gate = q + head_dim;
 
-    float qr[ATTN_MAX_PER_THREAD];
-    float acc[ATTN_MAX_PER_THREAD];
-    load_query(q, scale, head_dim, qr, acc);
-    float running_max = F32_NEG_INF;
-    float denom = 0.0f;
+    OnlineSoftmax softmax(q, scale, head_dim);
     if (has_prefix) {
         const u32 p_end = min(cu_prefix[s + 1], prefix_rows);
         for (u32 j = cu_prefix[s]; j < p_end; ++j) {
             const i64 at = (i64)j * kv_w + (i64)kvh * head_dim;
-            attend_key(qr, pk + at, pv + at, head_dim, running_max, denom, acc);
+            softmax.attend(pk + at, pv + at);
         }
     }
     for (u32 j = start; j <= row; ++j) {
         const float* base = qkv + (i64)j * stride + (i64)kvh * head_dim;
-        attend_key(qr, base + k_off, base + v_off, head_dim, running_max, denom, acc);
+        softmax.attend(base + k_off, base + v_off);
     }
     const i64 o = (i64)out_row * q_heads * head_dim + (i64)h * head_dim;
 #pragma unroll
     for (int r = 0; r < ATTN_MAX_PER_THREAD; ++r) {
         const int d = threadIdx.x + r * ATTN_THREADS;
         if (d >= head_dim) continue;
-        const float y = acc[r] / denom * sigmoid_f(gate[d]);
+        const float y = softmax.gated(r, gate);
         if (out_bf16) {
             static_cast<__nv_bfloat16*>(out)[o + d] = __float2bfloat16_rn(y);
         } else {

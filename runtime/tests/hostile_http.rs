@@ -451,12 +451,7 @@ async fn pipelined_requests_get_their_answers_in_order() {
     c.send(&bytes).await;
     for tag in 1..=4 {
         let reply = c.answer().await.expect("an answer");
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
+        assert_ok(&reply);
         assert_eq!(
             reply.header("x-request-id"),
             Some(format!("r{tag}").as_str())
@@ -534,12 +529,7 @@ async fn a_client_that_stops_reading_is_dropped_and_holds_no_engine() {
     let t0 = Instant::now();
     for tag in 1..=3 {
         let reply = post(addr, &question(tag, 20)).await;
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
+        assert_ok(&reply);
     }
     assert!(
         state.open_connections() >= 1,

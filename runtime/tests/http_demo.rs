@@ -11,12 +11,7 @@ const DELETE_REQUEST: &str = r#"{"model":"cua-s1-4b-0.2","state":"- Button \"Del
 async fn answers_have_the_upstream_shape() {
     let addr = start(true).await;
     let reply = post(addr, DELETE_REQUEST).await;
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
+    assert_ok(&reply);
     assert_eq!(reply.header("content-type"), Some("application/json"));
     assert!(reply.header("x-request-id").is_some_and(|v| !v.is_empty()));
     let timing = reply.header("server-timing").unwrap();

@@ -38,12 +38,7 @@ async fn a_screenshot_request_is_answered_and_its_image_cached() {
     let addr = start(true).await;
     let png = image_file("png_rgb_320x240.png");
     let reply = post(addr, &screenshot_request("image/png", &png, TWO_QUESTIONS)).await;
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
+    assert_ok(&reply);
     let body = reply.json();
     assert_eq!(body["model"], "instinct/demo-tiny-qwen3.5:multimodal");
     let answers = body["answers"].as_object().unwrap();

@@ -2,8 +2,9 @@
 //! its kernel does not take.
 
 use super::{
-    Backend, Conv1d, ConvWindow, DeltaCarry, DeltaDims, DeltaInputs, DeltaNetInput,
-    DeltaNetScratch, DeltaState, GateOutputs, HeadLayout, KernelResult, L2Heads, Rope, Varlen,
+    AttentionDims, Backend, Conv1d, ConvWindow, DeltaCarry, DeltaDims, DeltaInputs, DeltaNetInput,
+    DeltaNetScratch, DeltaState, GateOutputs, HeadLayout, KernelResult, L2Heads, QkPrologue, Rope,
+    Varlen,
 };
 
 /// [`Backend::conv1d_silu_l2`] as its two ops: the trait's default, and a fusing backend's path for
@@ -33,6 +34,23 @@ pub(crate) fn qk_norm_then_rope<B: Backend + ?Sized>(
     be.head_rms_norm(k, k_norm, k_layout, rows, eps)?;
     be.rope(q, q_layout, positions, rows, rope)?;
     be.rope(k, k_layout, positions, rows, rope)
+}
+
+/// The q and k head norms then rope of a stacked attention projection (`qkv`, rows
+/// [`AttentionDims::stacked_width`] wide), in place, as the four ops: the prologue a resumable
+/// attention layer runs before its keys are kept.
+pub(crate) fn stacked_norm_rope<B: Backend + ?Sized>(
+    be: &B,
+    qkv: &mut B::Buf,
+    prologue: QkPrologue<'_, B>,
+    (dims, rows): (AttentionDims, usize),
+) -> KernelResult<()> {
+    let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
+    let (positions, eps) = (prologue.positions, prologue.eps);
+    be.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
+    be.head_rms_norm(qkv, prologue.k_norm, k_at, rows, eps)?;
+    be.rope(qkv, q_at, positions, rows, prologue.rope)?;
+    be.rope(qkv, k_at, positions, rows, prologue.rope)
 }
 
 /// [`Backend::delta_net_core`] as its two ops: the trait's default, and a fusing backend's path for

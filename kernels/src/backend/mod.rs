@@ -25,6 +25,7 @@ pub use args::{
 };
 pub(crate) use composed::{
     conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
+    stacked_norm_rope,
 };
 pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
 pub use layout::{HeadLayout, Strided, Varlen};

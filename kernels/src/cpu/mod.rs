@@ -11,10 +11,10 @@ mod vision;
 use std::ops::Range;
 
 use crate::backend::{
-    delta_net_core_carried_apart, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d,
-    ConvWindow, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch,
-    DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, PrefixKv,
-    QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
+    delta_net_core_carried_apart, stacked_norm_rope, AttentionDims, AttentionOutput, Backend,
+    Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput,
+    DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult,
+    PrefixKv, QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -278,12 +278,8 @@ impl Backend for CpuBackend {
         prefix: Option<PrefixKv<'_, Self>>,
         output: AttentionOutput<'_, Vec<f32>>,
     ) -> KernelResult<()> {
-        let (rows, eps, positions) = (batch.rows, prologue.eps, prologue.positions);
-        let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
-        self.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
-        self.head_rms_norm(qkv, prologue.k_norm, k_at, rows, eps)?;
-        self.rope(qkv, q_at, positions, rows, prologue.rope)?;
-        self.rope(qkv, k_at, positions, rows, prologue.rope)?;
+        let rows = batch.rows;
+        stacked_norm_rope(self, qkv, prologue, (dims, rows))?;
         let [qg_at, kv_at, v_at] = dims.stacked_blocks();
         if let Some((k_out, v_out)) = output.kv {
             let kv_w = dims.kv_heads * dims.head_dim;

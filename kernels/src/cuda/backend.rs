@@ -24,10 +24,10 @@ use super::upload::Staging;
 use super::workspace::Workspace;
 use crate::backend::{
     conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
-    AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims,
-    DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm,
-    GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv, Projection, QkPrologue, Rope, RowNorm,
-    Store, Varlen,
+    stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow,
+    DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState,
+    GateOutputs, GatedNorm, GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv, Projection,
+    QkPrologue, Rope, RowNorm, Store, Varlen,
 };
 use crate::error::KernelError;
 
@@ -389,12 +389,7 @@ impl Backend for CudaBackend {
         }
         // The prologue as its four kernels (the snapshot keeps k after them), then the naive
         // kernel that reads prefix rows before a sequence's own.
-        let (rows, eps, positions) = (batch.rows, prologue.eps, prologue.positions);
-        let (q_at, k_at) = (dims.stacked_q_heads(), dims.stacked_k_heads());
-        self.head_rms_norm(qkv, prologue.q_norm, q_at, rows, eps)?;
-        self.head_rms_norm(qkv, prologue.k_norm, k_at, rows, eps)?;
-        self.rope(qkv, q_at, positions, rows, prologue.rope)?;
-        self.rope(qkv, k_at, positions, rows, prologue.rope)?;
+        stacked_norm_rope(self, qkv, prologue, (dims, batch.rows))?;
         let prefix = prefix.map(|p| attention::PrefixRows {
             k: p.k,
             v: p.v,

@@ -175,14 +175,20 @@ pub async fn post(addr: std::net::SocketAddr, body: &str) -> Reply {
     .await
 }
 
-/// A 200 reply's probabilities per question key, and its prompt tokens (`usage.input_tokens`).
-pub fn answers(reply: &Reply) -> (std::collections::BTreeMap<String, Vec<f64>>, u64) {
+/// Fails unless `reply` is a 200, showing its body.
+#[track_caller]
+pub fn assert_ok(reply: &Reply) {
     assert_eq!(
         reply.status,
         200,
         "{}",
         String::from_utf8_lossy(&reply.body)
     );
+}
+
+/// A 200 reply's probabilities per question key, and its prompt tokens (`usage.input_tokens`).
+pub fn answers(reply: &Reply) -> (std::collections::BTreeMap<String, Vec<f64>>, u64) {
+    assert_ok(reply);
     let body = reply.json();
     let per_question = body["answers"]
         .as_object()
