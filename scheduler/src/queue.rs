@@ -397,19 +397,21 @@ impl QueueState {
                 entry.first_start.get_or_insert(now);
                 entry.queued_tokens -= len;
                 // A question stays queued until its last chunk is taken.
-                if !seq.answers() {
-                    continue;
-                }
-                entry.queued_seqs -= 1;
-                if entry.queued_seqs == 0 {
-                    self.queued_requests -= 1;
-                    if let Some(d) = entry.deadline {
-                        self.deadlines.remove(&(d, seq.request));
+                if seq.answers() {
+                    entry.queued_seqs -= 1;
+                    if entry.queued_seqs == 0 {
+                        self.queued_requests -= 1;
+                        if let Some(d) = entry.deadline {
+                            self.deadlines.remove(&(d, seq.request));
+                        }
                     }
                 }
             }
-            histogram!(names::QUEUE_WAIT_SECONDS)
-                .record(now.saturating_duration_since(seq.enqueued).as_secs_f64());
+            // A question's wait ends when its first chunk starts (later chunks keep its time).
+            if seq.chunk.as_ref().is_none_or(|c| c.start == 0) {
+                histogram!(names::QUEUE_WAIT_SECONDS)
+                    .record(now.saturating_duration_since(seq.enqueued).as_secs_f64());
+            }
         }
         let tokens: usize = seqs.iter().map(|s| s.ids().len()).sum();
         let chunks = seqs.iter().filter(|s| s.chunk.is_some()).count();
