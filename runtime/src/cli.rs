@@ -68,7 +68,8 @@ pub struct ServeArgs {
     /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
     /// short questions queued behind it run beside its chunks instead of after it. 0 (the
     /// default) runs every question whole. Needs a backend that resumes from prefix states (the
-    /// CPU backend for now); elsewhere it stays off and the log says so.
+    /// CPU backend for now); elsewhere it stays off and the log says so. A chunked question does
+    /// not use prefix reuse yet (it runs from its first token).
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 
