@@ -162,12 +162,8 @@ impl Backend for Plain {
         state: DeltaState<'_, Self>,
         out: &mut V,
     ) -> KernelResult<()> {
-        let state = DeltaState {
-            initial: state.initial,
-            final_out: state.final_out,
-        };
         self.0
-            .gated_delta_rule_chunked(inputs, batch, dims, state, out)
+            .gated_delta_rule_chunked(inputs, batch, dims, on_cpu(state), out)
     }
     fn gated_delta_rule_recurrent(
         &self,
@@ -177,12 +173,8 @@ impl Backend for Plain {
         state: DeltaState<'_, Self>,
         out: &mut V,
     ) -> KernelResult<()> {
-        let state = DeltaState {
-            initial: state.initial,
-            final_out: state.final_out,
-        };
         self.0
-            .gated_delta_rule_recurrent(inputs, batch, dims, state, out)
+            .gated_delta_rule_recurrent(inputs, batch, dims, on_cpu(state), out)
     }
     fn gated_rms_norm(&self, x: &mut V, norm: GatedNorm<'_, V>) -> KernelResult<()> {
         self.0.gated_rms_norm(x, norm)
@@ -198,6 +190,14 @@ impl Backend for Plain {
         out: &mut V,
     ) -> KernelResult<()> {
         self.0.gather_last(x, batch, dim, out)
+    }
+}
+
+/// The same state, typed for the wrapped CPU backend (the buffers are the same `Vec`s).
+fn on_cpu<'a>(state: DeltaState<'a, Plain>) -> DeltaState<'a, CpuBackend> {
+    DeltaState {
+        initial: state.initial,
+        final_out: state.final_out,
     }
 }
 

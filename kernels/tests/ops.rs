@@ -421,12 +421,9 @@ fn attention_matches_naive_is_causal_and_packs() {
     assert_eq!(prefix, out[a * 32..(a + 4) * 32]);
 }
 
-/// `gated_attention` on a stacked q|gate|k|v projection is the head norms and rope on its q and k
-/// heads, then `attention` (or `attention_last`) on the three blocks split apart: the same bits.
-#[test]
-fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
-    let cpu = CpuBackend::new();
-    let mut rng = StdRng::seed_from_u64(19);
+/// Four query heads over two kv heads of 16, and a multi-axis rope over half of each head: the
+/// attention shape the stacked-projection tests use.
+fn small_attention() -> (AttentionDims, Rope) {
     let dims = AttentionDims {
         q_heads: 4,
         kv_heads: 2,
@@ -439,6 +436,16 @@ fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
         section: [2, 1, 1],
         interleaved: true,
     };
+    (dims, rope)
+}
+
+/// `gated_attention` on a stacked q|gate|k|v projection is the head norms and rope on its q and k
+/// heads, then `attention` (or `attention_last`) on the three blocks split apart: the same bits.
+#[test]
+fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(19);
+    let (dims, rope) = small_attention();
     let lens = [5usize, 1, 9];
     let cu = cu_of(&lens);
     let rows: usize = lens.iter().sum();
@@ -514,18 +521,7 @@ fn gated_attention_is_norm_rope_then_attention_on_the_blocks() {
 fn attention_over_a_carried_prefix_equals_attention_over_the_whole_sequence() {
     let cpu = CpuBackend::new();
     let mut rng = StdRng::seed_from_u64(23);
-    let dims = AttentionDims {
-        q_heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        scale: 16f32.powf(-0.5),
-    };
-    let rope = Rope {
-        rotary_dim: 8,
-        theta: 10_000.0,
-        section: [2, 1, 1],
-        interleaved: true,
-    };
+    let (dims, rope) = small_attention();
     let (width, kv_w, out_w) = (dims.stacked_width(), 32, 64);
     let (q_norm, k_norm) = (rand_vec(&mut rng, 16), rand_vec(&mut rng, 16));
     // Sequence 0: 7 rows, cut after 3. Sequence 1: 4 rows, never cut.
