@@ -8,7 +8,6 @@
 //! have queued questions.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::Instant;
 
 use metrics::{counter, gauge, histogram};
@@ -42,7 +41,7 @@ pub(crate) struct QueuedSeq {
 pub(crate) struct Chunk {
     pub start: usize,
     pub end: usize,
-    pub carry: Arc<ChunkCarry>,
+    pub carry: ChunkCarry,
 }
 
 impl QueuedSeq {
@@ -249,7 +248,7 @@ impl QueueState {
             let chunk = chunk_of(&q).map(|max_chunk| Chunk {
                 start: 0,
                 end: max_chunk,
-                carry: Arc::default(),
+                carry: ChunkCarry::default(),
             });
             self.pending.push_back(QueuedSeq {
                 request: id,
