@@ -294,9 +294,7 @@ impl<B: Backend> DeciderEngine<B> {
         }
         Ok(answers)
     }
-}
 
-impl<B: Backend> DeciderEngine<B> {
     /// Runs chunks of long text questions in one pass (chunked prefill): each resumes from the
     /// prefix state its question's previous chunk left in its carry, and leaves its own for the
     /// next one; a last chunk answers instead. The states are f32 snapshots on the host.
