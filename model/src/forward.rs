@@ -679,7 +679,11 @@ impl<B: Backend> TextModel<B> {
                         None => host.resize(host.len() + zeros, 0.0),
                     }
                 }
-                be.upload(&host).map_err(e)
+                // An f32 activation on every backend: `upload` is for weights (bf16 on CUDA), and
+                // a state is never rounded.
+                let mut buf = be.alloc(host.len().max(1)).map_err(e)?;
+                be.write(&mut buf, &host).map_err(e)?;
+                Ok(buf)
             };
             layers.push(match *shape {
                 LayerShape::DeltaNet {
