@@ -200,6 +200,7 @@ fn build_workload(args: &Args) -> Result<Workload> {
             prompt_tokens: args.prompt_tokens,
             options: args.options,
             questions: args.questions,
+            goal_less: args.goal_less,
             model: args.model.clone(),
         }),
     }

@@ -48,6 +48,11 @@ pub struct Args {
     #[arg(long, env = "INSTINCT_LOADTEST_PROMPT_TOKENS")]
     pub prompt_tokens: Option<usize>,
 
+    /// Synthetic: no question has instructions (the goal line is left out of every prompt), so
+    /// a request's questions share their prompt up to the options, as prefix reuse expects.
+    #[arg(long, env = "INSTINCT_LOADTEST_GOAL_LESS")]
+    pub goal_less: bool,
+
     /// Synthetic: number of distinct request bodies (cycled).
     #[arg(long, env = "INSTINCT_LOADTEST_SYNTHETIC_COUNT", default_value_t = 64)]
     pub synthetic_count: usize,

