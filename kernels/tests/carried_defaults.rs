@@ -47,6 +47,16 @@ impl Backend for Plain {
     fn read(&self, src: &V, len: usize) -> KernelResult<Vec<f32>> {
         self.0.read(src, len)
     }
+    fn copy(
+        &self,
+        src: &V,
+        src_at: usize,
+        dst: &mut V,
+        dst_at: usize,
+        len: usize,
+    ) -> KernelResult<()> {
+        self.0.copy(src, src_at, dst, dst_at, len)
+    }
     fn embedding(
         &self,
         table: &V,

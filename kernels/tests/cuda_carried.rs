@@ -390,3 +390,52 @@ fn delta_net_core_carried_matches_cpu() {
         }
     }
 }
+
+/// `copy` moves a range between offsets exactly (states move between a batch's packed buffers and
+/// the snapshots kept on the device), refuses ranges past either end, and leaves the rest of the
+/// destination as it was; the same on both backends.
+fn copy_between_offsets<B: Backend>(be: &B) {
+    let src: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let mut src_f32 = be.alloc(src.len()).unwrap();
+    be.write(&mut src_f32, &src).unwrap();
+    let mut dst = be.alloc(700).unwrap();
+    be.write(&mut dst, &vec![3.0; 700]).unwrap();
+    for (src_at, dst_at, len) in [
+        (0, 0, 1),
+        (1, 5, 63),
+        (129, 300, 400),
+        (999, 699, 1),
+        (10, 10, 0),
+    ] {
+        be.copy(&src_f32, src_at, &mut dst, dst_at, len).unwrap();
+    }
+    let mut want = vec![3.0; 700];
+    for (src_at, dst_at, len) in [(0, 0, 1), (1, 5, 63), (129, 300, 400), (999, 699, 1)] {
+        want[dst_at..dst_at + len].copy_from_slice(&src[src_at..src_at + len]);
+    }
+    assert_eq!(be.read(&dst, 700).unwrap(), want);
+    assert!(
+        be.copy(&src_f32, 990, &mut dst, 0, 11).is_err(),
+        "past the source"
+    );
+    assert!(
+        be.copy(&src_f32, 0, &mut dst, 650, 51).is_err(),
+        "past the destination"
+    );
+    assert_eq!(
+        be.read(&dst, 700).unwrap(),
+        want,
+        "a refused copy writes nothing"
+    );
+}
+
+#[test]
+fn copy_moves_a_range_between_offsets_on_the_cpu() {
+    copy_between_offsets(&CpuBackend::new());
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn copy_moves_a_range_between_offsets_on_the_gpu() {
+    copy_between_offsets(&gpu());
+}

@@ -33,6 +33,7 @@ fn small_workload() -> Arc<instinct_loadtest::workload::Workload> {
             prompt_tokens: None,
             options: None,
             questions: None,
+            goal_less: false,
             model: "cua-s1-4b-0.2".into(),
         })
         .unwrap(),

@@ -121,6 +121,11 @@ impl<B: Backend> Decider<B> {
         self.model.snapshot_cost()
     }
 
+    /// See [`TextModel::snapshot_on_host`].
+    pub fn snapshot_on_host(&self, state: &PrefixState) -> Result<PrefixState> {
+        self.model.snapshot_on_host(state)
+    }
+
     /// See [`TextModel::warm_shapes`].
     pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
         self.model.warm_shapes()

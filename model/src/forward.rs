@@ -19,7 +19,7 @@ use instinct_kernels::{
 };
 
 use crate::config::{LayerKind, TextConfig};
-use crate::prefix::{LayerShape, LayerState, PrefixState, SnapshotCost};
+use crate::prefix::{LayerShape, LayerState, PrefixState, SnapshotCost, Values};
 use crate::weights::{HostTensor, LayerWeights, MixerWeights, TextWeights};
 
 /// The largest batch a model's buffers are sized for.
@@ -644,7 +644,7 @@ impl<B: Backend> TextModel<B> {
         self.limits.check(rows, segs.len())?;
         let mut carry = self.stage_carry(segs, &shapes, rows)?;
         let hidden = self.run(&seqs, overrides, &starts, Some(&mut carry))?;
-        let mut snapshots = self.read_snapshots(segs, &starts, &carry, rows)?;
+        let mut snapshots = self.read_snapshots(segs, &starts, &carry)?;
         Ok(hidden
             .into_iter()
             .zip(snapshots.iter_mut())
@@ -655,7 +655,8 @@ impl<B: Backend> TextModel<B> {
             .collect())
     }
 
-    /// Uploads what `segs` resume from and allocates room for the snapshots they ask for.
+    /// Packs what `segs` resume from into one buffer per layer and part (device-to-device
+    /// copies) and allocates room for the snapshots they ask for.
     fn stage_carry(
         &self,
         segs: &[Segment<'_>],
@@ -669,22 +670,32 @@ impl<B: Backend> TextModel<B> {
         let n = segs.len();
         let mut layers = Vec::with_capacity(shapes.len());
         for (i, shape) in shapes.iter().enumerate() {
-            // One buffer per layer and direction, packed over the batch's sequences (zeros, or
-            // nothing, for a sequence that resumes from nothing).
-            let gather = |zeros: usize, part: fn(&LayerState) -> &[f32]| -> Result<B::Buf> {
-                let mut host = Vec::new();
-                for seg in segs {
-                    match seg.resume {
-                        Some(state) => host.extend_from_slice(part(&state.layers()[i])),
-                        None => host.resize(host.len() + zeros, 0.0),
+            // One buffer per layer and part, packed over the batch's sequences (zeros, or
+            // nothing, for a sequence that resumes from nothing). An f32 activation on every
+            // backend: a state is never rounded.
+            let gather =
+                |zeros: usize, part: fn(&LayerState) -> Option<&Values>| -> Result<B::Buf> {
+                    let parts: Vec<(Option<&Values>, usize)> = segs
+                        .iter()
+                        .map(|seg| match seg.resume {
+                            Some(state) => {
+                                let values = part(&state.layers()[i]);
+                                (values, values.map_or(0, Values::len))
+                            }
+                            None => (None, zeros),
+                        })
+                        .collect();
+                    let total = parts.iter().map(|&(_, len)| len).sum::<usize>();
+                    let mut buf = be.alloc(total.max(1)).map_err(e)?;
+                    let mut at = 0;
+                    for (values, len) in parts {
+                        if let Some(values) = values {
+                            self.copy_values(values, &mut buf, at)?;
+                        }
+                        at += len;
                     }
-                }
-                // An f32 activation on every backend: `upload` is for weights (bf16 on CUDA), and
-                // a state is never rounded.
-                let mut buf = be.alloc(host.len().max(1)).map_err(e)?;
-                be.write(&mut buf, &host).map_err(e)?;
-                Ok(buf)
-            };
+                    Ok(buf)
+                };
             layers.push(match *shape {
                 LayerShape::DeltaNet {
                     state_len,
@@ -731,13 +742,78 @@ impl<B: Backend> TextModel<B> {
         Ok(Carry { layers, cu_prefix })
     }
 
-    /// The snapshots `segs` asked for, from what the pass wrote into `carry`.
+    /// Copies `values` into `dst` from `at`: on the device when this backend holds them, through
+    /// an upload when they are on the host.
+    fn copy_values(&self, values: &Values, dst: &mut B::Buf, at: usize) -> Result<()> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        if values.is_empty() {
+            return Ok(());
+        }
+        if let Some(buf) = values.buffer::<B::Buf>() {
+            return be.copy(buf, 0, dst, at, values.len()).map_err(e);
+        }
+        let host = values.as_host().with_context(|| {
+            format!("a prefix state held by another backend than {}", be.name())
+        })?;
+        let mut staged = be.alloc(host.len()).map_err(e)?;
+        be.write(&mut staged, host).map_err(e)?;
+        be.copy(&staged, 0, dst, at, host.len()).map_err(e)
+    }
+
+    /// `len` values of `src` from `at`, in a buffer of their own.
+    fn cut(&self, src: &B::Buf, at: usize, len: usize) -> Result<Values> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let mut buf = be.alloc(len.max(1)).map_err(e)?;
+        be.copy(src, at, &mut buf, 0, len).map_err(e)?;
+        Ok(Values::in_buffer(len, buf))
+    }
+
+    /// `state` with every part read back to the host (for tests and tools; serving keeps
+    /// snapshots where they were taken).
+    pub fn snapshot_on_host(&self, state: &PrefixState) -> Result<PrefixState> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let read = |values: &Values| -> Result<Values> {
+            if let Some(host) = values.as_host() {
+                return Ok(Values::host(host.to_vec()));
+            }
+            let buf = values.buffer::<B::Buf>().with_context(|| {
+                format!("a prefix state held by another backend than {}", be.name())
+            })?;
+            Ok(Values::host(be.read(buf, values.len()).map_err(e)?))
+        };
+        let layers = state
+            .layers()
+            .iter()
+            .map(|layer| {
+                Ok(match layer {
+                    LayerState::DeltaNet { state, conv_window } => LayerState::DeltaNet {
+                        state: read(state)?,
+                        conv_window: read(conv_window)?,
+                    },
+                    LayerState::Attention { k, v } => LayerState::Attention {
+                        k: read(k)?,
+                        v: read(v)?,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PrefixState::new(
+            state.tokens(),
+            state.next_position(),
+            layers,
+        ))
+    }
+
+    /// The snapshots `segs` asked for, cut out of what the pass wrote into `carry` (on the
+    /// device).
     fn read_snapshots(
         &self,
         segs: &[Segment<'_>],
         starts: &[u32],
         carry: &Carry<B>,
-        rows: usize,
     ) -> Result<Vec<Option<PrefixState>>> {
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
@@ -745,7 +821,6 @@ impl<B: Backend> TextModel<B> {
             return Ok(vec![None; segs.len()]);
         }
         let mut per_seq: Vec<Vec<LayerState>> = segs.iter().map(|_| Vec::new()).collect();
-        let n = segs.len();
         let kv_w = self.dims.kv_width();
         for (i, layer) in carry.layers.iter().enumerate() {
             match layer {
@@ -758,13 +833,11 @@ impl<B: Backend> TextModel<B> {
                         self.dims.delta.state_len(),
                         (self.dims.conv_kernel - 1) * self.dims.delta.qkv_width(),
                     );
-                    let state = be.read(state, n * state_len).map_err(e)?;
-                    let window = be.read(window, n * window_len).map_err(e)?;
                     for (s, out) in per_seq.iter_mut().enumerate() {
                         if segs[s].snapshot {
                             out.push(LayerState::DeltaNet {
-                                state: state[s * state_len..][..state_len].to_vec(),
-                                conv_window: window[s * window_len..][..window_len].to_vec(),
+                                state: self.cut(state, s * state_len, state_len)?,
+                                conv_window: self.cut(window, s * window_len, window_len)?,
                             });
                         }
                     }
@@ -773,22 +846,26 @@ impl<B: Backend> TextModel<B> {
                     kv_out: Some((k_out, v_out)),
                     ..
                 } => {
-                    let k_all = be.read(k_out, rows * kv_w).map_err(e)?;
-                    let v_all = be.read(v_out, rows * kv_w).map_err(e)?;
                     let mut start = 0;
                     for (s, out) in per_seq.iter_mut().enumerate() {
                         let own = segs[s].input.token_ids.len() * kv_w;
                         if segs[s].snapshot {
                             // The prefix's keys first, then the segment's own.
-                            let (mut k, mut v) = match segs[s].resume {
-                                Some(state) => {
-                                    let layer = &state.layers()[i];
-                                    (keys(layer).to_vec(), values(layer).to_vec())
+                            let prefix = segs[s].resume.map(|state| &state.layers()[i]);
+                            let joined = |part: fn(&LayerState) -> Option<&Values>,
+                                          rows_out: &B::Buf|
+                             -> Result<Values> {
+                                let before = prefix.and_then(part);
+                                let held = before.map_or(0, Values::len);
+                                let mut buf = be.alloc((held + own).max(1)).map_err(e)?;
+                                if let Some(before) = before {
+                                    self.copy_values(before, &mut buf, 0)?;
                                 }
-                                None => (Vec::new(), Vec::new()),
+                                be.copy(rows_out, start, &mut buf, held, own).map_err(e)?;
+                                Ok(Values::in_buffer(held + own, buf))
                             };
-                            k.extend_from_slice(&k_all[start..start + own]);
-                            v.extend_from_slice(&v_all[start..start + own]);
+                            let k = joined(keys, k_out)?;
+                            let v = joined(values, v_out)?;
                             out.push(LayerState::Attention { k, v });
                         }
                         start += own;
@@ -1213,30 +1290,30 @@ impl<B: Backend> TextModel<B> {
     }
 }
 
-fn delta_state(layer: &LayerState) -> &[f32] {
+fn delta_state(layer: &LayerState) -> Option<&Values> {
     match layer {
-        LayerState::DeltaNet { state, .. } => state,
-        LayerState::Attention { .. } => &[],
+        LayerState::DeltaNet { state, .. } => Some(state),
+        LayerState::Attention { .. } => None,
     }
 }
 
-fn delta_window(layer: &LayerState) -> &[f32] {
+fn delta_window(layer: &LayerState) -> Option<&Values> {
     match layer {
-        LayerState::DeltaNet { conv_window, .. } => conv_window,
-        LayerState::Attention { .. } => &[],
+        LayerState::DeltaNet { conv_window, .. } => Some(conv_window),
+        LayerState::Attention { .. } => None,
     }
 }
 
-fn keys(layer: &LayerState) -> &[f32] {
+fn keys(layer: &LayerState) -> Option<&Values> {
     match layer {
-        LayerState::Attention { k, .. } => k,
-        LayerState::DeltaNet { .. } => &[],
+        LayerState::Attention { k, .. } => Some(k),
+        LayerState::DeltaNet { .. } => None,
     }
 }
 
-fn values(layer: &LayerState) -> &[f32] {
+fn values(layer: &LayerState) -> Option<&Values> {
     match layer {
-        LayerState::Attention { v, .. } => v,
-        LayerState::DeltaNet { .. } => &[],
+        LayerState::Attention { v, .. } => Some(v),
+        LayerState::DeltaNet { .. } => None,
     }
 }

@@ -5,7 +5,8 @@
 //! # What a snapshot holds, and where
 //!
 //! A [`PrefixState`] is one token prefix's complete mixer state, per layer in model order, all
-//! f32 on the host (never rounded to bf16):
+//! f32 (never rounded to bf16), each part a [`Values`] held where the backend that took it keeps
+//! its buffers (device memory on a GPU, so resuming from a snapshot copies it on the device):
 //!
 //! - A Gated DeltaNet layer ([`LayerState::DeltaNet`]): the recurrent state after the prefix's
 //!   last token, `[v_heads, k_dim, v_dim]` (`S[k][v]` per value head, the layout of
@@ -43,9 +44,10 @@
 //!   exact, but slower than flash. Neither has run on a GPU yet (the tests are
 //!   kernels/tests/cuda_carried.rs and this crate's prefix_states on the GPU), so serving keeps
 //!   reuse off on GPUs.
-//! - Staging: today [`TextModel::forward_segments`] uploads the states of the batch's prefixes
-//!   and reads the snapshots back through the host, per batch. A device-resident cache would
-//!   hand the kernels its own buffers instead (the layouts above, one sequence's slice each).
+//! - Staging: [`TextModel::forward_segments`] packs the states of the batch's prefixes into one
+//!   buffer per layer and part by device-to-device copies ([`Backend::copy`]), and cuts the
+//!   snapshots out of the pass's outputs the same way; nothing crosses to the host. A snapshot
+//!   given as host values ([`Values::host`]) is uploaded first.
 //! - The cache's budget: [`PrefixState::size_bytes`] is `4 · (Σ_DeltaNet (v_heads·k_dim·v_dim +
 //!   (kernel − 1)·qkv_width) + tokens · Σ_attention 2·kv_heads·head_dim)`: a constant part plus
 //!   a part per token. A snapshot is taken at a segment's end only; a radix tree that wants one
@@ -55,10 +57,15 @@
 //!   delta rule's 64-token chunk grid restarts at each segment, so a resumed answer equals the
 //!   whole prompt's up to rounding (the tests hold it within 1e-5 per probability).
 //!
+//! [`Backend::copy`]: instinct_kernels::Backend::copy
 //! [`Backend::delta_net_core_carried`]: instinct_kernels::Backend::delta_net_core_carried
 //! [`Backend::gated_attention_carried`]: instinct_kernels::Backend::gated_attention_carried
 //! [`PrefixKv`]: instinct_kernels::PrefixKv
 //! [`TextModel::forward_segments`]: crate::forward::TextModel::forward_segments
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
 
 use anyhow::{ensure, Result};
 
@@ -77,20 +84,81 @@ impl SnapshotCost {
     }
 }
 
+/// f32 values of a snapshot, in the buffer of the backend that took them (a `Vec<f32>` on the
+/// CPU backend, device memory on a GPU) or on the host ([`Self::host`]). Cloning shares them.
+#[derive(Clone)]
+pub struct Values {
+    len: usize,
+    held: Arc<dyn Any + Send + Sync>,
+}
+
+impl Values {
+    /// Values on the host (a backend's snapshot read back, or one built by hand).
+    pub fn host(values: Vec<f32>) -> Self {
+        Self::in_buffer(values.len(), values)
+    }
+
+    /// `len` values at the start of a backend buffer.
+    pub(crate) fn in_buffer<T: Any + Send + Sync>(len: usize, buffer: T) -> Self {
+        Self {
+            len,
+            held: Arc::new(buffer),
+        }
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The values, where they are held on the host (always on the CPU backend).
+    pub fn as_host(&self) -> Option<&[f32]> {
+        self.buffer::<Vec<f32>>().map(|v| &v[..self.len])
+    }
+
+    /// The buffer holding the values, where it is a `T`.
+    pub(crate) fn buffer<T: Any>(&self) -> Option<&T> {
+        self.held.downcast_ref::<T>()
+    }
+}
+
+impl fmt::Debug for Values {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.as_host() {
+            Some(v) => f.debug_list().entries(v.iter().take(8)).finish(),
+            None => write!(f, "<{} values on a device>", self.len),
+        }
+    }
+}
+
+/// Host values compare by value; device ones only as the same buffer.
+impl PartialEq for Values {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.as_host(), other.as_host()) {
+            (Some(a), Some(b)) => a == b,
+            _ => Arc::ptr_eq(&self.held, &other.held) && self.len == other.len,
+        }
+    }
+}
+
 /// One layer's part of a [`PrefixState`] (see the module docs for the layouts).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LayerState {
     DeltaNet {
         /// `[v_heads, k_dim, v_dim]`.
-        state: Vec<f32>,
+        state: Values,
         /// `[kernel − 1, qkv_width]`, oldest row first.
-        conv_window: Vec<f32>,
+        conv_window: Values,
     },
     Attention {
         /// `[tokens, kv_heads·head_dim]`, normed and roped.
-        k: Vec<f32>,
+        k: Values,
         /// `[tokens, kv_heads·head_dim]`.
-        v: Vec<f32>,
+        v: Values,
     },
 }
 
@@ -201,12 +269,12 @@ mod tests {
     fn state(tokens: usize, k_len: usize) -> PrefixState {
         let layers = vec![
             LayerState::DeltaNet {
-                state: vec![0.5; 8],
-                conv_window: vec![0.25; 6],
+                state: Values::host(vec![0.5; 8]),
+                conv_window: Values::host(vec![0.25; 6]),
             },
             LayerState::Attention {
-                k: vec![1.0; k_len],
-                v: vec![2.0; k_len],
+                k: Values::host(vec![1.0; k_len]),
+                v: Values::host(vec![2.0; k_len]),
             },
         ];
         PrefixState::new(tokens, tokens as u32, layers)

@@ -363,18 +363,18 @@ fn worth(tokens: usize, bytes: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prefix::LayerState;
+    use crate::prefix::{LayerState, Values};
 
     /// A snapshot of `tokens` tokens holding `4 * (fixed + 2 * tokens)` bytes.
     fn snap(tokens: usize, fixed: usize) -> Arc<PrefixState> {
         let layers = vec![
             LayerState::DeltaNet {
-                state: vec![0.5; fixed],
-                conv_window: Vec::new(),
+                state: Values::host(vec![0.5; fixed]),
+                conv_window: Values::host(Vec::new()),
             },
             LayerState::Attention {
-                k: vec![1.0; tokens],
-                v: vec![2.0; tokens],
+                k: Values::host(vec![1.0; tokens]),
+                v: Values::host(vec![2.0; tokens]),
             },
         ];
         Arc::new(PrefixState::new(tokens, tokens as u32, layers))

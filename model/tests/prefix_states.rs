@@ -10,7 +10,7 @@ use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::decider::{load_text, Decider, Prompt, QuestionSegment};
 use instinct_model::forward::BatchLimits;
-use instinct_model::prefix::{LayerState, PrefixState};
+use instinct_model::prefix::{LayerState, PrefixState, Values};
 
 const LETTERS: usize = 6;
 /// Largest |Δp| between a resumed answer and the whole prompt's, on the CPU.
@@ -38,14 +38,21 @@ const GPU: Tolerance = Tolerance {
     state: 2e-2,
 };
 
-/// The largest difference between two snapshots' layers, each relative to the layer's largest
-/// value (they must hold the same tokens and layers).
+/// Values read back to the host ([`Fixture::host`]).
+fn vals(values: &Values) -> &[f32] {
+    values.as_host().expect("a snapshot read back to the host")
+}
+
+/// The largest difference between two snapshots' layers (read back to the host), each relative
+/// to the layer's largest value (they must hold the same tokens and layers).
 fn snapshot_diff(a: &PrefixState, b: &PrefixState) -> f32 {
     assert_eq!(a.tokens(), b.tokens());
     let parts = |l: &LayerState| -> Vec<f32> {
         match l {
-            LayerState::DeltaNet { state, conv_window } => [&state[..], conv_window].concat(),
-            LayerState::Attention { k, v } => [&k[..], v].concat(),
+            LayerState::DeltaNet { state, conv_window } => {
+                [vals(state), vals(conv_window)].concat()
+            }
+            LayerState::Attention { k, v } => [vals(k), vals(v)].concat(),
         }
     };
     a.layers()
@@ -116,6 +123,11 @@ impl<B: Backend> Fixture<B> {
             .unwrap();
         assert!(out[0].probabilities.is_none(), "a prefix has no answer");
         out.remove(0).snapshot.expect("the snapshot asked for")
+    }
+
+    /// `state` read back to the host (it stays on the device it was taken on).
+    fn host(&self, state: &PrefixState) -> PrefixState {
+        self.decider.snapshot_on_host(state).unwrap()
     }
 
     fn tail(&mut self, ids: &[u32], resume: &PrefixState) -> Vec<f32> {
@@ -190,8 +202,10 @@ fn mixed_batch<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
     let snap_b = first[2].snapshot.clone().unwrap();
     assert!(first[1].snapshot.is_none());
     // A snapshot does not depend on what shared its pass.
-    assert!(snapshot_diff(&snap_a, &f.snapshot(&a[..cut_a], None)) <= tol.state);
-    assert!(snapshot_diff(&snap_b, &f.snapshot(&b[..cut_b], None)) <= tol.state);
+    for (snap, ids) in [(&snap_a, &a[..cut_a]), (&snap_b, &b[..cut_b])] {
+        let alone = f.snapshot(ids, None);
+        assert!(snapshot_diff(&f.host(snap), &f.host(&alone)) <= tol.state);
+    }
     let c_whole = f.whole(&c);
     assert!(max_diff(first[1].probabilities.as_ref().unwrap(), &c_whole) <= tol.p);
 
@@ -245,17 +259,20 @@ fn chained_snapshots<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
         // The chained snapshot is the one-step snapshot of the same tokens, up to rounding: the
         // keys of the first chunk are carried over as they were.
         let direct = f.snapshot(&prompt[..cuts[1]], None);
+        let direct = f.host(&direct);
+        let (first, second) = (f.host(&first), f.host(&second));
         for (i, (got, want)) in second.layers().iter().zip(direct.layers()).enumerate() {
             let (got, want) = match (got, want) {
                 (LayerState::Attention { k: gk, .. }, LayerState::Attention { k: wk, .. }) => {
                     let own = first_layer_keys(&first, i);
+                    let gk = vals(gk);
                     assert_eq!(&gk[..own.len()], own, "layer {i}: prefix keys carried");
-                    (gk, wk)
+                    (gk, vals(wk))
                 }
                 (
                     LayerState::DeltaNet { state: gs, .. },
                     LayerState::DeltaNet { state: ws, .. },
-                ) => (gs, ws),
+                ) => (vals(gs), vals(ws)),
                 _ => panic!("layer {i}: kinds differ"),
             };
             let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
@@ -268,7 +285,7 @@ fn chained_snapshots<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
 
 fn first_layer_keys(state: &PrefixState, layer: usize) -> &[f32] {
     match &state.layers()[layer] {
-        LayerState::Attention { k, .. } => k,
+        LayerState::Attention { k, .. } => vals(k),
         LayerState::DeltaNet { .. } => panic!("layer {layer} is not attention"),
     }
 }
@@ -305,6 +322,8 @@ fn a_prefix_shorter_than_the_conv_window_keeps_zeros_before_its_start() {
     let channels = 256;
     for layer in snap.layers() {
         if let LayerState::DeltaNet { conv_window, .. } = layer {
+            // The CPU backend's buffers are host values.
+            let conv_window = vals(conv_window);
             // Oldest first: two rows before the prefix, then its one token.
             assert!(conv_window[..2 * channels].iter().all(|&x| x == 0.0));
             assert!(conv_window[2 * channels..].iter().any(|&x| x != 0.0));

@@ -551,9 +551,9 @@ impl ServingBackend for CpuBackend {
 impl ServingBackend for CudaBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
         Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
-    // Its carried ops exist (kernels/tests/cuda_carried.rs, and the demo model's prefix_states
-    // on the GPU) but have not run on a GPU yet; until they pass there, every prompt runs whole.
-    const CARRIES_PREFIX_STATES: bool = false;
+    // Its carried ops are tested against the CPU ones on the GPU (kernels/tests/cuda_carried.rs,
+    // and the demo model's prefix_states run there).
+    const CARRIES_PREFIX_STATES: bool = true;
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.

@@ -48,8 +48,9 @@ pub enum Store {
 
 /// The buffer types of a backend (split from [`Backend`] so helper structs can name them).
 pub trait Buffers {
-    /// A buffer of f32 values.
-    type Buf;
+    /// A buffer of f32 values (sendable, so a prefix-state snapshot can stay in one and be
+    /// shared by the engines of its device).
+    type Buf: Send + Sync + 'static;
     /// A buffer of u32 values (token ids, positions, `cu_seqlens`).
     type Idx;
 }
@@ -96,6 +97,17 @@ pub trait Backend: Buffers {
     fn write_idx(&self, dst: &mut Self::Idx, data: &[u32]) -> KernelResult<()>;
     /// The first `len` values of `src`, on the host.
     fn read(&self, src: &Self::Buf, len: usize) -> KernelResult<Vec<f32>>;
+    /// Copies `len` values of `src` from `src_at` into `dst` from `dst_at`, on the device (f32
+    /// buffers from [`Self::alloc`]: prefix states move between a batch's packed buffers and the
+    /// snapshots kept for later batches without a trip through the host).
+    fn copy(
+        &self,
+        src: &Self::Buf,
+        src_at: usize,
+        dst: &mut Self::Buf,
+        dst_at: usize,
+        len: usize,
+    ) -> KernelResult<()>;
 
     // ---- ops ----------------------------------------------------------------------------------
 

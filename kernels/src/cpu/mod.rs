@@ -160,6 +160,20 @@ impl Backend for CpuBackend {
         Ok(src[..len].to_vec())
     }
 
+    fn copy(
+        &self,
+        src: &Vec<f32>,
+        src_at: usize,
+        dst: &mut Vec<f32>,
+        dst_at: usize,
+        len: usize,
+    ) -> KernelResult<()> {
+        check_len("copy", "source", src, src_at + len)?;
+        check_len("copy", "destination", dst, dst_at + len)?;
+        dst[dst_at..dst_at + len].copy_from_slice(&src[src_at..src_at + len]);
+        Ok(())
+    }
+
     fn embedding(
         &self,
         table: &Vec<f32>,

@@ -255,6 +255,42 @@ impl Backend for CudaBackend {
         Ok(values)
     }
 
+    fn copy(
+        &self,
+        src: &CudaBuf,
+        src_at: usize,
+        dst: &mut CudaBuf,
+        dst_at: usize,
+        len: usize,
+    ) -> KernelResult<()> {
+        const OP: &str = "copy";
+        let (CudaBuf::F32(src), CudaBuf::F32(dst)) = (src, dst) else {
+            return Err(KernelError::invalid(OP, "copies f32 buffers only"));
+        };
+        for (what, held, need) in [
+            ("source", src.len(), src_at + len),
+            ("destination", dst.len(), dst_at + len),
+        ] {
+            if held < need {
+                return Err(KernelError::invalid(
+                    OP,
+                    format!("{what} holds {held} values, needs {need}"),
+                ));
+            }
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.gpu
+            .device
+            .stream
+            .memcpy_dtod(
+                &src.slice(src_at..src_at + len),
+                &mut dst.slice_mut(dst_at..dst_at + len),
+            )
+            .map_err(|e| driver_err(OP, e))
+    }
+
     fn embedding(
         &self,
         table: &CudaBuf,

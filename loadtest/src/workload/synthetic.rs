@@ -210,10 +210,7 @@ fn build_request(slice: Slice, config: &SyntheticConfig, rng: &mut StdRng) -> Re
         } else {
             approx_tokens(goal.len(), PROSE_CHARS_PER_TOKEN)
         };
-        let tokens = TEMPLATE_TOKENS
-            + goal_tokens
-            + label_tokens
-            + options * OPTION_LINE_TOKENS;
+        let tokens = TEMPLATE_TOKENS + goal_tokens + label_tokens + options * OPTION_LINE_TOKENS;
         question_tokens.push(tokens);
         named.insert(
             format!("q{q}"),
