@@ -59,10 +59,11 @@ pub struct ServeArgs {
 
     /// Byte budget of the prefix-state cache, in MiB (0 turns prefix reuse off): text questions
     /// sharing a token prefix (within a request, or the system prompt across requests) compute
-    /// it once. CPU backend only for now: GPUs run every prompt whole until their carried kernels
-    /// have passed their GPU tests.
-    #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB", default_value_t = 256)]
-    pub prefix_cache_mib: usize,
+    /// it once. Default: 256 on the CPU; on a GPU a quarter of the device memory left free once
+    /// the model and its activation buffers are loaded, at most 16 GiB (snapshots stay in device
+    /// memory).
+    #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB")]
+    pub prefix_cache_mib: Option<usize>,
 
     /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
     /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
@@ -385,17 +386,15 @@ mod tests {
     #[test]
     fn the_prefix_cache_budget_is_in_mib_and_zero_turns_reuse_off() {
         let args = serve_args(&[]).unwrap();
-        assert_eq!(
-            crate::serve::load_options(&args).prefix_cache_bytes,
-            256 << 20
-        );
+        // Left to the device: sized once the model is loaded.
+        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, None);
         let args = serve_args(&["--prefix-cache-mib=1"]).unwrap();
         assert_eq!(
             crate::serve::load_options(&args).prefix_cache_bytes,
-            1 << 20
+            Some(1 << 20)
         );
         let args = serve_args(&["--prefix-cache-mib=0"]).unwrap();
-        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, 0);
+        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, Some(0));
         assert!(serve_args(&["--prefix-cache-mib=-1"]).is_err());
     }
 

@@ -429,8 +429,9 @@ pub struct LoadOptions {
     pub cpu_engines: usize,
     /// Byte budget of the encoded-screenshot cache.
     pub image_cache_bytes: usize,
-    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse).
-    pub prefix_cache_bytes: usize,
+    /// Byte budget of the prefix-state cache of each device (0: no prefix reuse; `None`: the
+    /// device's default, [`ServingBackend::default_prefix_cache_bytes`]).
+    pub prefix_cache_bytes: Option<usize>,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -541,11 +542,21 @@ trait ServingBackend: Backend + Sized + Send + 'static {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
     /// Whether its kernels resume from prefix states (and so serve prefix reuse).
     const CARRIES_PREFIX_STATES: bool;
+    /// The prefix cache's budget when none is asked for, once the model is loaded on `backend`.
+    fn default_prefix_cache_bytes(backend: &Self) -> usize;
 }
+
+/// The CPU backend's default prefix-cache budget.
+const CPU_PREFIX_CACHE_BYTES: usize = 256 << 20;
+/// The most a GPU's default prefix-cache budget takes.
+const GPU_PREFIX_CACHE_CAP: usize = 16 << 30;
 
 impl ServingBackend for CpuBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
     const CARRIES_PREFIX_STATES: bool = true;
+    fn default_prefix_cache_bytes(_: &Self) -> usize {
+        CPU_PREFIX_CACHE_BYTES
+    }
 }
 
 impl ServingBackend for CudaBackend {
@@ -554,6 +565,17 @@ impl ServingBackend for CudaBackend {
     // Its carried ops are tested against the CPU ones on the GPU (kernels/tests/cuda_carried.rs,
     // and the demo model's prefix_states run there).
     const CARRIES_PREFIX_STATES: bool = true;
+    /// A quarter of what the weights and activation buffers left free (the rest stays for the
+    /// batches' transient buffers, the GEMM workspaces and carried states in flight).
+    fn default_prefix_cache_bytes(backend: &Self) -> usize {
+        match backend.memory_info() {
+            Ok((free, _)) => (free / 4).min(GPU_PREFIX_CACHE_CAP),
+            Err(e) => {
+                tracing::warn!("reading free device memory failed ({e}); prefix cache 256 MiB");
+                CPU_PREFIX_CACHE_BYTES
+            }
+        }
+    }
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.
@@ -625,23 +647,25 @@ fn prefix_reuse_for<B: ServingBackend>(
     text: &LoadedText<B>,
     options: LoadOptions,
 ) -> anyhow::Result<PrefixReuse> {
-    if options.prefix_cache_bytes == 0 {
+    let budget = options
+        .prefix_cache_bytes
+        .unwrap_or_else(|| B::default_prefix_cache_bytes(text.decider.backend()));
+    if budget == 0 {
         return Ok(PrefixReuse::off());
     }
     if !B::CARRIES_PREFIX_STATES {
         tracing::info!(
-            "prefix reuse is off on {device}: its carried kernels are not verified on a GPU yet \
-             (--prefix-cache-mib applies to the CPU backend)"
+            "prefix reuse is off on {device}: its kernels do not resume from prefix states"
         );
         return Ok(PrefixReuse::off());
     }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
     tracing::info!(
-        budget_mib = options.prefix_cache_bytes >> 20,
+        budget_mib = budget >> 20,
         system_tokens = system.len(),
         "prefix reuse on"
     );
-    Ok(PrefixReuse::new(options.prefix_cache_bytes, system))
+    Ok(PrefixReuse::new(budget, system))
 }
 
 /// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
@@ -742,7 +766,7 @@ mod tests {
         let options = LoadOptions {
             cpu_engines: 1,
             image_cache_bytes: 1 << 20,
-            prefix_cache_bytes: 0,
+            prefix_cache_bytes: Some(0),
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }

@@ -86,7 +86,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
     LoadOptions {
         cpu_engines: args.engines,
         image_cache_bytes: args.image_cache_mib << 20,
-        prefix_cache_bytes: args.prefix_cache_mib << 20,
+        prefix_cache_bytes: args.prefix_cache_mib.map(|mib| mib << 20),
     }
 }
 

@@ -93,7 +93,7 @@ async fn server(engines: usize) -> Server {
     let options = LoadOptions {
         cpu_engines: engines,
         image_cache_bytes: 1 << 20,
-        prefix_cache_bytes: 0,
+        prefix_cache_bytes: Some(0),
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let plan = Arc::new(Plan::default());

@@ -30,7 +30,7 @@ pub fn demo_ready_with(config: Config) -> Ready {
     let options = LoadOptions {
         cpu_engines: 1,
         image_cache_bytes: 64 << 20,
-        prefix_cache_bytes: 0,
+        prefix_cache_bytes: Some(0),
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
@@ -51,7 +51,7 @@ pub fn demo_ready_with_prefix(
     let options = LoadOptions {
         cpu_engines: engines,
         image_cache_bytes: 64 << 20,
-        prefix_cache_bytes,
+        prefix_cache_bytes: Some(prefix_cache_bytes),
     };
     let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let reuse = loaded.prefix_reuse.pop().expect("one device");
