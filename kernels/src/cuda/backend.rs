@@ -17,7 +17,7 @@ use super::compile::GpuArch;
 use super::device::{driver_err, CudaOptions, Device};
 use super::launch::Gpu;
 use super::ops::{
-    attention, conv, delta, delta_chunked, elementwise, flash_attention, gemm, norms, rope,
+    attention, conv, delta, delta_chunked, elementwise, flash_attention, gemm, norms, rope, vision,
 };
 use super::tuning::TuningFile;
 use super::upload::Staging;
@@ -26,8 +26,8 @@ use crate::backend::{
     conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
     stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow,
     DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState,
-    GateOutputs, GatedNorm, GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv, Projection,
-    QkPrologue, Rope, RowNorm, Store, Varlen,
+    GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv,
+    Projection, QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -631,5 +631,58 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         elementwise::gather_last(&self.gpu, x, (batch, dim), out)
+    }
+}
+
+impl VisionBackend for CudaBackend {
+    fn layer_norm(
+        &self,
+        x: &CudaBuf,
+        norm: RowNorm<'_, CudaBuf>,
+        bias: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        vision::layer_norm(&self.gpu, x, norm, bias, out)
+    }
+
+    fn add_bias(
+        &self,
+        x: &mut CudaBuf,
+        bias: &CudaBuf,
+        rows: usize,
+        dim: usize,
+    ) -> KernelResult<()> {
+        vision::add_bias(&self.gpu, x, bias, (rows, dim))
+    }
+
+    fn add_in_place(&self, x: &mut CudaBuf, delta: &CudaBuf, len: usize) -> KernelResult<()> {
+        vision::add_in_place(&self.gpu, x, delta, len)
+    }
+
+    fn gelu(&self, x: &mut CudaBuf, len: usize, kind: Gelu) -> KernelResult<()> {
+        vision::gelu(&self.gpu, x, len, kind)
+    }
+
+    fn rope_axial(
+        &self,
+        x: &mut CudaBuf,
+        layout: HeadLayout,
+        positions: &CudaSlice<u32>,
+        rows: usize,
+        theta: f32,
+    ) -> KernelResult<()> {
+        vision::rope_axial(&self.gpu, x, layout, (positions, rows), theta)
+    }
+
+    fn attention_bidirectional(
+        &self,
+        qkv: &CudaBuf,
+        batch: Varlen<'_, CudaSlice<u32>>,
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        vision::attention_bidirectional(&self.gpu, qkv, batch, (heads, head_dim, scale), out)
     }
 }

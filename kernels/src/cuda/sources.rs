@@ -145,4 +145,21 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "gdr_state_pass_v64",
         ],
     },
+    KernelSource {
+        file: "vision.cu",
+        code: include_str!("../../cuda/vision.cu"),
+        functions: &[
+            "layer_norm_h4",
+            "layer_norm_h8",
+            "layer_norm_h16",
+            "add_bias",
+            "add_in_place",
+            "gelu_tanh",
+            "gelu_erf",
+            "rope_axial",
+            "attention_bidirectional_e2",
+            "attention_bidirectional_e4",
+            "attention_bidirectional_e8",
+        ],
+    },
 ];

@@ -146,7 +146,10 @@ impl<B: VisionBackend> VisionTower<B> {
 
         // Patch embedding (the stride-equals-kernel Conv3d is a Linear over each patch row),
         // then the resampled learned position table, added on the host.
-        let pixels = be.upload(image.pixel_values).map_err(e)?;
+        // An activation, not a weight: `upload` is for weights (and counts them); the GEMM rounds
+        // its input to its operand precision on a GPU, as a bf16 model's conv does.
+        let mut pixels = be.alloc(image.pixel_values.len()).map_err(e)?;
+        be.write(&mut pixels, image.pixel_values).map_err(e)?;
         let mut hidden = be.alloc(n * h).map_err(e)?;
         self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
         let mut host = be.read(&hidden, n * h).map_err(e)?;

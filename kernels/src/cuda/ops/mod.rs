@@ -13,3 +13,4 @@ pub(crate) mod gemm;
 pub(crate) mod norms;
 pub(crate) mod rope;
 mod shared;
+pub(crate) mod vision;

@@ -1,0 +1,272 @@
+// The vision tower's ops: LayerNorm, bias and residual adds, GELU, 2-D axial rotary and bidirectional
+// attention within each segment (image frame) of a packed batch. Activations f32, weights bf16.
+
+// ---- LayerNorm: one block of 256 threads per row.
+
+// out = (x − mean) / sqrt(var + eps) · w + b with the biased variance, two passes over the row (the
+// mean first, then the squared deviations from it: no cancellation, unlike E[x²] − mean²). The row is
+// held in registers when HELD values per thread hold it; longer rows (in the largest variant) reread
+// it.
+template <int HELD>
+__device__ void layer_norm_row(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                               const __nv_bfloat16* __restrict__ b, float* __restrict__ out, int dim, float eps) {
+    const i64 base = (i64)blockIdx.x * dim;
+    if (dim <= HELD * (int)blockDim.x) {
+        float v[HELD];
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            v[e] = i < dim ? x[base + i] : 0.0f;
+            sum += v[e];
+        }
+        const float mean = block_sum(sum) / (float)dim;
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            if (i < dim) ss += (v[e] - mean) * (v[e] - mean);
+        }
+        const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+#pragma unroll
+        for (int e = 0; e < HELD; ++e) {
+            const int i = threadIdx.x + e * blockDim.x;
+            if (i < dim) out[base + i] = (v[e] - mean) * inv * load_bf16(w, i) + load_bf16(b, i);
+        }
+        return;
+    }
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) sum += x[base + i];
+    const float mean = block_sum(sum) / (float)dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float d = x[base + i] - mean;
+        ss += d * d;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        out[base + i] = (x[base + i] - mean) * inv * load_bf16(w, i) + load_bf16(b, i);
+    }
+}
+
+#define LAYER_NORM_KERNEL(H)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) layer_norm_h##H(                                       \
+        const float* __restrict__ x, const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b, \
+        float* __restrict__ out, int dim, float eps) {                                                       \
+        layer_norm_row<H>(x, w, b, out, dim, eps);                                                           \
+    }
+
+LAYER_NORM_KERNEL(4)
+LAYER_NORM_KERNEL(8)
+LAYER_NORM_KERNEL(16)
+
+// ---- Element-wise: one thread per value.
+
+// x[t][c] += bias[c] over n = rows · dim values.
+extern "C" __global__ void add_bias(float* __restrict__ x, const __nv_bfloat16* __restrict__ bias, i64 n, int dim) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += load_bf16(bias, i % dim);
+}
+
+// x[i] += delta[i] for i < n.
+extern "C" __global__ void add_in_place(float* __restrict__ x, const float* __restrict__ delta, i64 n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += delta[i];
+}
+
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), PyTorch's gelu(approximate="tanh").
+extern "C" __global__ void gelu_tanh(float* __restrict__ x, i64 n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = x[i];
+    const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+    x[i] = 0.5f * v * (1.0f + tanhf(inner));
+}
+
+// 0.5·x·(1 + erf(x/√2)), the exact GELU.
+extern "C" __global__ void gelu_erf(float* __restrict__ x, i64 n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+}
+
+// ---- 2-D axial rotary embedding in place.
+
+#define AXIAL_MAX_FREQS 64  // head_dim <= 4 · AXIAL_MAX_FREQS
+
+// The D/4 inverse frequencies, computed on the host exactly as the CPU reference does (f32 powf) and
+// passed by value: no device table to allocate.
+struct AxialFreqs {
+    float inv_freq[AXIAL_MAX_FREQS];
+};
+
+// One thread per (row, head, pair j < D/2): pair (j, j + D/2) rotates by the row position times
+// inv_freq[j] for j < D/4, by the column position times inv_freq[j − D/4] above.
+extern "C" __global__ void rope_axial(float* __restrict__ x, const u32* __restrict__ positions,
+                                      const AxialFreqs freqs, int rows, int heads, int half, int head_stride,
+                                      int row_stride, int offset) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * heads * half) return;
+    const int j = (int)(i % half);
+    const i64 rh = i / half;
+    const int h = (int)(rh % heads);
+    const i64 t = rh / heads;
+    const int quarter = half >> 1;
+    const int axis = j < quarter ? 0 : 1;
+    // An f32 product, then sin/cos of that f32: the reference's rounding.
+    const float angle = (float)positions[t * 2 + axis] * freqs.inv_freq[j - axis * quarter];
+    float s, c;
+    sincosf(angle, &s, &c);
+    float* head = x + t * row_stride + offset + (i64)h * head_stride;
+    const float a = head[j];
+    const float b = head[j + half];
+    head[j] = a * c - b * s;
+    head[j + half] = b * c + a * s;
+}
+
+// ---- Bidirectional attention within each segment.
+//
+// A block takes BIDIR_ROWS query rows of one segment and one head (grid: query tiles × heads) and
+// walks the segment's keys in tiles of 32 staged in shared memory, with an online softmax. Each warp
+// owns BIDIR_ROWS_PER_WARP query rows. Scores: lane j takes key j of the tile (its full dot product
+// with each of the warp's rows, reading the queries as shared-memory broadcasts). Values: lane l
+// accumulates dims l, l + 32, ... (E of them, E·32 >= head_dim) of each row's output. f32 throughout.
+
+#define BIDIR_THREADS 128
+#define BIDIR_ROWS_PER_WARP 4
+#define BIDIR_ROWS (BIDIR_THREADS / 32 * BIDIR_ROWS_PER_WARP)
+#define BIDIR_KEYS 32
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// The key rows in shared memory have an odd stride, so that the 32 lanes reading one column of 32
+// different keys hit 32 different banks.
+__device__ __forceinline__ int bidir_key_stride(int head_dim) { return head_dim | 1; }
+
+// Dynamic shared memory: queries [BIDIR_ROWS][head_dim], keys [32][head_dim | 1], values [32][head_dim]
+// (the launcher sizes it the same way).
+template <int E>
+__device__ void attention_bidirectional_tile(const float* __restrict__ qkv, const u32* __restrict__ cu_seqlens,
+                                             int num_seqs, u32 rows, float* __restrict__ out, int heads,
+                                             int head_dim, float scale) {
+    extern __shared__ __align__(16) float bidir_smem[];
+    int tile, len;
+    u32 seq_start;
+    // Uniform over the block (every warp finds the same tile), so the return skips no barrier.
+    if (!find_tile_warp<BIDIR_ROWS>(cu_seqlens, num_seqs, rows, blockIdx.x, tile, seq_start, len)) return;
+    const int h = blockIdx.y;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const i64 width = (i64)heads * head_dim;
+    const i64 stride = 3 * width;
+    const int ks = bidir_key_stride(head_dim);
+    float* qs = bidir_smem;
+    float* kt = qs + BIDIR_ROWS * head_dim;
+    float* vt = kt + BIDIR_KEYS * ks;
+    const int q0 = tile * BIDIR_ROWS;  // first query row of the tile, within the segment
+
+    // Rows past the segment's end are zeros: computed like the others, never written.
+    for (int i = threadIdx.x; i < BIDIR_ROWS * head_dim; i += BIDIR_THREADS) {
+        const int r = i / head_dim;
+        const int d = i - r * head_dim;
+        qs[i] = q0 + r < len ? qkv[(i64)(seq_start + q0 + r) * stride + (i64)h * head_dim + d] : 0.0f;
+    }
+
+    float m[BIDIR_ROWS_PER_WARP], l[BIDIR_ROWS_PER_WARP], acc[BIDIR_ROWS_PER_WARP][E];
+#pragma unroll
+    for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) {
+        m[r] = F32_NEG_INF;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[r][e] = 0.0f;
+    }
+    const float* my_q = qs + warp * BIDIR_ROWS_PER_WARP * head_dim;
+
+    for (int k0 = 0; k0 < len; k0 += BIDIR_KEYS) {
+        const int n = min(BIDIR_KEYS, len - k0);
+        // The previous tile's keys and values are no longer read (and, the first time, the
+        // queries become visible).
+        __syncthreads();
+        for (int i = threadIdx.x; i < BIDIR_KEYS * head_dim; i += BIDIR_THREADS) {
+            const int j = i / head_dim;
+            const int d = i - j * head_dim;
+            float kv = 0.0f, vv = 0.0f;
+            if (j < n) {
+                const float* src = qkv + (i64)(seq_start + k0 + j) * stride + (i64)h * head_dim + d;
+                kv = src[width];
+                vv = src[2 * width];
+            }
+            kt[j * ks + d] = kv;
+            vt[j * head_dim + d] = vv;
+        }
+        __syncthreads();
+
+        // Lane j's scores against key j, in the reference's order: the dot product, then the scale.
+        float s[BIDIR_ROWS_PER_WARP];
+#pragma unroll
+        for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) s[r] = 0.0f;
+        const float* k_row = kt + lane * ks;
+        for (int d = 0; d < head_dim; ++d) {
+            const float kd = k_row[d];
+#pragma unroll
+            for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) s[r] += my_q[r * head_dim + d] * kd;
+        }
+        float p[BIDIR_ROWS_PER_WARP];
+#pragma unroll
+        for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) {
+            const float score = lane < n ? s[r] * scale : F32_NEG_INF;
+            // Finite: every tile holds at least one key.
+            const float new_max = fmaxf(m[r], warp_max(score));
+            const float correction = expf(m[r] - new_max);
+            p[r] = expf(score - new_max);
+            l[r] = l[r] * correction + warp_sum(p[r]);
+            m[r] = new_max;
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[r][e] *= correction;
+        }
+        for (int j = 0; j < n; ++j) {
+            float pj[BIDIR_ROWS_PER_WARP];
+#pragma unroll
+            for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) pj[r] = __shfl_sync(0xffffffffu, p[r], j);
+            const float* v_row = vt + j * head_dim;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int d = lane + 32 * e;
+                if (d < head_dim) {
+                    const float vd = v_row[d];
+#pragma unroll
+                    for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) acc[r][e] += pj[r] * vd;
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < BIDIR_ROWS_PER_WARP; ++r) {
+        const int q = q0 + warp * BIDIR_ROWS_PER_WARP + r;
+        if (q >= len) continue;
+        float* o = out + (i64)(seq_start + q) * width + (i64)h * head_dim;
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int d = lane + 32 * e;
+            if (d < head_dim) o[d] = acc[r][e] * inv;
+        }
+    }
+}
+
+// E = ceil(head_dim / 32) values per lane, rounded up to the variant: head_dim up to 64, 128, 256.
+#define BIDIR_KERNEL(E)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BIDIR_THREADS) attention_bidirectional_e##E(                 \
+        const float* __restrict__ qkv, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,              \
+        float* __restrict__ out, int heads, int head_dim, float scale) {                                        \
+        attention_bidirectional_tile<E>(qkv, cu_seqlens, num_seqs, rows, out, heads, head_dim, scale);        \
+    }
+
+BIDIR_KERNEL(2)
+BIDIR_KERNEL(4)
+BIDIR_KERNEL(8)

@@ -1,0 +1,360 @@
+//! The vision tower's ops (`kernels/cuda/vision.cu`): LayerNorm, the bias and residual adds, GELU,
+//! 2-D axial rotary and bidirectional attention within each segment. Activations are f32 buffers
+//! from `alloc` (the tower allocates every one so), weights and biases bf16 from `upload`.
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::super::buffers::{act, act_mut, idx, weight, CudaBuf};
+use super::super::device::driver_err;
+use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
+use super::shared::check_batch;
+use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
+use crate::error::KernelError;
+
+/// Values per thread of the LayerNorm variants (256 threads per row); the last also runs longer
+/// rows.
+const LAYER_NORM: [(usize, &str); 3] = [
+    (4, "layer_norm_h4"),
+    (8, "layer_norm_h8"),
+    (16, "layer_norm_h16"),
+];
+
+/// Frequencies the rotary kernel's by-value table holds (`AXIAL_MAX_FREQS` in vision.cu): `head_dim
+/// / 4` of them.
+const AXIAL_MAX_FREQS: usize = 64;
+
+/// The attention kernel's shape (`BIDIR_*` in vision.cu): threads, query rows and keys per block.
+const BIDIR_THREADS: u32 = 128;
+const BIDIR_ROWS: usize = 16;
+const BIDIR_KEYS: usize = 32;
+/// The attention kernels by the largest head each takes (32 lanes × the values per lane).
+const BIDIR: [(usize, &str); 3] = [
+    (64, "attention_bidirectional_e2"),
+    (128, "attention_bidirectional_e4"),
+    (256, "attention_bidirectional_e8"),
+];
+/// Dynamic shared memory a kernel may use without opting in.
+const DEFAULT_SMEM: usize = 48 * 1024;
+/// Blocks of a grid's y dimension (the attention's heads).
+const GRID_Y_MAX: usize = 65_535;
+
+/// The rotary kernel's by-value frequency table (`AxialFreqs` in vision.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AxialFreqs {
+    inv_freq: [f32; AXIAL_MAX_FREQS],
+}
+
+// SAFETY: plain `repr(C)` data with the same layout as the CUDA struct.
+unsafe impl DeviceRepr for AxialFreqs {}
+
+/// The LayerNorm kernel for rows of `dim`: the smallest variant holding the row in registers.
+fn layer_norm_kernel(dim: usize) -> &'static str {
+    let held = LAYER_NORM.iter().find(|(h, _)| h * BLOCK as usize >= dim);
+    held.unwrap_or(&LAYER_NORM[LAYER_NORM.len() - 1]).1
+}
+
+/// The attention kernel for heads of `head_dim` (`None` above 256).
+fn bidir_kernel(head_dim: usize) -> Option<&'static str> {
+    BIDIR
+        .iter()
+        .find(|(max, _)| head_dim <= *max)
+        .map(|(_, name)| *name)
+}
+
+/// Dynamic shared memory of the attention kernel: the block's queries, a key tile (rows of odd
+/// stride) and a value tile, in f32.
+fn bidir_smem_bytes(head_dim: usize) -> usize {
+    4 * (BIDIR_ROWS * head_dim + BIDIR_KEYS * (head_dim | 1) + BIDIR_KEYS * head_dim)
+}
+
+pub(crate) fn layer_norm(
+    gpu: &Gpu,
+    x: &CudaBuf,
+    norm: RowNorm<'_, CudaBuf>,
+    bias: &CudaBuf,
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "layer_norm";
+    let RowNorm { rows, dim, eps, .. } = norm;
+    if dim == 0 {
+        return Err(KernelError::invalid(OP, "dim is 0"));
+    }
+    let x = act(OP, "x", x, rows * dim)?;
+    let w = weight(OP, "weight", norm.weight, dim)?;
+    let b = weight(OP, "bias", bias, dim)?;
+    let out = act_mut(OP, "out", out, rows * dim)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let dim_a = to_i32(OP, "dim", dim)?;
+    // SAFETY: argument types match the kernel; x and out hold rows·dim values, w and b dim.
+    unsafe {
+        gpu.launch(OP, layer_norm_kernel(dim), per_row(OP, rows)?, |launch| {
+            launch.arg(x).arg(w).arg(b).arg(out).arg(&dim_a).arg(&eps);
+        })
+    }
+}
+
+pub(crate) fn add_bias(
+    gpu: &Gpu,
+    x: &mut CudaBuf,
+    bias: &CudaBuf,
+    (rows, dim): (usize, usize),
+) -> KernelResult<()> {
+    const OP: &str = "add_bias";
+    let x = act_mut(OP, "x", x, rows * dim)?;
+    let bias = weight(OP, "bias", bias, dim)?;
+    let n = rows * dim;
+    if n == 0 {
+        return Ok(());
+    }
+    let n_a = values(OP, n)?;
+    let dim_a = to_i32(OP, "dim", dim)?;
+    // SAFETY: argument types match the kernel; x holds n values and bias dim.
+    unsafe {
+        gpu.launch(OP, "add_bias", linear(OP, n, BLOCK)?, |launch| {
+            launch.arg(x).arg(bias).arg(&n_a).arg(&dim_a);
+        })
+    }
+}
+
+pub(crate) fn add_in_place(
+    gpu: &Gpu,
+    x: &mut CudaBuf,
+    delta: &CudaBuf,
+    len: usize,
+) -> KernelResult<()> {
+    const OP: &str = "add_in_place";
+    let x = act_mut(OP, "x", x, len)?;
+    let delta = act(OP, "delta", delta, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let n_a = values(OP, len)?;
+    // SAFETY: argument types match the kernel; x and delta hold len values.
+    unsafe {
+        gpu.launch(OP, "add_in_place", linear(OP, len, BLOCK)?, |launch| {
+            launch.arg(x).arg(delta).arg(&n_a);
+        })
+    }
+}
+
+pub(crate) fn gelu(gpu: &Gpu, x: &mut CudaBuf, len: usize, kind: Gelu) -> KernelResult<()> {
+    const OP: &str = "gelu";
+    let x = act_mut(OP, "x", x, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let kernel = match kind {
+        Gelu::Tanh => "gelu_tanh",
+        Gelu::Erf => "gelu_erf",
+    };
+    let n_a = values(OP, len)?;
+    // SAFETY: argument types match the kernel; x holds len values.
+    unsafe {
+        gpu.launch(OP, kernel, linear(OP, len, BLOCK)?, |launch| {
+            launch.arg(x).arg(&n_a);
+        })
+    }
+}
+
+pub(crate) fn rope_axial(
+    gpu: &Gpu,
+    x: &mut CudaBuf,
+    layout: HeadLayout,
+    (positions, rows): (&CudaSlice<u32>, usize),
+    theta: f32,
+) -> KernelResult<()> {
+    const OP: &str = "rope_axial";
+    layout.check_fits(OP, x.len(), rows)?;
+    let x = act_mut(OP, "x", x, 0)?;
+    let positions = idx(OP, "positions", positions, rows * 2)?;
+    let d = layout.head_dim;
+    if !d.is_multiple_of(4) || d / 4 > AXIAL_MAX_FREQS {
+        return Err(KernelError::invalid(
+            OP,
+            format!(
+                "head_dim {d} must be a multiple of 4 up to {}",
+                4 * AXIAL_MAX_FREQS
+            ),
+        ));
+    }
+    if rows == 0 || layout.heads == 0 {
+        return Ok(());
+    }
+    let (half, quarter) = (d / 2, d / 4);
+    // The reference's frequencies, bit for bit (f32 powf on the host).
+    let mut freqs = AxialFreqs {
+        inv_freq: [0.0; AXIAL_MAX_FREQS],
+    };
+    for (i, f) in freqs.inv_freq[..quarter].iter_mut().enumerate() {
+        *f = 1.0 / theta.powf((2 * i) as f32 / half as f32);
+    }
+    let rows_a = to_i32(OP, "rows", rows)?;
+    let heads = to_i32(OP, "heads", layout.heads)?;
+    let half_a = to_i32(OP, "head_dim", half)?;
+    let head_stride = to_i32(OP, "head_stride", layout.head_stride)?;
+    let row_stride = to_i32(OP, "row_stride", layout.row_stride)?;
+    let offset = to_i32(OP, "offset", layout.offset)?;
+    let cfg = linear(OP, rows * layout.heads * half, BLOCK)?;
+    // SAFETY: argument types match the kernel; the layout was checked against x and positions
+    // holds rows·2 values.
+    unsafe {
+        gpu.launch(OP, "rope_axial", cfg, |launch| {
+            launch
+                .arg(x)
+                .arg(positions)
+                .arg(&freqs)
+                .arg(&rows_a)
+                .arg(&heads)
+                .arg(&half_a)
+                .arg(&head_stride)
+                .arg(&row_stride)
+                .arg(&offset);
+        })
+    }
+}
+
+pub(crate) fn attention_bidirectional(
+    gpu: &Gpu,
+    qkv: &CudaBuf,
+    batch: Varlen<'_, CudaSlice<u32>>,
+    (heads, head_dim, scale): (usize, usize, f32),
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "attention_bidirectional";
+    if heads == 0 || head_dim == 0 {
+        return Err(KernelError::invalid(OP, "heads and head_dim must be > 0"));
+    }
+    let Some(kernel) = bidir_kernel(head_dim) else {
+        return Err(KernelError::invalid(
+            OP,
+            format!("head_dim {head_dim} exceeds 256"),
+        ));
+    };
+    if heads > GRID_Y_MAX {
+        return Err(KernelError::invalid(
+            OP,
+            format!("{heads} heads exceed {GRID_Y_MAX}"),
+        ));
+    }
+    let width = heads * head_dim;
+    // Rows both buffers hold: the kernel never touches a row beyond the batch's, which fits here.
+    let rows_cap = (qkv.len() / (3 * width)).min(out.len() / width);
+    let rows = check_batch(OP, &batch, rows_cap)?;
+    let qkv = act(OP, "qkv", qkv, 0)?;
+    let out = act_mut(OP, "out", out, 0)?;
+    if rows == 0 || batch.num_seqs == 0 {
+        return Ok(());
+    }
+    let smem = bidir_smem_bytes(head_dim);
+    if smem > DEFAULT_SMEM {
+        opt_in_smem(gpu, OP, kernel, smem)?;
+    }
+    // Every segment has at most one partial tile.
+    let tiles = rows.div_ceil(BIDIR_ROWS) + batch.num_seqs;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            to_u32(OP, "query tiles", tiles)?,
+            to_u32(OP, "heads", heads)?,
+            1,
+        ),
+        block_dim: (BIDIR_THREADS, 1, 1),
+        shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
+    };
+    let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+    let rows_a = to_u32(OP, "rows", rows)?;
+    let heads_a = to_i32(OP, "heads", heads)?;
+    let head_dim_a = to_i32(OP, "head_dim", head_dim)?;
+    // SAFETY: argument types match the kernel; it clamps every segment to `rows`, which qkv (3 ·
+    // width per row) and out (width per row) hold (check_batch above); shared memory is sized as
+    // the kernel lays it out.
+    unsafe {
+        gpu.launch(OP, kernel, cfg, |launch| {
+            launch
+                .arg(qkv)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs)
+                .arg(&rows_a)
+                .arg(out)
+                .arg(&heads_a)
+                .arg(&head_dim_a)
+                .arg(&scale);
+        })
+    }
+}
+
+/// `n` as the kernels' i64 value count.
+fn values(op: &'static str, n: usize) -> KernelResult<i64> {
+    i64::try_from(n).map_err(|_| KernelError::invalid(op, format!("{n} values exceed i64")))
+}
+
+/// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB a kernel must opt in, with its
+/// context current), or refuses where the GPU has less.
+fn opt_in_smem(gpu: &Gpu, op: &'static str, kernel: &str, bytes: usize) -> KernelResult<()> {
+    if bytes > gpu.device.max_smem_optin {
+        return Err(KernelError::invalid(
+            op,
+            format!(
+                "needs {bytes} bytes of shared memory per block, the GPU allows {}",
+                gpu.device.max_smem_optin
+            ),
+        ));
+    }
+    let f = gpu.device.function(kernel)?;
+    gpu.device
+        .ctx
+        .bind_to_thread()
+        .map_err(|e| driver_err(op, e))?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        to_i32(op, "shared memory", bytes)?,
+    )
+    .map_err(|e| driver_err(op, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::KERNEL_SOURCES;
+
+    #[test]
+    fn every_kernel_the_ops_pick_is_registered() {
+        let vision = KERNEL_SOURCES
+            .iter()
+            .find(|s| s.file == "vision.cu")
+            .expect("vision.cu is registered");
+        let picked = LAYER_NORM
+            .iter()
+            .chain(&BIDIR)
+            .map(|(_, name)| *name)
+            .chain([
+                "add_bias",
+                "add_in_place",
+                "gelu_tanh",
+                "gelu_erf",
+                "rope_axial",
+            ]);
+        for name in picked {
+            assert!(vision.functions.contains(&name), "{name}");
+        }
+    }
+
+    #[test]
+    fn variants_are_picked_by_size() {
+        assert_eq!(layer_norm_kernel(1), "layer_norm_h4");
+        assert_eq!(layer_norm_kernel(1024), "layer_norm_h4");
+        assert_eq!(layer_norm_kernel(1025), "layer_norm_h8");
+        assert_eq!(layer_norm_kernel(5000), "layer_norm_h16");
+        assert_eq!(bidir_kernel(16), Some("attention_bidirectional_e2"));
+        assert_eq!(bidir_kernel(64), Some("attention_bidirectional_e2"));
+        assert_eq!(bidir_kernel(72), Some("attention_bidirectional_e4"));
+        assert_eq!(bidir_kernel(256), Some("attention_bidirectional_e8"));
+        assert_eq!(bidir_kernel(257), None);
+        // The vision tower's heads (64) and the tiny model's (16) need no shared-memory opt-in.
+        assert!(bidir_smem_bytes(64) <= DEFAULT_SMEM);
+        assert!(bidir_smem_bytes(128) <= DEFAULT_SMEM);
+    }
+}

@@ -1,0 +1,404 @@
+//! The CUDA backend's vision ops against the CPU reference on random inputs: the Qwen3.5-4B vision
+//! tower's shapes (hidden 1024, 16 heads of 64, MLP 4096) and odd ones (widths that are not
+//! multiples of 32, one row, segments of one token, empty segments, ragged batches of several
+//! images).
+//!
+//! These need a GPU: `cargo test -p instinct-kernels --test cuda_vision -- --ignored`.
+//!
+//! One generic body per op runs on both backends. Weights and biases are bf16-exact (the CUDA
+//! backend uploads them in bf16), so both compute with the same numbers and differ by f32
+//! summation order and the device's math functions only. Every buffer is longer than the op's
+//! rows and the excess holds NaN: a read beyond the rows would show up in the result, a write
+//! beyond them would overwrite the NaN (both backends must leave it).
+
+mod common;
+use common::{bf16_round, cu_of, gpu, rand_vec};
+
+use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::{Backend, CpuBackend, HeadLayout, KernelError, RowNorm, Varlen};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The vision tower of Qwen3.5-4B.
+const HIDDEN: usize = 1024;
+const HEADS: usize = 16;
+const HEAD_DIM: usize = 64;
+const MLP: usize = 4096;
+const THETA: f32 = 10_000.0;
+/// NaN values after every buffer's data.
+const PAD: usize = 37;
+
+/// Values that must agree: `|got − want| ≤ tol · (1 + |want|)`, NaN where the other has NaN.
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else {
+            (g - w).abs() <= tol * (1.0 + w.abs())
+        };
+        assert!(ok, "{what}: index {i}: cuda {g} vs cpu {w}");
+    }
+}
+
+/// A buffer of `be` holding `data` then [`PAD`] NaNs.
+fn padded<B: Backend>(be: &B, data: &[f32]) -> B::Buf {
+    let mut host = data.to_vec();
+    host.resize(data.len() + PAD, f32::NAN);
+    let mut buf = be.alloc(host.len()).unwrap();
+    be.write(&mut buf, &host).unwrap();
+    buf
+}
+
+/// A u32 buffer of `be` holding `data`.
+fn indices<B: Backend>(be: &B, data: &[u32]) -> B::Idx {
+    let mut buf = be.alloc_idx(data.len().max(1)).unwrap();
+    be.write_idx(&mut buf, data).unwrap();
+    buf
+}
+
+/// The whole of `buf` (its data and the padding after it) on the host.
+fn read_all<B: Backend>(be: &B, buf: &B::Buf, len: usize) -> Vec<f32> {
+    be.read(buf, len + PAD).unwrap()
+}
+
+/// A LayerNorm over `rows` rows of `dim` with `weight` (the tower's epsilon).
+fn row_norm<Buf>(weight: &Buf, rows: usize, dim: usize) -> RowNorm<'_, Buf> {
+    RowNorm {
+        weight,
+        rows,
+        dim,
+        eps: 1e-6,
+    }
+}
+
+/// A random bf16-exact weight.
+fn bf16_weight(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    bf16_round(&rand_vec(rng, n, scale))
+}
+
+// ---- the generic bodies -------------------------------------------------------------------------
+
+/// LayerNorm of `x` (`rows` rows of `w.len()`), into a NaN-filled output.
+fn layer_norm_on<B: VisionBackend>(
+    be: &B,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    rows: usize,
+) -> Vec<f32> {
+    let dim = w.len();
+    let x_d = padded(be, x);
+    let (w_d, b_d) = (be.upload(w).unwrap(), be.upload(b).unwrap());
+    let mut out = padded(be, &vec![f32::NAN; rows * dim]);
+    be.layer_norm(&x_d, row_norm(&w_d, rows, dim), &b_d, &mut out)
+        .unwrap();
+    read_all(be, &out, rows * dim)
+}
+
+/// `x += bias` per row, then `x += delta`: (after the bias, after the delta).
+fn adds_on<B: VisionBackend>(be: &B, x: &[f32], bias: &[f32], delta: &[f32]) -> [Vec<f32>; 2] {
+    let (len, dim) = (x.len(), bias.len());
+    let mut x_d = padded(be, x);
+    let bias_d = be.upload(bias).unwrap();
+    let delta_d = padded(be, delta);
+    be.add_bias(&mut x_d, &bias_d, len / dim, dim).unwrap();
+    let after_bias = read_all(be, &x_d, len);
+    be.add_in_place(&mut x_d, &delta_d, len).unwrap();
+    [after_bias, read_all(be, &x_d, len)]
+}
+
+fn gelu_on<B: VisionBackend>(be: &B, x: &[f32], kind: Gelu) -> Vec<f32> {
+    let mut x_d = padded(be, x);
+    be.gelu(&mut x_d, x.len(), kind).unwrap();
+    read_all(be, &x_d, x.len())
+}
+
+/// Axial rope on each of `layouts` in turn over `rows` rows of `x`.
+fn rope_on<B: VisionBackend>(
+    be: &B,
+    x: &[f32],
+    layouts: &[HeadLayout],
+    positions: &[u32],
+    rows: usize,
+) -> Vec<f32> {
+    let mut x_d = padded(be, x);
+    let pos = indices(be, positions);
+    for &layout in layouts {
+        be.rope_axial(&mut x_d, layout, &pos, rows, THETA).unwrap();
+    }
+    read_all(be, &x_d, x.len())
+}
+
+/// Bidirectional attention over segments of `lens` of the stacked `qkv`, into a NaN-filled output.
+fn attention_on<B: VisionBackend>(
+    be: &B,
+    qkv: &[f32],
+    lens: &[usize],
+    (heads, head_dim): (usize, usize),
+    out_len: usize,
+) -> Vec<f32> {
+    let qkv_d = padded(be, qkv);
+    let cu = indices(be, &cu_of(lens));
+    let mut out = padded(be, &vec![f32::NAN; out_len]);
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: lens.len(),
+        rows: lens.iter().sum(),
+    };
+    let scale = (head_dim as f64).powf(-0.5) as f32;
+    be.attention_bidirectional(&qkv_d, batch, heads, head_dim, scale, &mut out)
+        .unwrap();
+    read_all(be, &out, out_len)
+}
+
+// ---- CUDA against CPU ---------------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs a GPU"]
+fn layer_norm_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(11);
+    // The tower's width (one row and many); widths the 256-thread rows hold in 4, 8 and 16 values
+    // per thread (1, 33, 1025, 4096) and one they loop over (5000).
+    for (rows, dim) in [
+        (1, HIDDEN),
+        (300, HIDDEN),
+        (3, 1),
+        (5, 33),
+        (7, 100),
+        (2, 1025),
+        (2, 4096),
+        (2, 5000),
+    ] {
+        // Rows with a large mean: the variance must not cancel.
+        let x: Vec<f32> = rand_vec(&mut rng, rows * dim, 2.0)
+            .iter()
+            .map(|v| v + 20.0)
+            .collect();
+        let w = bf16_weight(&mut rng, dim, 1.0);
+        let b = bf16_weight(&mut rng, dim, 0.5);
+        let want = layer_norm_on(&cpu, &x, &w, &b, rows);
+        let got = layer_norm_on(&gpu, &x, &w, &b, rows);
+        assert_close(&got, &want, 1e-4, &format!("layer_norm {rows}x{dim}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn bias_and_residual_adds_match_cpu_exactly() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(12);
+    for (rows, dim) in [(1, HIDDEN), (257, MLP), (3, 33), (5, 1)] {
+        let n = rows * dim;
+        let x = rand_vec(&mut rng, n, 3.0);
+        let bias = bf16_weight(&mut rng, dim, 1.0);
+        let delta = rand_vec(&mut rng, n, 3.0);
+        let want = adds_on(&cpu, &x, &bias, &delta);
+        let got = adds_on(&gpu, &x, &bias, &delta);
+        // One f32 addition per value: the same bits.
+        for (g, w) in got.iter().zip(&want) {
+            assert_close(g, w, 0.0, &format!("adds {rows}x{dim}"));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gelu_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(13);
+    let mut x = rand_vec(&mut rng, MLP * 3 + 5, 6.0);
+    // The tails, zero and values far out (tanh and erf saturate to ±1 there).
+    x.extend([0.0, -0.0, 1e-6, -1e-6, 10.0, -10.0, 40.0, -40.0, 1e4, -1e4]);
+    for kind in [Gelu::Tanh, Gelu::Erf] {
+        for len in [1, 3, x.len()] {
+            let want = gelu_on(&cpu, &x[..len], kind);
+            let got = gelu_on(&gpu, &x[..len], kind);
+            assert_close(&got, &want, 1e-5, &format!("gelu {kind:?} len {len}"));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn rope_axial_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(14);
+    // The tower: q then k heads of the stacked qkv rows (the v block must stay as it is).
+    let tower_q = HeadLayout {
+        heads: HEADS,
+        head_dim: HEAD_DIM,
+        head_stride: HEAD_DIM,
+        row_stride: 3 * HIDDEN,
+        offset: 0,
+    };
+    let tower_k = HeadLayout {
+        offset: HIDDEN,
+        ..tower_q
+    };
+    let spread = HeadLayout {
+        heads: 3,
+        head_dim: 20,
+        head_stride: 23,
+        row_stride: 80,
+        offset: 7,
+    };
+    let cases: [(&[HeadLayout], usize); 6] = [
+        (&[tower_q, tower_k], 257),
+        (&[tower_q, tower_k], 1),
+        (&[HeadLayout::dense(1, 4)], 9),
+        (&[spread], 33),
+        (&[HeadLayout::dense(2, 256)], 5),
+        (&[HeadLayout::dense(5, 12)], 64),
+    ];
+    for (layouts, rows) in cases {
+        let len = layouts.iter().map(|l| l.required_len(rows)).max().unwrap();
+        let x = rand_vec(&mut rng, len, 2.0);
+        // Patch rows and columns of images up to 128 patches a side, and a few far out.
+        let mut positions: Vec<u32> = (0..2 * rows).map(|_| rng.gen_range(0..128)).collect();
+        positions[0] = 1000;
+        let want = rope_on(&cpu, &x, layouts, &positions, rows);
+        let got = rope_on(&gpu, &x, layouts, &positions, rows);
+        let d = layouts[0].head_dim;
+        assert_close(&got, &want, 1e-4, &format!("rope_axial d {d} rows {rows}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_bidirectional_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(15);
+    // (heads, head_dim, segment lengths, rows the buffers hold beyond the batch)
+    let cases: &[(usize, usize, &[usize], usize)] = &[
+        // The tower: images of several sizes in one batch, one of a single patch.
+        (HEADS, HEAD_DIM, &[1, 64, 257, 1024], 0),
+        (HEADS, HEAD_DIM, &[16], 3),
+        // The tiny model's heads; segments of one token, an empty one, tiles cut mid-segment.
+        (2, 16, &[1, 1, 0, 17, 33], 5),
+        // Heads that are not multiples of 32 (every variant: up to 64, 128, 256).
+        (3, 40, &[5, 31, 70], 1),
+        (2, 100, &[129, 2], 0),
+        (2, 200, &[33, 100], 2),
+        // The largest head (its shared memory needs the opt-in above 48 KiB).
+        (1, 256, &[65, 1, 40], 0),
+        (1, 4, &[3, 50], 0),
+    ];
+    for &(heads, head_dim, lens, extra_rows) in cases {
+        let rows: usize = lens.iter().sum::<usize>() + extra_rows;
+        let width = heads * head_dim;
+        let qkv = rand_vec(&mut rng, rows * 3 * width, 2.0);
+        let want = attention_on(&cpu, &qkv, lens, (heads, head_dim), rows * width);
+        let got = attention_on(&gpu, &qkv, lens, (heads, head_dim), rows * width);
+        assert_close(
+            &got,
+            &want,
+            1e-3,
+            &format!("attention {heads}x{head_dim} {lens:?}"),
+        );
+    }
+}
+
+// ---- refusals -----------------------------------------------------------------------------------
+
+/// Fails unless `result` is the refusal of `op` and its message contains `says`.
+#[track_caller]
+fn assert_refused(result: Result<(), KernelError>, op: &str, says: &str) {
+    let err = result.expect_err("must be refused");
+    assert!(
+        matches!(err, KernelError::Invalid { op: o, .. } if o == op),
+        "{err}"
+    );
+    assert!(err.to_string().contains(says), "{err}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn ops_refuse_buffers_of_the_wrong_type() {
+    let gpu = gpu();
+    let (rows, dim) = (2, 8);
+    let x = gpu.alloc(rows * dim).unwrap();
+    let w = gpu.upload(&[1.0; 8]).unwrap();
+    let not_a_weight = gpu.alloc(dim).unwrap();
+    let mut out = gpu.alloc(rows * dim).unwrap();
+    let mut gemm_input = gpu.alloc_gemm_input(rows * 3 * dim).unwrap();
+    let norm = |weight| row_norm(weight, rows, dim);
+    // Weights and biases are uploads (bf16).
+    let res = gpu.layer_norm(&x, norm(&not_a_weight), &w, &mut out);
+    assert_refused(res, "layer_norm", "weight must be Bf16");
+    let res = gpu.layer_norm(&x, norm(&w), &not_a_weight, &mut out);
+    assert_refused(res, "layer_norm", "bias must be Bf16");
+    let res = gpu.add_bias(&mut out, &not_a_weight, rows, dim);
+    assert_refused(res, "add_bias", "bias must be Bf16");
+    // Activations are f32 (the tower allocates every one with alloc).
+    let res = gpu.layer_norm(&x, norm(&w), &w, &mut gemm_input);
+    assert_refused(res, "layer_norm", "out must be F32");
+    let res = gpu.add_bias(&mut gemm_input, &w, rows, dim);
+    assert_refused(res, "add_bias", "x must be F32");
+    let res = gpu.add_in_place(&mut out, &gemm_input, rows * dim);
+    assert_refused(res, "add_in_place", "delta must be F32");
+    let res = gpu.gelu(&mut gemm_input, rows * dim, Gelu::Tanh);
+    assert_refused(res, "gelu", "x must be F32");
+    let cu = indices(&gpu, &cu_of(&[rows]));
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: 1,
+        rows,
+    };
+    let res = gpu.attention_bidirectional(&gemm_input, batch, 2, 4, 0.5, &mut out);
+    assert_refused(res, "attention_bidirectional", "qkv must be F32");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn ops_refuse_shapes_they_do_not_take() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let rows = 3;
+    // Rotary heads must split in four; the frequency table holds heads up to 256 (the CPU has no
+    // such limit).
+    let mut x = gpu.alloc(rows * 260).unwrap();
+    let pos = indices(&gpu, &[0; 6]);
+    let mut x_h = vec![0.0; rows * 6];
+    let res = cpu.rope_axial(&mut x_h, HeadLayout::dense(1, 6), &vec![0; 6], rows, THETA);
+    assert_refused(res, "rope_axial", "multiple of 4");
+    let res = gpu.rope_axial(&mut x, HeadLayout::dense(1, 6), &pos, rows, THETA);
+    assert_refused(res, "rope_axial", "multiple of 4");
+    let res = gpu.rope_axial(&mut x, HeadLayout::dense(1, 260), &pos, rows, THETA);
+    assert_refused(res, "rope_axial", "up to 256");
+    let short_pos = indices(&gpu, &[0; 5]);
+    let res = gpu.rope_axial(&mut x, HeadLayout::dense(1, 8), &short_pos, rows, THETA);
+    assert_refused(res, "rope_axial", "positions holds 5 values, needs 6");
+
+    // Attention heads up to 256; buffers must hold the batch's rows.
+    let cu = indices(&gpu, &cu_of(&[rows]));
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: 1,
+        rows,
+    };
+    let qkv = gpu.alloc(rows * 3 * 257).unwrap();
+    let mut out = gpu.alloc(rows * 257).unwrap();
+    let res = gpu.attention_bidirectional(&qkv, batch, 1, 257, 1.0, &mut out);
+    assert_refused(res, "attention_bidirectional", "head_dim 257 exceeds 256");
+    let res = gpu.attention_bidirectional(&qkv, batch, 0, 64, 1.0, &mut out);
+    assert_refused(res, "attention_bidirectional", "must be > 0");
+    let mut short_out = gpu.alloc(rows * 64 - 1).unwrap();
+    let res = gpu.attention_bidirectional(&qkv, batch, 1, 64, 1.0, &mut short_out);
+    assert_refused(
+        res,
+        "attention_bidirectional",
+        "batch has 3 rows, buffers hold 2",
+    );
+
+    // LayerNorm rows of 0 values, and an output too short.
+    let w = gpu.upload(&[1.0; 8]).unwrap();
+    let norm = |dim| row_norm(&w, rows, dim);
+    let xs = gpu.alloc(rows * 8).unwrap();
+    let res = gpu.layer_norm(&xs, norm(0), &w, &mut out);
+    assert_refused(res, "layer_norm", "dim is 0");
+    let mut short = gpu.alloc(rows * 8 - 1).unwrap();
+    let res = gpu.layer_norm(&xs, norm(8), &w, &mut short);
+    assert_refused(res, "layer_norm", "out holds 23 values, needs 24");
+}
