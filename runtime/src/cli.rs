@@ -394,7 +394,10 @@ mod tests {
             Some(1 << 20)
         );
         let args = serve_args(&["--prefix-cache-mib=0"]).unwrap();
-        assert_eq!(crate::serve::load_options(&args).prefix_cache_bytes, Some(0));
+        assert_eq!(
+            crate::serve::load_options(&args).prefix_cache_bytes,
+            Some(0)
+        );
         assert!(serve_args(&["--prefix-cache-mib=-1"]).is_err());
     }
 

@@ -562,9 +562,11 @@ impl ServingBackend for CpuBackend {
 impl ServingBackend for CudaBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
         Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
-    // Its carried ops are tested against the CPU ones on the GPU (kernels/tests/cuda_carried.rs,
-    // and the demo model's prefix_states run there).
-    const CARRIES_PREFIX_STATES: bool = true;
+    // Off until a resumed sequence's attention computes as the whole prompt's does: on an H100 at
+    // 1d2ea9c the carried ops matched the CPU ops, but served answers with reuse differed from
+    // those without by up to 0.09 (median 0.014; the naive f32 attention against the bf16 flash
+    // kernel) and ran slower (docs/benchmarks/prefix-reuse-h100/).
+    const CARRIES_PREFIX_STATES: bool = false;
     /// A quarter of what the weights and activation buffers left free (the rest stays for the
     /// batches' transient buffers, the GEMM workspaces and carried states in flight).
     fn default_prefix_cache_bytes(backend: &Self) -> usize {

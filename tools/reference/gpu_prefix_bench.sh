@@ -98,7 +98,7 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   timeout 90 "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
     --rate "$LONG_RATE" --duration "$LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
   local beside=$!
-  timeout 60 "${LT[@]}" "${mix[@]}" --warmup 0 --rate "$MIX_RATE" --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
+  timeout 60 "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
   wait $beside || echo "long $1 beside FAILED"
   stamp "long $1 done"
 }
