@@ -139,6 +139,16 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
     return false;
 }
 
+// The sequence whose (clamped) rows are [seq_start, seq_start + len), len > 0: a found tile's.
+__device__ __forceinline__ int fa_seq_of(const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,
+                                         u32 seq_start, int len) {
+    const u32 end = seq_start + (u32)len;
+    for (int s = 0; s < num_seqs; ++s) {
+        if (min(cu_seqlens[s], rows) == seq_start && min(cu_seqlens[s + 1], rows) == end) return s;
+    }
+    return 0;  // not reached for a found tile
+}
+
 // Where the output gate comes from: with `gate_in_out`, its sigmoid already in `out` (f32, written
 // there by flash_bf16_inputs); else in the gate columns of `qg`: its sigmoid (attention_prologue's),
 // or for LAST (one row per sequence) the raw gate, whose sigmoid the epilogue takes.
@@ -156,12 +166,19 @@ __device__ __forceinline__ bool fa_find_tile_serial(const u32* __restrict__ cu_s
 // running max and denominator to `partial` ([num_seqs][q_heads][gridDim.z][D + 2]: the D values,
 // then m, then l), which `flash_last_combine` merges: one long sequence's keys spread over many
 // SMs instead of one block walking them all.
-template <int D, int WARPS, bool NARROW, bool LAST, bool SPLIT>
+//
+// PREFIX: sequence s's queries follow cu_prefix[s + 1] − cu_prefix[s] prefix keys (a resumed
+// prefix state), and kb/vb hold joined rows: from row cu_seqlens[s] + cu_prefix[s], the prefix's
+// keys then the sequence's own (prefix_rows in all; attention_prologue and flash_prefix_rows
+// write them). Query row r sees joined keys 0..=r + prefix: the key tiles, their order and the
+// rounding are those of the whole prompt's run, so a resumed answer computes as the whole one.
+template <int D, int WARPS, bool NARROW, bool LAST, bool SPLIT, bool PREFIX = false>
 __device__ __forceinline__ void flash_attention_impl(
     const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
     const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride, int gate_in_out,
     const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, void* __restrict__ out, int out_bf16,
-    int q_heads, int kv_heads, int head_dim, int tiles_per_split, float* __restrict__ partial) {
+    int q_heads, int kv_heads, int head_dim, int tiles_per_split, float* __restrict__ partial,
+    const u32* __restrict__ cu_prefix = nullptr, u32 prefix_rows = 0) {
     constexpr int FA_BM = WARPS * 16;      // query rows per block
     constexpr int FA_THREADS = WARPS * 32;
     constexpr int STRIDE = D + FA_PAD;  // shared-memory row stride, bf16 elements
@@ -187,6 +204,17 @@ __device__ __forceinline__ void flash_attention_impl(
     }
     if (!found) return;  // uniform over the block, before any barrier
 
+    // The sequence's prefix keys (PREFIX) and where its keys start in kb/vb.
+    int pre = 0;
+    i64 key_base = seq_start;
+    if (PREFIX) {
+        const int s = LAST ? (int)blockIdx.y : fa_seq_of(cu_seqlens, num_seqs, rows, seq_start, len);
+        const u32 pa = min(cu_prefix[s], prefix_rows);
+        const u32 pb = min(cu_prefix[s + 1], prefix_rows);
+        pre = pb > pa ? (int)(pb - pa) : 0;
+        key_base += pa;
+    }
+
     const int h = NARROW ? blockIdx.x : blockIdx.y;
     const int kvh = h / (q_heads / kv_heads);
     const int tid = threadIdx.x;
@@ -195,7 +223,7 @@ __device__ __forceinline__ void flash_attention_impl(
     const int g = lane >> 2;  // fragment row (and row + 8)
     const int tq = lane & 3;  // fragment column pair
     const int q0 = tile * FA_BM;             // first query row of the block, within the sequence
-    const int kv_len = min(q0 + FA_BM, len); // keys any row of the block can see
+    const int kv_len = pre + min(q0 + FA_BM, len); // keys any row of the block can see
     int j_begin = 0;
     int n_tiles = (kv_len + FA_BN - 1) / FA_BN;  // one past the last key tile of this block
     if (SPLIT) {
@@ -212,8 +240,8 @@ __device__ __forceinline__ void flash_attention_impl(
     __nv_bfloat16* s_v = s_k + FA_BN * STRIDE;
     const u32 sq = smem_addr(s_q), sk = smem_addr(s_k), sv = smem_addr(s_v);
     const i64 kv_row = (i64)kv_heads * D;
-    const __nv_bfloat16* k_seq = kb + (i64)seq_start * kv_row + (i64)kvh * D;
-    const __nv_bfloat16* v_seq = vb + (i64)seq_start * kv_row + (i64)kvh * D;
+    const __nv_bfloat16* k_seq = kb + key_base * kv_row + (i64)kvh * D;
+    const __nv_bfloat16* v_seq = vb + key_base * kv_row + (i64)kvh * D;
 
     // Groups in flight at the top of step j: {K_j} (with Q at j = 0), then {V_j}.
     fa_load_tile<D, FA_THREADS, FA_BM>(sq, qb + ((i64)(seq_start + q0) * q_heads + h) * D,
@@ -244,7 +272,7 @@ __device__ __forceinline__ void flash_attention_impl(
         const bool has_next = j + 1 < n_tiles;
         // Warps whose rows all precede the tile (or lie past the sequence) skip the math but still
         // copy and reach every barrier.
-        const bool active = warp_rows && key0 <= wrow + 15;
+        const bool active = warp_rows && key0 <= wrow + 15 + pre;
 
         cp_async_wait<1>();  // K_j (V_j may still be in flight)
         __syncthreads();
@@ -271,8 +299,8 @@ __device__ __forceinline__ void flash_attention_impl(
         // Online softmax over this tile, then P as bf16 A fragments.
         u32 p[FA_BN / 16][4];
         if (active) {
-            const int r0 = wrow + g;
-            if (key0 + FA_BN - 1 > wrow) {  // the tile crosses this warp's diagonal
+            const int r0 = wrow + g + pre;  // the row's last visible key
+            if (key0 + FA_BN - 1 > wrow + pre) {  // the tile crosses this warp's diagonal
 #pragma unroll
                 for (int n = 0; n < FA_BN / 8; ++n) {
                     const int key = key0 + n * 8 + tq * 2;
@@ -459,6 +487,61 @@ FA_ENTRY(flash_attention_last_d256, 256, 4, true, true, false, 2)
 FA_ENTRY(flash_attention_last_split_d64, 64, 4, true, true, true, 2)
 FA_ENTRY(flash_attention_last_split_d128, 128, 4, true, true, true, 2)
 FA_ENTRY(flash_attention_last_split_d256, 256, 4, true, true, true, 2)
+
+// The prefix forms (PREFIX above): the narrow layout for every row, the last-row one (unsplit)
+// for each sequence's last row. The arguments of FA_ENTRY, then cu_prefix and prefix_rows.
+#define FA_PREFIX_ENTRY(NAME, D, LAST)                                                            \
+    extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                    \
+        const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
+        const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride,        \
+        int gate_in_out, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,              \
+        void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim,            \
+        int tiles_per_split, float* __restrict__ partial, const u32* __restrict__ cu_prefix,      \
+        u32 prefix_rows) {                                                                        \
+        flash_attention_impl<D, 4, true, LAST, false, true>(                                      \
+            qb, kb, vb, qg, qg_stride, gate_in_out, cu_seqlens, num_seqs, rows, out, out_bf16,    \
+            q_heads, kv_heads, head_dim, tiles_per_split, partial, cu_prefix, prefix_rows);       \
+    }
+
+FA_PREFIX_ENTRY(flash_attention_prefix_d64, 64, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_d128, 128, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_d256, 256, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_d64, 64, true)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_d128, 128, true)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_d256, 256, true)
+
+// Prefix keys and values (f32 [prefix_rows][kv_heads·head_dim], normed and roped k, as a snapshot
+// holds them) as bf16 into the joined rows of kb and vb [..][kv_heads][d]: prefix row p of
+// sequence s goes to joined row cu_seqlens[s] + p (the sequence's own rows before it are those of
+// the earlier sequences). Columns from head_dim to d are zeros. One thread per 8 values.
+extern "C" __global__ void flash_prefix_rows(const float* __restrict__ pk, const float* __restrict__ pv,
+                                             u32 prefix_rows, int kv_heads, int head_dim, int d,
+                                             const u32* __restrict__ cu_prefix,
+                                             const u32* __restrict__ cu_seqlens, int num_seqs,
+                                             __nv_bfloat16* __restrict__ kb, __nv_bfloat16* __restrict__ vb) {
+    const int parts = d / 8;
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)prefix_rows * 2 * kv_heads * parts) return;
+    const int col = (int)(i % parts) * 8;
+    const i64 rh = i / parts;
+    const int hh = (int)(rh % (2 * kv_heads));
+    const u32 p = (u32)(rh / (2 * kv_heads));
+    const int s = sequence_of_row(cu_prefix, num_seqs, p);
+    if (s < 0) return;
+    const bool is_v = hh >= kv_heads;
+    const int h = is_v ? hh - kv_heads : hh;
+    const float* src = (is_v ? pv : pk) + ((i64)p * kv_heads + h) * head_dim;
+    const i64 joined = (i64)cu_seqlens[s] + p;
+    __nv_bfloat16* dst = (is_v ? vb : kb) + (joined * kv_heads + h) * d;
+    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+    if (col < head_dim) {
+        const float4 a = *reinterpret_cast<const float4*>(src + col);
+        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
+        packed = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
+                            pack_bf16x2(b.z, b.w));
+    }
+    *reinterpret_cast<uint4*>(dst + col) = packed;
+}
 
 // Merges the split last-row partials (see SPLIT above) of sequence blockIdx.x and query head
 // blockIdx.y: with M the largest running max, out = Σ 2^(m_z − M)·o_z / Σ 2^(m_z − M)·l_z, times the

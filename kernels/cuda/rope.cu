@@ -74,7 +74,10 @@ extern "C" __global__ void qk_norm_rope(float* qx, const __nv_bfloat16* qw, int 
 //  - each k head: the same without the scale, into kb [rows][kv_heads][d];
 //  - each v head: as bf16 into vb [rows][kv_heads][d];
 //  - with `gates`, each gate's sigmoid in place of the gate (the flash kernel reads it there);
-//  - with `last_only` (for the last-row kernels), q heads of each sequence's last row only.
+//  - with `last_only` (for the last-row kernels), q heads of each sequence's last row only;
+//  - with prefix_rows > 0, k and v of sequence s's rows shifted by cu_prefix[s + 1] rows, into the
+//    joined key rows the prefix flash kernels read (each sequence's prefix keys, then its own);
+//  - with `write_back`, each k head normed and roped in f32 back into qkv (what a snapshot keeps).
 // Columns from head_dim to d of qb, kb, vb are zeros. One warp per (row, item), a row's items being
 // its q heads, k heads, v heads and (with `gates`) gates; head_dim floats of dynamic shared memory
 // per warp. head_dim is a multiple of 16 (so every 8-value part is wholly in or out).
@@ -85,7 +88,8 @@ extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_s
                                               int rows, float eps, float scale, __nv_bfloat16* __restrict__ qb,
                                               __nv_bfloat16* __restrict__ kb, __nv_bfloat16* __restrict__ vb,
                                               int gates, const u32* __restrict__ cu_seqlens, int num_seqs,
-                                              int last_only) {
+                                              int last_only, const u32* __restrict__ cu_prefix, u32 prefix_rows,
+                                              int write_back) {
     extern __shared__ __align__(16) float ap_heads[];
     const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -109,7 +113,14 @@ extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_s
     const bool is_q = it < q_heads;
     const int h = is_q ? it : is_v ? it - q_heads - kv_heads : it - q_heads;
     const float* src = is_q ? row + (i64)h * 2 * head_dim : row + k_at + (i64)((is_v ? kv_heads : 0) + h) * head_dim;
-    __nv_bfloat16* dst = is_q ? qb + (t * q_heads + h) * d : (is_v ? vb : kb) + (t * kv_heads + h) * d;
+    // With prefix rows (a batch resuming from prefix states), k and v go to the joined key rows:
+    // each sequence's prefix keys, then its own (flash_prefix_rows writes the prefix ones).
+    i64 kv_row = t;
+    if (prefix_rows > 0 && !is_q) {
+        const int s = sequence_of_row(cu_seqlens, num_seqs, (u32)t);
+        if (s >= 0) kv_row += min(cu_prefix[s + 1], prefix_rows);
+    }
+    __nv_bfloat16* dst = is_q ? qb + (t * q_heads + h) * d : (is_v ? vb : kb) + (kv_row * kv_heads + h) * d;
     const float* vals = src;
     float mul = 1.0f;
     if (!is_v) {
@@ -120,6 +131,11 @@ extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_s
         __syncwarp();
         for (int j = lane; j < half; j += 32) rope_pair(s, positions, table, t, j, half);
         __syncwarp();
+        // A snapshot keeps k as attention saw it, normed and roped, in f32.
+        if (write_back && !is_q) {
+            float* k_row = const_cast<float*>(src);
+            for (int c = lane; c < head_dim; c += 32) k_row[c] = s[c];
+        }
         vals = s;
         if (is_q) mul = scale * 1.4426950408889634f;
     }

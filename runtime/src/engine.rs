@@ -44,12 +44,15 @@ pub trait ImageEncoder: Send + Sync {
     fn encode(&self, pixel_values: &[f32], grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>>;
 }
 
-impl<B: VisionBackend> ImageEncoder for VisionTower<B>
+/// One tower, one image at a time: a GPU backend's ops share scratch buffers on one stream, so two
+/// preparer threads interleaving their launches would overwrite each other's (the CPU ops spread
+/// one image over every core anyway).
+impl<B: VisionBackend> ImageEncoder for parking_lot::Mutex<VisionTower<B>>
 where
-    VisionTower<B>: Send + Sync,
+    VisionTower<B>: Send,
 {
     fn encode(&self, pixel_values: &[f32], grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
-        self.forward(&[ImageInput {
+        self.lock().forward(&[ImageInput {
             pixel_values,
             grid_thw,
         }])?
@@ -561,7 +564,7 @@ impl ServingBackend for CpuBackend {
 
 impl ServingBackend for CudaBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> =
-        Err("the vision tower's kernels (the CUDA backend has text kernels only so far)");
+        Err("the vision tower's kernels verified on a GPU (they are written, not yet run there)");
     // Off until a resumed sequence's attention computes as the whole prompt's does: on an H100 at
     // 1d2ea9c the carried ops matched the CPU ops, but served answers with reuse differed from
     // those without by up to 0.09 (median 0.014; the naive f32 attention against the bf16 flash
@@ -602,7 +605,7 @@ where
     let loaded = load_multimodal(start()?, start()?, model_dir, adapter, limits)?;
     Ok(ScreenshotPath {
         merge: loaded.vision.config().spatial_merge_size as u32,
-        encoder: Box::new(loaded.vision),
+        encoder: Box::new(parking_lot::Mutex::new(loaded.vision)),
         decider: loaded.decider,
         image_token_id: loaded.image_token_id,
     })

@@ -423,15 +423,29 @@ impl Backend for CudaBackend {
         if prefix.is_none() && output.kv.is_none() {
             return self.gated_attention(qkv, prologue, batch, dims, output.last_only, output.out);
         }
-        // The prologue as its four kernels (the snapshot keeps k after them), then the naive
-        // kernel that reads prefix rows before a sequence's own.
-        stacked_norm_rope(self, qkv, prologue, (dims, batch.rows))?;
         let prefix = prefix.map(|p| attention::PrefixRows {
             k: p.k,
             v: p.v,
             cu_prefix: p.cu_prefix,
             rows: p.rows,
         });
+        // The flash kernels' prefix form where they take the heads (as a whole prompt runs);
+        // else the prologue as its four kernels (the snapshot keeps k after them) and the naive
+        // kernel that reads prefix rows before a sequence's own.
+        if dims.kv_heads > 0
+            && dims.q_heads.is_multiple_of(dims.kv_heads)
+            && super::ops::flash_attention::flash_variant(dims.head_dim).is_some()
+        {
+            return attention::gated_attention_carried_flash(
+                &self.gpu,
+                qkv,
+                prologue,
+                (batch, dims),
+                prefix,
+                output,
+            );
+        }
+        stacked_norm_rope(self, qkv, prologue, (dims, batch.rows))?;
         attention::attention_carried(&self.gpu, qkv, (batch, dims), prefix, output)
     }
 

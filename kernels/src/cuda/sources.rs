@@ -128,6 +128,13 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "flash_attention_last_split_d128",
             "flash_attention_last_split_d256",
             "flash_last_combine",
+            "flash_attention_prefix_d64",
+            "flash_attention_prefix_d128",
+            "flash_attention_prefix_d256",
+            "flash_attention_prefix_last_d64",
+            "flash_attention_prefix_last_d128",
+            "flash_attention_prefix_last_d256",
+            "flash_prefix_rows",
         ],
     },
     KernelSource {

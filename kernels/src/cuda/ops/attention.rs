@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf, OutBuf};
 use super::super::launch::{linear, to_i32, to_u32, Gpu, BLOCK};
-use super::flash_attention::{flash_attention, flash_variant, FlashInputs};
+use super::flash_attention::{flash_attention, flash_variant, Carried, FlashInputs};
 use super::rope::RopeTable;
 use super::shared::check_batch;
 use super::shared::CudaBuffers;
@@ -193,8 +193,91 @@ pub(crate) fn gated_attention<B: CudaBuffers + ?Sized>(
         positions,
         rope: (&table, half),
         eps: prologue.eps,
+        carried: None,
     };
     flash_attention(gpu, inputs, batch, (dims, last_only), out)
+}
+
+/// [`crate::Backend::gated_attention_carried`] through the flash kernels, for the head dims they
+/// take: the fused prologue (which also writes k normed and roped back into `qkv`), the prefix
+/// rows into the joined keys, the prefix form of the flash kernel, then every row's k and v
+/// copied out if asked. A resumed sequence thus computes as the whole prompt does: the same
+/// kernels, the same bf16 operands, the same key tiles.
+pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
+    gpu: &Gpu,
+    qkv_buf: &mut CudaBuf,
+    prologue: QkPrologue<'_, B>,
+    (batch, dims): (Varlen<'_, CudaSlice<u32>>, AttentionDims),
+    prefix: Option<PrefixRows<'_>>,
+    output: AttentionOutput<'_, CudaBuf>,
+) -> KernelResult<()> {
+    const OP: &str = "gated_attention_carried";
+    check_heads(OP, dims)?;
+    let (q_heads, head_dim) = (dims.q_heads, dims.head_dim);
+    let width = dims.stacked_width();
+    let kv_w = dims.kv_heads * head_dim;
+    let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
+    check_batch(OP, &batch, rows_cap)?;
+    let rows = batch.rows;
+    let keys = match &prefix {
+        Some(p) if p.rows > 0 => Some((
+            act(OP, "prefix k", p.k, p.rows * kv_w)?,
+            act(OP, "prefix v", p.v, p.rows * kv_w)?,
+        )),
+        _ => None,
+    };
+    let carried = Carried {
+        cu_prefix: match &prefix {
+            Some(p) => idx(OP, "cu_prefix", p.cu_prefix, batch.num_seqs + 1)?,
+            None => batch.cu_seqlens,
+        },
+        rows: if keys.is_some() {
+            prefix.as_ref().map_or(0, |p| p.rows)
+        } else {
+            0
+        },
+        keys,
+    };
+    let out_rows = if output.last_only {
+        batch.num_seqs
+    } else {
+        rows
+    };
+    let norms = (
+        weight(OP, "q_norm", prologue.q_norm, head_dim)?,
+        weight(OP, "k_norm", prologue.k_norm, head_dim)?,
+    );
+    let positions = idx(OP, "positions", prologue.positions, rows * 3)?;
+    let (table, half) = RopeTable::new(OP, prologue.rope, head_dim)?;
+    let out = out_buf(OP, "out", output.out, out_rows * q_heads * head_dim)?;
+    let kv_out = match output.kv {
+        Some((k_out, v_out)) => Some((
+            act_mut(OP, "k out", k_out, rows * kv_w)?,
+            act_mut(OP, "v out", v_out, rows * kv_w)?,
+        )),
+        None => None,
+    };
+    if rows == 0 || batch.num_seqs == 0 {
+        return Ok(());
+    }
+    let qkv = act_mut(OP, "qkv", qkv_buf, rows * width)?;
+    let inputs = FlashInputs::Stacked {
+        qkv: &mut *qkv,
+        norms,
+        positions,
+        rope: (&table, half),
+        eps: prologue.eps,
+        carried: Some(carried),
+    };
+    flash_attention(gpu, inputs, batch, (dims, output.last_only), out)?;
+    if let Some((k_out, v_out)) = kv_out {
+        let [_, k_at, v_at] = dims.stacked_blocks();
+        let stride = to_i32(OP, "stacked width", width)?;
+        for (at, dst) in [(k_at, k_out), (v_at, v_out)] {
+            copy_columns(gpu, (&*qkv, stride, at.offset), (kv_w, rows), dst)?;
+        }
+    }
+    Ok(())
 }
 
 /// Each sequence's prefix keys and values for [`attention_carried`]: rows `cu_prefix[s]..cu_prefix[s

@@ -73,6 +73,8 @@ pub(crate) struct FlashShape {
     pub last_row: bool,
     /// Last-row form over key splits (grid z), merged by `flash_last_combine`.
     pub split: bool,
+    /// The prefix form: each sequence's queries follow its prefix keys (joined key rows).
+    pub prefix: bool,
 }
 
 pub(crate) const WIDE: FlashShape = FlashShape {
@@ -80,6 +82,7 @@ pub(crate) const WIDE: FlashShape = FlashShape {
     tiles_on_y: false,
     last_row: false,
     split: false,
+    prefix: false,
 };
 
 pub(crate) const NARROW: FlashShape = FlashShape {
@@ -87,6 +90,7 @@ pub(crate) const NARROW: FlashShape = FlashShape {
     tiles_on_y: true,
     last_row: false,
     split: false,
+    prefix: false,
 };
 
 /// The narrow layout, for `attention_last`.
@@ -101,9 +105,31 @@ pub(crate) const LAST_SPLIT: FlashShape = FlashShape {
     ..LAST_ROW
 };
 
+/// The narrow layout over joined prefix and own keys (a batch carrying prefix states).
+pub(crate) const PREFIX_NARROW: FlashShape = FlashShape {
+    prefix: true,
+    ..NARROW
+};
+
+/// The last-row layout (unsplit) over joined prefix and own keys.
+pub(crate) const PREFIX_LAST: FlashShape = FlashShape {
+    prefix: true,
+    ..LAST_ROW
+};
+
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
+        if self.prefix {
+            return match (self.last_row, d) {
+                (true, 64) => "flash_attention_prefix_last_d64",
+                (true, 128) => "flash_attention_prefix_last_d128",
+                (true, _) => "flash_attention_prefix_last_d256",
+                (false, 64) => "flash_attention_prefix_d64",
+                (false, 128) => "flash_attention_prefix_d128",
+                (false, _) => "flash_attention_prefix_d256",
+            };
+        }
         match (self.last_row && self.split, d) {
             (true, 64) => return "flash_attention_last_split_d64",
             (true, 128) => return "flash_attention_last_split_d128",
@@ -200,9 +226,22 @@ pub(crate) fn flash_attention(
             format!("flash attention does not take head_dim {}", dims.head_dim),
         ));
     };
+    let carried = match &inputs {
+        FlashInputs::Stacked { carried, .. } => *carried,
+        FlashInputs::Dense { .. } => None,
+    };
+    let prefix_rows = carried.map_or(0, |c| c.rows);
     let q_len = batch.rows * dims.q_heads * d;
-    let kv_len = batch.rows * dims.kv_heads * d;
-    let (shape, splits, per_split) = if last {
+    let kv_len = (batch.rows + prefix_rows) * dims.kv_heads * d;
+    let (shape, splits, per_split) = if carried.is_some() {
+        if PREFIX_NARROW.tiles(batch.rows, batch.num_seqs) > GRID_Y_MAX {
+            return Err(KernelError::invalid(
+                OP,
+                format!("{} rows exceed the prefix kernel's grid", batch.rows),
+            ));
+        }
+        (if last { PREFIX_LAST } else { PREFIX_NARROW }, 1, 0)
+    } else if last {
         let blocks = dims.q_heads * batch.num_seqs;
         match last_row_split(batch.rows, blocks, gpu.device.sm_count) {
             (1, _) => (LAST_ROW, 1, 0),
@@ -290,7 +329,13 @@ pub(crate) fn flash_attention(
             positions,
             rope,
             eps,
+            carried,
         } => {
+            // Without a carried state the prologue writes rows in place (cu_seqlens stands in
+            // for the unread prefix offsets).
+            let cu_prefix = carried.map_or(batch.cu_seqlens, |c| c.cu_prefix);
+            let prefix_rows_a = to_u32(OP, "prefix rows", prefix_rows)?;
+            let write_back = i32::from(carried.is_some());
             let row_stride = to_i32(OP, "stacked row", dims.stacked_width())?;
             let half = to_i32(OP, "rotary pairs", rope.1)?;
             let rows_i = to_i32(OP, "rows", batch.rows)?;
@@ -331,8 +376,39 @@ pub(crate) fn flash_attention(
                         .arg(&gates)
                         .arg(batch.cu_seqlens)
                         .arg(&num_seqs)
-                        .arg(&last_only);
+                        .arg(&last_only)
+                        .arg(cu_prefix)
+                        .arg(&prefix_rows_a)
+                        .arg(&write_back);
                 })?;
+            }
+            if let Some(Carried {
+                cu_prefix,
+                keys: Some((pk, pv)),
+                rows: p_rows,
+            }) = carried
+            {
+                let items = p_rows * 2 * dims.kv_heads * (d / 8);
+                let cfg = linear(OP, items, CONVERT_BLOCK)?;
+                // SAFETY: argument types match the kernel; it reads `p_rows` rows of pk and pv
+                // (checked by the caller) and writes joined rows below rows + p_rows of the
+                // scratch (sized above).
+                unsafe {
+                    gpu.launch(OP, "flash_prefix_rows", cfg, |launch| {
+                        launch
+                            .arg(pk)
+                            .arg(pv)
+                            .arg(&prefix_rows_a)
+                            .arg(&kv_heads)
+                            .arg(&head_dim)
+                            .arg(&d_a)
+                            .arg(cu_prefix)
+                            .arg(batch.cu_seqlens)
+                            .arg(&num_seqs)
+                            .arg(&mut scratch.k)
+                            .arg(&mut scratch.v);
+                    })?;
+                }
             }
             (&*qkv, dims.stacked_width(), 0)
         }
@@ -373,6 +449,7 @@ pub(crate) fn flash_attention(
     let qg_stride = qg_stride as i64;
     let out_bf16 = i32::from(out.is_bf16());
     let per_split_a = to_i32(OP, "tiles per split", per_split)?;
+    let prefix_rows_u32 = to_u32(OP, "prefix rows", prefix_rows)?;
     // SAFETY: argument types match the kernel; it clamps every sequence boundary to `rows`,
     // which every buffer holds (checked by the caller); a split launch writes
     // q_heads·num_seqs·splits partial rows of d + 2 (the scratch holds them).
@@ -396,6 +473,9 @@ pub(crate) fn flash_attention(
                 .arg(&head_dim)
                 .arg(&per_split_a)
                 .arg(&mut scratch.partial);
+            if let Some(c) = carried {
+                launch.arg(c.cu_prefix).arg(&prefix_rows_u32);
+            }
         })?;
     }
     if !shape.split {
@@ -450,7 +530,20 @@ pub(crate) enum FlashInputs<'a> {
         /// The rope kernel's table and its number of pairs.
         rope: (&'a RopeTable, usize),
         eps: f32,
+        /// A batch carrying prefix states: the prefix form of the kernels, k normed and roped
+        /// written back into `qkv` (for the snapshots).
+        carried: Option<Carried<'a>>,
     },
+}
+
+/// The prefix keys of a carrying batch: sequence s's are rows `cu_prefix[s]..cu_prefix[s + 1]`
+/// of `keys` (f32, `kv_heads·head_dim` wide, k normed and roped), `rows` in all (0, with `keys`
+/// `None`, for a batch that only takes snapshots).
+#[derive(Clone, Copy)]
+pub(crate) struct Carried<'a> {
+    pub cu_prefix: &'a CudaSlice<u32>,
+    pub keys: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
+    pub rows: usize,
 }
 
 #[cfg(test)]
@@ -477,7 +570,33 @@ mod tests {
                 LAST_SPLIT.kernel(d),
                 format!("flash_attention_last_split_d{d}")
             );
+            assert_eq!(
+                PREFIX_NARROW.kernel(d),
+                format!("flash_attention_prefix_d{d}")
+            );
+            assert_eq!(
+                PREFIX_LAST.kernel(d),
+                format!("flash_attention_prefix_last_d{d}")
+            );
         }
+        // Every entry point is compiled from its source.
+        let listed = crate::cuda::sources::KERNEL_SOURCES
+            .iter()
+            .flat_map(|src| src.functions.iter().copied())
+            .collect::<Vec<_>>();
+        for shape in [
+            WIDE,
+            NARROW,
+            LAST_ROW,
+            LAST_SPLIT,
+            PREFIX_NARROW,
+            PREFIX_LAST,
+        ] {
+            for d in [64, 128, 256] {
+                assert!(listed.contains(&shape.kernel(d)), "{}", shape.kernel(d));
+            }
+        }
+        assert!(listed.contains(&"flash_prefix_rows"));
     }
 
     #[test]
