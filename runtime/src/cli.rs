@@ -59,18 +59,18 @@ pub struct ServeArgs {
 
     /// Byte budget of the prefix-state cache, in MiB (0 turns prefix reuse off): text questions
     /// sharing a token prefix (within a request, or the system prompt across requests) compute
-    /// it once. Default: 256 on the CPU; on a GPU a quarter of the device memory left free once
-    /// the model and its activation buffers are loaded, at most 16 GiB (snapshots stay in device
-    /// memory).
+    /// it once. Default: 256 on the CPU; 0 (off) on a GPU, where a resumed answer can differ
+    /// from the whole prompt's beyond rounding (README, "Prefix reuse"): give a budget to turn it
+    /// on there (snapshots stay in device memory).
     #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB")]
     pub prefix_cache_mib: Option<usize>,
 
     /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
     /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
     /// short questions queued behind it run beside its chunks instead of after it. 0 (the
-    /// default) runs every question whole. Needs a backend that resumes from prefix states (the
-    /// CPU backend for now); elsewhere it stays off and the log says so. A chunked question does
-    /// not use prefix reuse yet (it runs from its first token).
+    /// default) runs every question whole. On a GPU a chunked answer can differ from the whole
+    /// prompt's beyond rounding, as with prefix reuse. A chunked question does not use prefix
+    /// reuse yet (it runs from its first token).
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 
