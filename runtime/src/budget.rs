@@ -18,15 +18,23 @@ pub struct ByteBudget {
     limit: usize,
     used: AtomicUsize,
     peak: AtomicUsize,
+    /// The gauges of what is used and of the limit.
+    gauges: (&'static str, &'static str),
 }
 
 impl ByteBudget {
     pub fn new(limit: usize) -> Arc<Self> {
-        gauge!(m::INFLIGHT_BYTES_LIMIT).set(limit as f64);
+        Self::with_gauges(limit, (m::INFLIGHT_BYTES, m::INFLIGHT_BYTES_LIMIT))
+    }
+
+    /// A budget published as `gauges` (used, limit) instead of the in-flight ones.
+    pub fn with_gauges(limit: usize, gauges: (&'static str, &'static str)) -> Arc<Self> {
+        gauge!(gauges.1).set(limit as f64);
         Arc::new(Self {
             limit,
             used: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            gauges,
         })
     }
 
@@ -74,7 +82,7 @@ impl ByteBudget {
     }
 
     fn publish(&self) {
-        gauge!(m::INFLIGHT_BYTES).set(self.used() as f64);
+        gauge!(self.gauges.0).set(self.used() as f64);
     }
 }
 

@@ -229,6 +229,14 @@ pub struct ServeArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
     pub max_inflight_mib: usize,
 
+    /// Device memory the prefix states of questions running in chunks (`--max-chunk-tokens`) may
+    /// hold at once on a GPU, in MiB: each such question holds two snapshots while a chunk runs
+    /// (on Qwen3.5-4B ~50 MB + 64 KiB per token each). A request whose states do not fit runs its
+    /// questions whole. On the CPU those states are host memory and count in --max-inflight-mib.
+    #[arg(long, env = "INSTINCT_MAX_CHUNK_STATE_MIB", default_value_t = crate::server::DEFAULT_MAX_CHUNK_STATE_MIB,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 22))]
+    pub max_chunk_state_mib: usize,
+
     /// Bearer token required on `/v1/systemone` and `/v1/models` (probes and `/metrics` stay open).
     #[arg(long, env = "INSTINCT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -399,6 +407,20 @@ mod tests {
             Some(0)
         );
         assert!(serve_args(&["--prefix-cache-mib=-1"]).is_err());
+    }
+
+    #[test]
+    fn the_chunk_state_budget_is_in_mib_with_a_default() {
+        let args = serve_args(&[]).unwrap();
+        let s = crate::serve::settings(&args, "id".into()).unwrap();
+        assert_eq!(
+            s.max_chunk_state_bytes,
+            crate::server::DEFAULT_MAX_CHUNK_STATE_MIB << 20
+        );
+        let args = serve_args(&["--max-chunk-state-mib=16"]).unwrap();
+        let s = crate::serve::settings(&args, "id".into()).unwrap();
+        assert_eq!(s.max_chunk_state_bytes, 16 << 20);
+        assert!(serve_args(&["--max-chunk-state-mib=0"]).is_err());
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Preparer {
     /// What a prefix-state snapshot of the text model costs (the state a chunked question holds
     /// between its chunks); `None` for a preparer built without a model.
     snapshot_cost: Option<SnapshotCost>,
+    /// Whether the engines keep prefix states in device memory (else in host memory).
+    states_on_device: bool,
 }
 
 /// Encodes one preprocessed screenshot into the language model's image features: the vision
@@ -84,6 +86,7 @@ impl Preparer {
             chat,
             vision: None,
             snapshot_cost: None,
+            states_on_device: false,
         }
     }
 
@@ -103,6 +106,12 @@ impl Preparer {
                 cost.bytes(before_last) + cost.bytes(before_last - max_chunk)
             })
             .sum()
+    }
+
+    /// Whether the engines keep chunked questions' prefix states in device memory (so they are
+    /// budgeted by `--max-chunk-state-mib`, not `--max-inflight-mib`).
+    pub fn chunk_states_on_device(&self) -> bool {
+        self.states_on_device
     }
 
     /// Whether screenshot questions are served.
@@ -549,6 +558,8 @@ trait ServingBackend: Backend + Sized + Send + 'static {
     /// Whether a resumed answer equals the whole prompt's to the tolerance of a reordered sum
     /// (else reuse and chunking are opt-in, and the log says what they cost in exactness).
     const RESUMES_EXACTLY: bool;
+    /// Whether its prefix states live in device memory (not the host's).
+    const STATES_ON_DEVICE: bool;
     /// The prefix cache's budget when none is asked for, once the model is loaded on `backend`.
     fn default_prefix_cache_bytes(backend: &Self) -> usize;
 }
@@ -560,6 +571,7 @@ impl ServingBackend for CpuBackend {
     const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
     const CARRIES_PREFIX_STATES: bool = true;
     const RESUMES_EXACTLY: bool = true;
+    const STATES_ON_DEVICE: bool = false;
     fn default_prefix_cache_bytes(_: &Self) -> usize {
         CPU_PREFIX_CACHE_BYTES
     }
@@ -573,6 +585,7 @@ impl ServingBackend for CudaBackend {
     // bf16 answers already sit up to 0.07 from fp32) served answers moved by up to 0.097
     // (docs/benchmarks/prefix-reuse-gpu/).
     const RESUMES_EXACTLY: bool = false;
+    const STATES_ON_DEVICE: bool = true;
     /// Off: reuse on a GPU is asked for by giving a budget (the answers differ from the whole
     /// prompt's in their last bits, see `RESUMES_EXACTLY`).
     fn default_prefix_cache_bytes(_: &Self) -> usize {
@@ -748,6 +761,7 @@ fn load_engines<B: ServingBackend>(
             chat: text.chat,
             vision,
             snapshot_cost: Some(text.decider.snapshot_cost()),
+            states_on_device: B::STATES_ON_DEVICE,
         });
         engines.push(DeciderEngine {
             decider: text.decider,

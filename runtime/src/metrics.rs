@@ -42,6 +42,10 @@ pub const DEVICE_MEMORY_BYTES: &str = "instinct_device_memory_bytes";
 pub const INFLIGHT_BYTES: &str = "instinct_inflight_bytes";
 /// Gauge: the limit of [`INFLIGHT_BYTES`].
 pub const INFLIGHT_BYTES_LIMIT: &str = "instinct_inflight_bytes_limit";
+/// Gauge: device memory reserved for the prefix states of questions running in chunks (GPUs).
+pub const CHUNK_STATE_BYTES: &str = "instinct_chunk_state_bytes";
+/// Gauge: the limit of [`CHUNK_STATE_BYTES`].
+pub const CHUNK_STATE_BYTES_LIMIT: &str = "instinct_chunk_state_bytes_limit";
 
 /// Gauge: client connections being served (refused ones not counted).
 pub const CONNECTIONS_OPEN: &str = "instinct_connections_open";
@@ -180,6 +184,16 @@ fn describe() {
         INFLIGHT_BYTES_LIMIT,
         Unit::Bytes,
         "Limit of instinct_inflight_bytes (--max-inflight-mib)"
+    );
+    describe_gauge!(
+        CHUNK_STATE_BYTES,
+        Unit::Bytes,
+        "Device memory reserved for the prefix states of questions running in chunks (GPUs)"
+    );
+    describe_gauge!(
+        CHUNK_STATE_BYTES_LIMIT,
+        Unit::Bytes,
+        "Limit of instinct_chunk_state_bytes (--max-chunk-state-mib)"
     );
     describe_counter!(
         CONNECTIONS_REFUSED_TOTAL,

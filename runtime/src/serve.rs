@@ -77,6 +77,7 @@ pub fn settings(args: &ServeArgs, model_id: String) -> anyhow::Result<Settings> 
         max_headers: args.max_headers as usize,
         max_connections: args.max_connections as usize,
         max_inflight_bytes,
+        max_chunk_state_bytes: args.max_chunk_state_mib << 20,
         ..Settings::new(args.served_model_name.clone(), model_id)
     })
 }

@@ -57,10 +57,16 @@ pub struct Settings {
     /// Most bytes held for requests in flight (bodies, parsed requests, token ids, screenshot
     /// features); a request that would take it over is answered 503 at once.
     pub max_inflight_bytes: usize,
+    /// Most device memory the prefix states of questions running in chunks hold at once, where
+    /// the engines keep them on the device; a request whose do not fit runs its questions whole.
+    pub max_chunk_state_bytes: usize,
 }
 
 /// Default of `--max-inflight-mib`.
 pub const DEFAULT_MAX_INFLIGHT_MIB: usize = 1024;
+/// Default of `--max-chunk-state-mib`: four questions of 16,384 tokens on Qwen3.5-4B (each holds
+/// two snapshots of ~1 GiB while a chunk runs).
+pub const DEFAULT_MAX_CHUNK_STATE_MIB: usize = 8192;
 
 impl Settings {
     /// Defaults of the `serve` command, for the given identity.
@@ -81,6 +87,7 @@ impl Settings {
             max_headers: conn::DEFAULT_MAX_HEADERS,
             max_connections: conn::DEFAULT_MAX_CONNECTIONS,
             max_inflight_bytes: DEFAULT_MAX_INFLIGHT_MIB << 20,
+            max_chunk_state_bytes: DEFAULT_MAX_CHUNK_STATE_MIB << 20,
         }
     }
 }
@@ -100,6 +107,8 @@ pub struct AppState {
     pub(crate) connections: conn::Connections,
     /// Bytes held for requests in flight.
     pub inflight: Arc<ByteBudget>,
+    /// Device memory held for chunked questions' prefix states (engines that keep them there).
+    pub chunk_states: Arc<ByteBudget>,
 }
 
 impl AppState {
@@ -107,12 +116,17 @@ impl AppState {
         m::install();
         metrics::gauge!(m::READY).set(0.0);
         let inflight = ByteBudget::new(settings.max_inflight_bytes);
+        let chunk_states = ByteBudget::with_gauges(
+            settings.max_chunk_state_bytes,
+            (m::CHUNK_STATE_BYTES, m::CHUNK_STATE_BYTES_LIMIT),
+        );
         Self {
             settings,
             ready: OnceLock::new(),
             draining: AtomicBool::new(false),
             connections: conn::Connections::default(),
             inflight,
+            chunk_states,
         }
     }
 
@@ -491,25 +505,27 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         }
     };
     // Until answered: the parsed request (about the body's size) and what the questions hold,
-    // with the prefix states of questions run in chunks. When those states do not fit now, the
-    // questions run whole instead (as with chunking off) rather than waiting or being refused.
+    // with the prefix states of questions run in chunks (in this budget where the engines keep
+    // them in host memory, in the device's where they keep them there). When those states do not
+    // fit now, the questions run whole instead (as with chunking off) rather than waiting or
+    // being refused.
     let holding = body_bytes + crate::engine::held_bytes(&questions);
     let ready = state.ready().expect("checked above");
     let chunk_states = ready
         .preparer
         .chunk_state_bytes(&questions, ready.scheduler.max_chunk_tokens());
-    if chunk_states == 0 || !held.resize(holding + chunk_states) {
-        if chunk_states > 0 {
-            tracing::debug!(
-                chunk_states,
-                "chunk states do not fit the budget now: run whole"
-            );
-            for q in &mut questions {
-                q.resumable = false;
-            }
-        }
-        if !held.resize(holding) {
-            return inflight_full(holding);
+    let device_budget = ready
+        .preparer
+        .chunk_states_on_device()
+        .then_some(&state.chunk_states);
+    let Ok((chunked, _device_held)) =
+        hold_chunk_states(&mut held, holding, chunk_states, device_budget)
+    else {
+        return inflight_full(holding);
+    };
+    if !chunked {
+        for q in &mut questions {
+            q.resumable = false;
         }
     }
     let prepared_at = Instant::now();
@@ -728,6 +744,37 @@ fn multimodal_id(text_id: &str) -> String {
 }
 
 /// 503 `draining`: this replica is shutting down; another one should take the request.
+/// Holds `holding` bytes in `held` and, where a request has chunk states (`chunk_states > 0`),
+/// those states too: in `device` when given (engines that keep them on the device), else in
+/// `held`. Returns whether the states are held (its questions may run in chunks) and the device
+/// reservation, which must live until the request is answered; `Err` when `holding` itself does
+/// not fit.
+fn hold_chunk_states(
+    held: &mut crate::budget::Reservation,
+    holding: usize,
+    chunk_states: usize,
+    device: Option<&Arc<ByteBudget>>,
+) -> Result<(bool, Option<crate::budget::Reservation>), ()> {
+    let (chunked, device_held) = match (chunk_states, device) {
+        (0, _) => (false, None),
+        (_, Some(device)) => {
+            let reserved = device.try_reserve(chunk_states);
+            (reserved.is_some(), reserved)
+        }
+        (_, None) => (held.resize(holding + chunk_states), None),
+    };
+    if chunk_states > 0 && !chunked {
+        tracing::debug!(
+            chunk_states,
+            "chunk states do not fit their budget now: run whole"
+        );
+    }
+    if (!chunked || device.is_some()) && !held.resize(holding) {
+        return Err(());
+    }
+    Ok((chunked, device_held))
+}
+
 /// 503 for a request whose bytes do not fit the in-flight budget now.
 fn inflight_full(bytes: usize) -> Response<Body> {
     overloaded(
@@ -833,6 +880,45 @@ pub fn problem_response(problem: &Problem) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn chunk_states_go_to_the_device_budget_where_the_engines_keep_them() {
+        let host = ByteBudget::new(1000);
+        let device = ByteBudget::with_gauges(500, ("test_device_used", "test_device_limit"));
+        // Host states: the request and its states in one reservation; they fit.
+        let mut held = host.try_reserve(100).unwrap();
+        let (chunked, dev) = hold_chunk_states(&mut held, 300, 600, None).unwrap();
+        assert!(chunked && dev.is_none());
+        assert_eq!(host.used(), 900);
+        drop(held);
+        // Host states that do not fit: the request alone, run whole.
+        let mut held = host.try_reserve(100).unwrap();
+        let (chunked, _) = hold_chunk_states(&mut held, 300, 800, None).unwrap();
+        assert!(!chunked);
+        assert_eq!(host.used(), 300);
+        drop(held);
+        // Device states: the host holds the request only, the device its states, until dropped.
+        let mut held = host.try_reserve(100).unwrap();
+        let (chunked, dev) = hold_chunk_states(&mut held, 300, 450, Some(&device)).unwrap();
+        assert!(chunked);
+        assert_eq!((host.used(), device.used()), (300, 450));
+        // A second request's states do not fit the device now: it runs whole.
+        let mut other = host.try_reserve(10).unwrap();
+        let (chunked, none) = hold_chunk_states(&mut other, 20, 100, Some(&device)).unwrap();
+        assert!(!chunked && none.is_none());
+        assert_eq!((host.used(), device.used()), (320, 450));
+        drop(dev);
+        assert_eq!(device.used(), 0);
+        // A request that does not fit the host budget itself is refused, holding nothing more.
+        let mut big = host.try_reserve(10).unwrap();
+        assert!(hold_chunk_states(&mut big, 5000, 100, Some(&device)).is_err());
+        assert_eq!(device.used(), 0);
+        // No chunk states: nothing reserved on the device.
+        let (chunked, none) = hold_chunk_states(&mut other, 20, 0, Some(&device)).unwrap();
+        assert!(!chunked && none.is_none());
+        drop((held, other, big));
+    }
+
     use super::*;
 
     #[test]
