@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call, prepared on 2026-12-05 and not run yet (that session's device time was too
-# short to start a machine): the GPU tests of the carried ops
+# One device call, prepared on 2026-12-05 and run later that day on an H100 at 1d2ea9c (results:
+# docs/benchmarks/prefix-reuse-h100/2026-12-05-1d2ea9c/): the GPU tests of the carried ops
 # (prefix-state reuse on CUDA), the demo model's prefix-state tests on the GPU, the one-time CUDA
 # device-lost demonstration, every other kernel test but the long attention ones, and whole-model
 # parity on the seeded real-shape checkpoint. Results in $OUT/$NAME.log and $OUT/tests.log.
