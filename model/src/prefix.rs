@@ -40,10 +40,10 @@
 //!   and v out). The CPU and CUDA backends implement both (a backend that does not gets the
 //!   trait's refusal, `prefix states are not implemented on … yet`). On CUDA a carried window
 //!   takes the delta-rule ops apart (the fused `gdr_prepare_conv` reads no window), and a resumed
-//!   sequence's attention runs the naive f32 kernel `attention_gated_prefix`, not the flash one:
-//!   exact, but slower than flash. Neither has run on a GPU yet (the tests are
-//!   kernels/tests/cuda_carried.rs and this crate's prefix_states on the GPU), so serving keeps
-//!   reuse off on GPUs.
+//!   sequence attends through the flash kernel's prefix form, row for row the whole prompt's
+//!   (kernels/tests/cuda_carried.rs, on an H200). The delta rule restarting its 64-token chunk
+//!   grid at a segment's start is what still moves a resumed answer on the GPU (this crate's
+//!   prefix_states on the GPU), so serving there takes reuse only when asked for.
 //! - Staging: [`TextModel::forward_segments`] packs the states of the batch's prefixes into one
 //!   buffer per layer and part by device-to-device copies ([`Backend::copy`]), and cuts the
 //!   snapshots out of the pass's outputs the same way; nothing crosses to the host. A snapshot

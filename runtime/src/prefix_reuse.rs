@@ -18,7 +18,8 @@
 //! With nothing to reuse and the system snapshot cached, a batch runs exactly as without reuse:
 //! one [`Decider::decide`] call.
 //!
-//! Only backends that carry states have it (the CPU backend); a budget of 0 turns it off.
+//! Only backends that carry states have it (CPU and CUDA; on CUDA only when a budget is given,
+//! see `ServingBackend::RESUMES_EXACTLY`); a budget of 0 turns it off.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
