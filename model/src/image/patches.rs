@@ -1,5 +1,7 @@
 //! Normalization and patch packing: the flat `pixel_values` the vision tower's patch embedding reads.
 
+use rayon::prelude::*;
+
 use super::decode::RgbImage;
 
 pub const PATCH_SIZE: usize = 16;
@@ -29,19 +31,25 @@ pub fn patchify(image: &RgbImage) -> (Vec<f32>, usize, usize) {
     let (grid_h, grid_w) = (height / PATCH_SIZE, width / PATCH_SIZE);
     let row_len = width * CHANNELS;
     let mut values = vec![0f32; grid_h * grid_w * PATCH_VALUES];
-    let mut patches = values.chunks_exact_mut(PATCH_VALUES);
-    for block_row in 0..grid_h / MERGE_SIZE {
-        for block_col in 0..grid_w / MERGE_SIZE {
-            for inner_row in 0..MERGE_SIZE {
-                for inner_col in 0..MERGE_SIZE {
-                    let patch = patches.next().expect("patch count matches the grid");
-                    let top = (block_row * MERGE_SIZE + inner_row) * PATCH_SIZE;
-                    let left = (block_col * MERGE_SIZE + inner_col) * PATCH_SIZE;
-                    fill_patch(patch, &image.pixels, row_len, top, left, &table);
+    // One row of merge blocks is one contiguous run of patches: the rows fill in parallel (the
+    // packing writes 8 bytes per pixel value and is bound by memory, which one core cannot fill).
+    let block_row_len = (grid_w * MERGE_SIZE * PATCH_VALUES).max(1);
+    values
+        .par_chunks_mut(block_row_len)
+        .enumerate()
+        .for_each(|(block_row, run)| {
+            let mut patches = run.chunks_exact_mut(PATCH_VALUES);
+            for block_col in 0..grid_w / MERGE_SIZE {
+                for inner_row in 0..MERGE_SIZE {
+                    for inner_col in 0..MERGE_SIZE {
+                        let patch = patches.next().expect("patch count matches the grid");
+                        let top = (block_row * MERGE_SIZE + inner_row) * PATCH_SIZE;
+                        let left = (block_col * MERGE_SIZE + inner_col) * PATCH_SIZE;
+                        fill_patch(patch, &image.pixels, row_len, top, left, &table);
+                    }
                 }
             }
-        }
-    }
+        });
     (values, grid_h, grid_w)
 }
 

@@ -6,6 +6,8 @@
 //! each pass rounding (+half, arithmetic shift) and clamping to uint8. An axis whose size does
 //! not change is skipped.
 
+use rayon::prelude::*;
+
 use super::decode::RgbImage;
 
 const CHANNELS: usize = 3;
@@ -97,24 +99,29 @@ impl AxisTaps {
     }
 }
 
+/// Rows one parallel task takes at least (a row is a few microseconds of work).
+const ROWS_PER_TASK: usize = 16;
+
 fn resize_width(image: &RgbImage, new_width: usize) -> RgbImage {
     let (width, height) = (image.width as usize, image.height as usize);
     let taps = AxisTaps::new(width, new_width);
     let mut pixels = vec![0u8; new_width * height * CHANNELS];
-    for (in_row, out_row) in image
+    // Rows are independent: they run in parallel, each with the same integer sums.
+    image
         .pixels
-        .chunks_exact(width * CHANNELS)
-        .zip(pixels.chunks_exact_mut(new_width * CHANNELS))
-    {
-        // The tap counts smart_resize's scales give (5 up, 7 and 9 down to half) take an
-        // unrolled loop; others the general one. Same integer sums either way.
-        match taps.taps {
-            5 => resize_row::<5>(&taps, in_row, out_row),
-            7 => resize_row::<7>(&taps, in_row, out_row),
-            9 => resize_row::<9>(&taps, in_row, out_row),
-            _ => resize_row::<0>(&taps, in_row, out_row),
-        }
-    }
+        .par_chunks_exact(width * CHANNELS)
+        .zip(pixels.par_chunks_exact_mut(new_width * CHANNELS))
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|(in_row, out_row)| {
+            // The tap counts smart_resize's scales give (5 up, 7 and 9 down to half) take an
+            // unrolled loop; others the general one. Same integer sums either way.
+            match taps.taps {
+                5 => resize_row::<5>(&taps, in_row, out_row),
+                7 => resize_row::<7>(&taps, in_row, out_row),
+                9 => resize_row::<9>(&taps, in_row, out_row),
+                _ => resize_row::<0>(&taps, in_row, out_row),
+            }
+        });
     RgbImage {
         width: new_width as u32,
         height: height as u32,
@@ -161,22 +168,29 @@ fn resize_height(image: &RgbImage, new_height: usize) -> RgbImage {
     let row_len = width * CHANNELS;
     let taps = AxisTaps::new(height, new_height);
     let mut pixels = vec![0u8; row_len * new_height];
-    // Whole rows at a time (the width pass's integer sums, in an order that vectorizes).
-    let mut acc = vec![0i32; row_len];
-    for (y, out_row) in pixels.chunks_exact_mut(row_len).enumerate() {
-        acc.fill(1 << (taps.precision - 1));
-        let start = taps.starts[y];
-        let weights = &taps.weights[y * taps.taps..][..taps.counts[y]];
-        for (k, &w) in weights.iter().enumerate() {
-            let in_row = &image.pixels[(start + k) * row_len..][..row_len];
-            for (sum, &v) in acc.iter_mut().zip(in_row) {
-                *sum += i32::from(w) * i32::from(v);
-            }
-        }
-        for (out, &sum) in out_row.iter_mut().zip(&acc) {
-            *out = (sum >> taps.precision).clamp(0, 255) as u8;
-        }
-    }
+    // Whole rows at a time (the width pass's integer sums, in an order that vectorizes), output
+    // rows in parallel.
+    pixels
+        .par_chunks_exact_mut(row_len)
+        .enumerate()
+        .with_min_len(ROWS_PER_TASK)
+        .for_each_init(
+            || vec![0i32; row_len],
+            |acc, (y, out_row)| {
+                acc.fill(1 << (taps.precision - 1));
+                let start = taps.starts[y];
+                let weights = &taps.weights[y * taps.taps..][..taps.counts[y]];
+                for (k, &w) in weights.iter().enumerate() {
+                    let in_row = &image.pixels[(start + k) * row_len..][..row_len];
+                    for (sum, &v) in acc.iter_mut().zip(in_row) {
+                        *sum += i32::from(w) * i32::from(v);
+                    }
+                }
+                for (out, &sum) in out_row.iter_mut().zip(acc.iter()) {
+                    *out = (sum >> taps.precision).clamp(0, 255) as u8;
+                }
+            },
+        );
     RgbImage {
         width: width as u32,
         height: new_height as u32,
