@@ -10,15 +10,13 @@
 //! recomputing everything per slice of value columns (8.2 ms per layer at 15,446 tokens, 12.2 at
 //! 128 × 300), and a 3xTF32 variant of it (9.7 and 14.3 ms).
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use super::super::buffers::{weight, CudaBuf, DType};
-use super::super::device::driver_err;
 use super::super::launch::{to_i32, to_u32, Gpu};
 use super::super::workspace::{DeltaScratch, DELTA_CHUNK as CHUNK, DELTA_MAX_HEAD as MAX_HEAD};
-use super::shared::{CudaBuffers, DeltaArgs, GateInputs};
+use super::shared::{opt_in_smem, CudaBuffers, DeltaArgs, GateInputs};
 use crate::backend::{
     DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, KernelResult, Varlen,
 };
@@ -79,21 +77,6 @@ pub(crate) fn supports(gpu: &Gpu, dims: DeltaDims) -> bool {
         && (1..=MAX_HEAD).contains(&v_dim);
     // Opt-in shared memory per block: 227 KB on Hopper, 163 KB on A100.
     shapes && gpu.device.max_smem_optin >= pass_kernel(32).1.max(PREPARE_SMEM)
-}
-
-/// Sets a kernel's dynamic shared memory limit (above the default 48 KB a kernel must opt
-/// in: a driver call on the function, made with its context current).
-fn opt_in_smem(gpu: &Gpu, op: &'static str, kernel: &str, bytes: usize) -> KernelResult<()> {
-    let f = gpu.device.function(kernel)?;
-    gpu.device
-        .ctx
-        .bind_to_thread()
-        .map_err(|e| driver_err(op, e))?;
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        to_i32(op, "shared memory", bytes)?,
-    )
-    .map_err(|e| driver_err(op, e))
 }
 
 /// The gated delta rule by 64-token chunks; the caller checked [`supports`]. With `proj`, the

@@ -3,11 +3,13 @@
 //! tail of the fused projections. Kept apart from `mod.rs` so that every op file imports only
 //! downwards.
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use half::bf16;
 
 use super::super::blas::GemmInput;
 use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf, OutBuf};
+use super::super::device::driver_err;
 use super::super::launch::{to_i32, Gpu};
 use crate::backend::{
     Buffers, DeltaDims, DeltaGates, DeltaInputs, DeltaState, KernelResult, Projection, Store,
@@ -19,6 +21,26 @@ use crate::error::KernelError;
 /// any `B` with these types, so they need not name the backend).
 pub(crate) trait CudaBuffers: Buffers<Buf = CudaBuf, Idx = CudaSlice<u32>> {}
 impl<B: Buffers<Buf = CudaBuf, Idx = CudaSlice<u32>> + ?Sized> CudaBuffers for B {}
+
+/// Sets a kernel's dynamic shared memory limit (above the default 48 KB a kernel must opt
+/// in: a driver call on the function, made with its context current).
+pub(crate) fn opt_in_smem(
+    gpu: &Gpu,
+    op: &'static str,
+    kernel: &str,
+    bytes: usize,
+) -> KernelResult<()> {
+    let f = gpu.device.function(kernel)?;
+    gpu.device
+        .ctx
+        .bind_to_thread()
+        .map_err(|e| driver_err(op, e))?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        to_i32(op, "shared memory", bytes)?,
+    )
+    .map_err(|e| driver_err(op, e))
+}
 
 /// Checks the host-known part of a batch (`cu_seqlens` has `num_seqs + 1` entries, `batch.rows`
 /// fits in `rows_cap`, the rows every buffer of the op holds) and returns the rows to launch over.

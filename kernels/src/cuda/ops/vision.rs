@@ -2,13 +2,11 @@
 //! 2-D axial rotary and bidirectional attention within each segment. Activations are f32 buffers
 //! from `alloc` (the tower allocates every one so), weights and biases bf16 from `upload`.
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, idx, weight, CudaBuf};
-use super::super::device::driver_err;
 use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
-use super::shared::check_batch;
+use super::shared::{check_batch, opt_in_smem};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
 
@@ -251,7 +249,7 @@ pub(crate) fn attention_bidirectional(
     }
     let smem = bidir_smem_bytes(head_dim);
     if smem > DEFAULT_SMEM {
-        opt_in_smem(gpu, OP, kernel, smem)?;
+        opt_in_smem_checked(gpu, OP, kernel, smem)?;
     }
     // Every segment has at most one partial tile.
     let tiles = rows.div_ceil(BIDIR_ROWS) + batch.num_seqs;
@@ -291,9 +289,14 @@ fn values(op: &'static str, n: usize) -> KernelResult<i64> {
     i64::try_from(n).map_err(|_| KernelError::invalid(op, format!("{n} values exceed i64")))
 }
 
-/// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB a kernel must opt in, with its
-/// context current), or refuses where the GPU has less.
-fn opt_in_smem(gpu: &Gpu, op: &'static str, kernel: &str, bytes: usize) -> KernelResult<()> {
+/// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB a kernel must opt in), or
+/// refuses where the GPU has less.
+fn opt_in_smem_checked(
+    gpu: &Gpu,
+    op: &'static str,
+    kernel: &str,
+    bytes: usize,
+) -> KernelResult<()> {
     if bytes > gpu.device.max_smem_optin {
         return Err(KernelError::invalid(
             op,
@@ -303,16 +306,7 @@ fn opt_in_smem(gpu: &Gpu, op: &'static str, kernel: &str, bytes: usize) -> Kerne
             ),
         ));
     }
-    let f = gpu.device.function(kernel)?;
-    gpu.device
-        .ctx
-        .bind_to_thread()
-        .map_err(|e| driver_err(op, e))?;
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        to_i32(op, "shared memory", bytes)?,
-    )
-    .map_err(|e| driver_err(op, e))
+    opt_in_smem(gpu, op, kernel, bytes)
 }
 
 #[cfg(test)]
