@@ -219,24 +219,23 @@ pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
     let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
     check_batch(OP, &batch, rows_cap)?;
     let rows = batch.rows;
-    let keys = match &prefix {
-        Some(p) if p.rows > 0 => Some((
-            act(OP, "prefix k", p.k, p.rows * kv_w)?,
-            act(OP, "prefix v", p.v, p.rows * kv_w)?,
-        )),
-        _ => None,
+    let (keys, prefix_rows) = match &prefix {
+        Some(p) if p.rows > 0 => (
+            Some((
+                act(OP, "prefix k", p.k, p.rows * kv_w)?,
+                act(OP, "prefix v", p.v, p.rows * kv_w)?,
+            )),
+            p.rows,
+        ),
+        _ => (None, 0),
     };
     let carried = Carried {
         cu_prefix: match &prefix {
             Some(p) => idx(OP, "cu_prefix", p.cu_prefix, batch.num_seqs + 1)?,
             None => batch.cu_seqlens,
         },
-        rows: if keys.is_some() {
-            prefix.as_ref().map_or(0, |p| p.rows)
-        } else {
-            0
-        },
         keys,
+        rows: prefix_rows,
     };
     let out_rows = if output.last_only {
         batch.num_seqs
@@ -250,13 +249,7 @@ pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
     let positions = idx(OP, "positions", prologue.positions, rows * 3)?;
     let (table, half) = RopeTable::new(OP, prologue.rope, head_dim)?;
     let out = out_buf(OP, "out", output.out, out_rows * q_heads * head_dim)?;
-    let kv_out = match output.kv {
-        Some((k_out, v_out)) => Some((
-            act_mut(OP, "k out", k_out, rows * kv_w)?,
-            act_mut(OP, "v out", v_out, rows * kv_w)?,
-        )),
-        None => None,
-    };
+    let kv_out = kv_out_slices(output.kv, rows * kv_w)?;
     if rows == 0 || batch.num_seqs == 0 {
         return Ok(());
     }
@@ -270,12 +263,43 @@ pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
         carried: Some(carried),
     };
     flash_attention(gpu, inputs, batch, (dims, output.last_only), out)?;
-    if let Some((k_out, v_out)) = kv_out {
-        let [_, k_at, v_at] = dims.stacked_blocks();
-        let stride = to_i32(OP, "stacked width", width)?;
-        for (at, dst) in [(k_at, k_out), (v_at, v_out)] {
-            copy_columns(gpu, (&*qkv, stride, at.offset), (kv_w, rows), dst)?;
-        }
+    match kv_out {
+        Some(kv) => copy_kv_out(gpu, qkv, dims, rows, kv),
+        None => Ok(()),
+    }
+}
+
+/// The k and v outputs of [`crate::Backend::gated_attention_carried`], checked to hold `len`
+/// values each.
+fn kv_out_slices<'a>(
+    kv: Option<(&'a mut CudaBuf, &'a mut CudaBuf)>,
+    len: usize,
+) -> KernelResult<Option<(&'a mut CudaSlice<f32>, &'a mut CudaSlice<f32>)>> {
+    const OP: &str = "gated_attention_carried";
+    kv.map(|(k_out, v_out)| {
+        Ok((
+            act_mut(OP, "k out", k_out, len)?,
+            act_mut(OP, "v out", v_out, len)?,
+        ))
+    })
+    .transpose()
+}
+
+/// Copies every row's k and v (the stacked projection's k and v columns) into dense rows: what
+/// a snapshot keeps.
+fn copy_kv_out(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    dims: AttentionDims,
+    rows: usize,
+    (k_out, v_out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+) -> KernelResult<()> {
+    const OP: &str = "gated_attention_carried";
+    let [_, k_at, v_at] = dims.stacked_blocks();
+    let stride = to_i32(OP, "stacked width", dims.stacked_width())?;
+    let kv_w = dims.kv_heads * dims.head_dim;
+    for (at, dst) in [(k_at, k_out), (v_at, v_out)] {
+        copy_columns(gpu, (qkv, stride, at.offset), (kv_w, rows), dst)?;
     }
     Ok(())
 }
@@ -325,12 +349,8 @@ pub(crate) fn attention_carried(
     let mut out = out_buf(OP, "out", output.out, out_rows * q_heads * head_dim)?;
     let [qg_at, k_at, v_at] = dims.stacked_blocks();
     let stride = to_i32(OP, "stacked width", width)?;
-    if let Some((k_out, v_out)) = output.kv {
-        let k_out = act_mut(OP, "k out", k_out, rows * kv_w)?;
-        let v_out = act_mut(OP, "v out", v_out, rows * kv_w)?;
-        for (at, dst) in [(k_at, k_out), (v_at, v_out)] {
-            copy_columns(gpu, (qkv, stride, at.offset), (kv_w, rows), dst)?;
-        }
+    if let Some(kv) = kv_out_slices(output.kv, rows * kv_w)? {
+        copy_kv_out(gpu, qkv, dims, rows, kv)?;
     }
     if rows == 0 || batch.num_seqs == 0 {
         return Ok(());
