@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend, KernelError};
@@ -410,9 +410,6 @@ pub struct Loaded {
     /// Prefix reuse of each device's engines, in device order (off where the backend does not
     /// carry states).
     pub prefix_reuse: Vec<Arc<PrefixReuse>>,
-    /// Whether every engine resumes from prefix states, and so can run long questions in chunks
-    /// (chunked prefill).
-    pub resumes: bool,
 }
 
 /// Memory of one GPU an engine runs on, for metrics.
@@ -526,7 +523,6 @@ pub fn load_on(
                 all.weights_bytes += loaded.weights_bytes;
                 all.devices.extend(loaded.devices);
                 all.prefix_reuse.extend(loaded.prefix_reuse);
-                all.resumes &= loaded.resumes;
             }
         }
     }
@@ -541,20 +537,9 @@ pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
     })?)
 }
 
-/// Loads one engine's screenshot path onto backends from a start function.
-type LoadScreenshots<B> = fn(
-    &dyn Fn() -> anyhow::Result<B>,
-    &Path,
-    &Path,
-    BatchLimits,
-) -> anyhow::Result<ScreenshotPath<B>>;
-
-/// What the loader needs of a backend beyond [`Backend`].
-trait ServingBackend: Backend + Sized + Send + 'static {
-    /// How this backend loads the screenshot path, or the part it lacks for it.
-    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str>;
-    /// Whether its kernels resume from prefix states (and so serve prefix reuse).
-    const CARRIES_PREFIX_STATES: bool;
+/// What the loader needs of a backend beyond its ops (every serving backend has the vision ops
+/// and resumes from prefix states).
+trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
     /// Whether a resumed answer equals the whole prompt's to the tolerance of a reordered sum
     /// (else reuse and chunking are opt-in, and the log says what they cost in exactness).
     const RESUMES_EXACTLY: bool;
@@ -568,8 +553,6 @@ trait ServingBackend: Backend + Sized + Send + 'static {
 const CPU_PREFIX_CACHE_BYTES: usize = 256 << 20;
 
 impl ServingBackend for CpuBackend {
-    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
-    const CARRIES_PREFIX_STATES: bool = true;
     const RESUMES_EXACTLY: bool = true;
     const STATES_ON_DEVICE: bool = false;
     fn default_prefix_cache_bytes(_: &Self) -> usize {
@@ -578,8 +561,6 @@ impl ServingBackend for CpuBackend {
 }
 
 impl ServingBackend for CudaBackend {
-    const SCREENSHOTS: Result<LoadScreenshots<Self>, &'static str> = Ok(screenshot_path);
-    const CARRIES_PREFIX_STATES: bool = true;
     // A resumed sequence's attention is the whole prompt's, bit for bit, but its delta rule
     // restarts its 64-token chunk grid at the boundary: on the seeded real-shape checkpoint (whose
     // bf16 answers already sit up to 0.07 from fp32) served answers moved by up to 0.097
@@ -626,8 +607,6 @@ struct EngineParts<B: Backend> {
     preparer: Preparer,
     engines: Vec<DeciderEngine<B>>,
     reuse: Arc<PrefixReuse>,
-    /// Whether the backend resumes from prefix states.
-    resumes: bool,
     /// Bytes of f32 weights read for all engines (a screenshot path counts one more language
     /// copy; the small vision tower is not counted).
     weights_bytes: u64,
@@ -650,13 +629,11 @@ where
             weights_bytes,
             devices,
             prefix_reuse: vec![self.reuse],
-            resumes: self.resumes,
         }
     }
 }
 
-/// The prefix reuse of `device`'s engines: off where the budget is 0 or the backend does not
-/// carry states (said once in the log when a budget was asked for).
+/// The prefix reuse of `device`'s engines: off where the budget is 0.
 fn prefix_reuse_for<B: ServingBackend>(
     device: Device,
     text: &LoadedText<B>,
@@ -666,12 +643,6 @@ fn prefix_reuse_for<B: ServingBackend>(
         .prefix_cache_bytes
         .unwrap_or_else(|| B::default_prefix_cache_bytes(text.decider.backend()));
     if budget == 0 {
-        return Ok(PrefixReuse::off());
-    }
-    if !B::CARRIES_PREFIX_STATES {
-        tracing::info!(
-            "prefix reuse is off on {device}: its kernels do not resume from prefix states"
-        );
         return Ok(PrefixReuse::off());
     }
     if !B::RESUMES_EXACTLY {
@@ -700,21 +671,6 @@ fn load_engines<B: ServingBackend>(
     limits: BatchLimits,
 ) -> anyhow::Result<EngineParts<B>> {
     ensure!(options.cpu_engines >= 1, "at least one engine is needed");
-    let screenshots = match (&source.multimodal_adapter, B::SCREENSHOTS) {
-        (None, _) => None,
-        (Some(dir), Ok(load)) => Some((dir.as_path(), load)),
-        (Some(_), Err(part)) if source.demo => {
-            tracing::warn!(
-                "{device} lacks {part}: the built-in demo's multimodal adapter is not loaded and \
-                 screenshot requests get 422"
-            );
-            None
-        }
-        (Some(_), Err(part)) => bail!(
-            "{device} cannot serve screenshots: it lacks {part}. Drop --multimodal-adapter \
-             (INSTINCT_MULTIMODAL_ADAPTER) or serve on --device cpu"
-        ),
-    };
     let mut engines = Vec::with_capacity(options.cpu_engines);
     let mut preparer: Option<Preparer> = None;
     let mut reuse: Option<Arc<PrefixReuse>> = None;
@@ -727,10 +683,10 @@ fn load_engines<B: ServingBackend>(
             limits,
         )?;
         weights_bytes += text.weights_bytes;
-        let path = match screenshots {
-            Some((dir, load)) => {
+        let path = match &source.multimodal_adapter {
+            Some(dir) => {
                 weights_bytes += text.weights_bytes;
-                Some(load(&start, &source.model_dir, dir, limits)?)
+                Some(screenshot_path(&start, &source.model_dir, dir, limits)?)
             }
             None => None,
         };
@@ -772,7 +728,6 @@ fn load_engines<B: ServingBackend>(
     Ok(EngineParts {
         preparer: preparer.expect("at least one engine was loaded"),
         reuse: reuse.expect("at least one engine was loaded"),
-        resumes: B::CARRIES_PREFIX_STATES,
         engines,
         weights_bytes,
     })

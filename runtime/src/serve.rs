@@ -93,7 +93,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
 
 /// Runs the server until SIGINT or SIGTERM, then drains.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = scheduler_config(&args)?;
+    let config = scheduler_config(&args)?;
     let limits = engine::batch_limits(config.batch_capacity()?);
     let source = ModelSource::resolve(
         args.model.as_deref(),
@@ -129,13 +129,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let loaded = engine::load_on(&devices, &source, limits, options)?;
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
         crate::metrics::register_devices(&loaded.devices);
-        if config.max_chunk_tokens.is_some() && !loaded.resumes {
-            tracing::warn!(
-                "--max-chunk-tokens is ignored: these engines do not resume from prefix states \
-                 yet, so every question runs whole"
-            );
-            config.max_chunk_tokens = None;
-        }
         let scheduler = Scheduler::start(config, loaded.engines)?;
         let load = t0.elapsed();
         let t1 = Instant::now();
