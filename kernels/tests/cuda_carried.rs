@@ -13,7 +13,7 @@
 //! in `cuda_ops`.
 
 mod common;
-use common::{bf16_round, cu_of, gpu, rand_vec};
+use common::{bf16_round, cu_of, gpu, max_diff, rand_vec};
 
 use instinct_kernels::{
     AttentionDims, AttentionOutput, Backend, ConvWindow, CpuBackend, DeltaCarry, DeltaDims,
@@ -260,8 +260,11 @@ impl DeltaCase {
         self.own.len() * self.dims.v_heads * self.dims.k_dim * self.dims.v_dim
     }
 
-    /// The op on `be` (projection in bf16 where `bf16_x`): (out, window out, final state).
-    fn run<B: Backend>(&self, be: &B, carried_in: bool, bf16_x: bool) -> [Vec<f32>; 3] {
+    /// The op on `be` (projection in bf16 where `bf16_x`): (out, window out, final state). `run`
+    /// says which entry point: the carried op (with the window and state in, or from zeros), or
+    /// plain `delta_net_core` with no window (the whole prompt's path; no window out).
+    fn run<B: Backend>(&self, be: &B, run: DeltaRun, bf16_x: bool) -> [Vec<f32>; 3] {
+        let carried_in = run == DeltaRun::Resumed;
         let (dims, rows) = (self.dims, self.rows());
         let (channels, heads) = (self.dims.qkv_width(), dims.v_heads);
         let act = |data: &[f32], bf16: bool| {
@@ -308,16 +311,6 @@ impl DeltaCase {
                 heads,
             },
         };
-        let carry = DeltaCarry {
-            state: DeltaState {
-                initial: carried_in.then_some(&state_in),
-                final_out: Some(&mut state_out),
-            },
-            window: ConvWindow {
-                input: carried_in.then_some(&window_in),
-                output: Some(&mut window_out),
-            },
-        };
         let batch = Varlen {
             cu_seqlens: &cu,
             num_seqs: self.own.len(),
@@ -328,6 +321,26 @@ impl DeltaCase {
             beta: &mut beta,
             g: &mut g,
         };
+        let state = DeltaState {
+            initial: carried_in.then_some(&state_in),
+            final_out: Some(&mut state_out),
+        };
+        if run == DeltaRun::Whole {
+            be.delta_net_core(input, batch, dims, state, scratch, &mut out)
+                .unwrap();
+            return [
+                be.read(&out, out_len).unwrap(),
+                Vec::new(),
+                be.read(&state_out, self.state_len()).unwrap(),
+            ];
+        }
+        let carry = DeltaCarry {
+            state,
+            window: ConvWindow {
+                input: carried_in.then_some(&window_in),
+                output: Some(&mut window_out),
+            },
+        };
         be.delta_net_core_carried(input, batch, dims, carry, scratch, &mut out)
             .unwrap();
         [
@@ -336,6 +349,29 @@ impl DeltaCase {
             be.read(&state_out, self.state_len()).unwrap(),
         ]
     }
+}
+
+/// Which entry point [`DeltaCase::run`] takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DeltaRun {
+    /// `delta_net_core`: no window in or out, states from zeros.
+    Whole,
+    /// `delta_net_core_carried` from zeros, the window and state written out (a prefix's pass).
+    Snapshotting,
+    /// `delta_net_core_carried` from the case's window and state.
+    Resumed,
+}
+
+/// Rows `spans[s]` (start, len) of each sequence `s` of `values`, `width` values a row, where the
+/// sequences hold `lens` rows.
+fn pick_rows(values: &[f32], width: usize, lens: &[usize], spans: &[(usize, usize)]) -> Vec<f32> {
+    let mut packed = Vec::new();
+    let mut at = 0;
+    for (&(start, len), &n) in spans.iter().zip(lens) {
+        packed.extend_from_slice(&values[(at + start) * width..(at + start + len) * width]);
+        at += n;
+    }
+    packed
 }
 
 #[test]
@@ -378,12 +414,17 @@ fn delta_net_core_carried_matches_cpu() {
             case.state = (0..case.state_len())
                 .map(|_| rng.gen_range(-0.3..0.3))
                 .collect();
-            for (carried_in, bf16_x) in [(true, true), (true, false), (false, true)] {
+            for (run, bf16_x) in [
+                (DeltaRun::Resumed, true),
+                (DeltaRun::Resumed, false),
+                (DeltaRun::Snapshotting, true),
+            ] {
+                let carried_in = run == DeltaRun::Resumed;
                 let what = format!(
                     "{dims:?}, {taps} taps, own {own:?}, carried in {carried_in}, bf16 x {bf16_x}"
                 );
-                let [want, want_window, want_state] = case.run(&cpu, carried_in, false);
-                let [got, got_window, got_state] = case.run(&gpu, carried_in, bf16_x);
+                let [want, want_window, want_state] = case.run(&cpu, run, false);
+                let [got, got_window, got_state] = case.run(&gpu, run, bf16_x);
                 assert_eq!(
                     got_window, want_window,
                     "{what}: the window is a copy of inputs"
@@ -391,6 +432,97 @@ fn delta_net_core_carried_matches_cpu() {
                 assert_close(&got, &want, 2e-2, &format!("{what}: out"));
                 assert_close(&got_state, &want_state, 2e-2, &format!("{what}: state"));
             }
+        }
+    }
+}
+
+/// On the GPU, a DeltaNet layer run as prefix → snapshot → resumed tail computes what the whole
+/// prompt's fused path (`delta_net_core`) does. With every cut on the 64-token chunk grid: bit for
+/// bit, the prefix's own rows (the snapshotting pass goes through the unfused ops), the tail's
+/// rows and the final state. Off the grid the tail restarts the chunks at its cut and rounds
+/// differently: within the CPU comparison's tolerance, and the sizes are printed.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_resumed_delta_net_layer_runs_as_its_whole_prompt_on_the_gpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(71);
+    let dims = DeltaDims {
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+    };
+    let (taps, heads, channels) = (4, dims.v_heads, dims.qkv_width());
+    let width = channels + 2 * heads;
+    let conv_w = bf16_round(&rand_vec(&mut rng, channels * taps, 0.7));
+    let a_log = bf16_round(&rand_vec(&mut rng, heads, 1.0));
+    let dt_bias = bf16_round(&rand_vec(&mut rng, heads, 2.0));
+    // (prefix, tail) per sequence: a lone tail token, tails shorter and longer than a chunk, a
+    // fifth sequence so the state pass takes its wide slices.
+    let on_grid: &[(usize, usize)] = &[(64, 70), (128, 1), (192, 65), (64, 64), (256, 3)];
+    let off_grid: &[(usize, usize)] = &[(63, 10), (1, 100), (65, 64), (130, 1)];
+    for (cuts, exact) in [(on_grid, true), (off_grid, false)] {
+        let whole_lens: Vec<usize> = cuts.iter().map(|&(p, t)| p + t).collect();
+        let rows: usize = whole_lens.iter().sum();
+        let case = |own: Vec<usize>, stacked: Vec<f32>, window, state| DeltaCase {
+            dims,
+            taps,
+            own,
+            stacked,
+            width,
+            conv_w: conv_w.clone(),
+            a_log: a_log.clone(),
+            dt_bias: dt_bias.clone(),
+            window,
+            state,
+        };
+        let whole = case(
+            whole_lens.clone(),
+            bf16_round(&rand_vec(&mut rng, rows * width, 1.5)),
+            Vec::new(),
+            Vec::new(),
+        );
+        let [whole_out, _, whole_state] = whole.run(&gpu, DeltaRun::Whole, true);
+        let prefix_spans: Vec<(usize, usize)> = cuts.iter().map(|&(p, _)| (0, p)).collect();
+        let tail_spans: Vec<(usize, usize)> = cuts.iter().map(|&(p, t)| (p, t)).collect();
+        let pick = |values: &[f32], w: usize, spans: &[(usize, usize)]| {
+            pick_rows(values, w, &whole_lens, spans)
+        };
+        let prefix = case(
+            cuts.iter().map(|&(p, _)| p).collect(),
+            pick(&whole.stacked, width, &prefix_spans),
+            Vec::new(),
+            Vec::new(),
+        );
+        let [prefix_out, window, state] = prefix.run(&gpu, DeltaRun::Snapshotting, true);
+        let tail = case(
+            cuts.iter().map(|&(_, t)| t).collect(),
+            pick(&whole.stacked, width, &tail_spans),
+            window,
+            state,
+        );
+        let [tail_out, _, tail_state] = tail.run(&gpu, DeltaRun::Resumed, true);
+        let out_w = heads * dims.v_dim;
+        let want_prefix = pick(&whole_out, out_w, &prefix_spans);
+        let want_tail = pick(&whole_out, out_w, &tail_spans);
+        eprintln!(
+            "cuts {cuts:?}: prefix rows {:e}, tail rows {:e}, final state {:e}",
+            max_diff(&prefix_out, &want_prefix),
+            max_diff(&tail_out, &want_tail),
+            max_diff(&tail_state, &whole_state)
+        );
+        if exact {
+            assert_eq!(prefix_out, want_prefix, "prefix rows, cuts on the grid");
+            assert_eq!(tail_out, want_tail, "tail rows, cuts on the grid");
+            assert_eq!(tail_state, whole_state, "final states, cuts on the grid");
+        } else {
+            assert_close(&tail_out, &want_tail, 2e-2, "tail rows, cuts off the grid");
+            assert_close(
+                &tail_state,
+                &whole_state,
+                2e-2,
+                "final states, cuts off the grid",
+            );
         }
     }
 }

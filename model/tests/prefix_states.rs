@@ -1,10 +1,11 @@
 //! Prefix-state snapshots on the tiny demo model: a prompt run as prefix → snapshot → tail answers
 //! as the whole prompt run at once, at every cut the kernels treat specially (the conv window, the
 //! delta rule's 64-token chunk grid), in batches mixing resumed and fresh sequences, and chained
-//! over several chunks. On the CPU within 1e-5 per probability; the same tests on the GPU
-//! (`cargo test -p instinct-model --test prefix_states -- --ignored`) within 2e-3, the bound the
-//! prefix-reuse issue sets for the GPU (its resumed attention is f32, the whole prompt's flash
-//! attention rounds its operands to bf16).
+//! over several chunks. On the CPU within 1e-5 per probability at every cut; the same tests on the
+//! GPU (`cargo test -p instinct-model --test prefix_states -- --ignored`) within 2e-3, the bound
+//! the prefix-reuse issue sets for the GPU, at the cuts serving makes there: multiples of the
+//! delta rule's 64-token chunk (off them the resumed chunks round differently; the kernel test
+//! `cuda_carried` measures by how much).
 
 use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{Backend, CpuBackend};
@@ -24,18 +25,27 @@ struct Tolerance {
     /// Relative difference (to a layer's largest value) between snapshots of the same tokens
     /// taken along different paths; 0 where they must be the same bits.
     state: f32,
+    /// Cuts are multiples of it (serving's resume grid on the backend).
+    grid: usize,
+}
+
+impl Tolerance {
+    fn takes(&self, cut: usize) -> bool {
+        cut.is_multiple_of(self.grid)
+    }
 }
 
 const CPU: Tolerance = Tolerance {
     p: TOLERANCE,
     state: 0.0,
+    grid: 1,
 };
 /// The GPU's GEMMs pick algorithms by row count, so one snapshot taken in batches of different
-/// sizes differs in its last bits; its resumed attention is f32 where the whole prompt's flash
-/// attention rounds operands to bf16.
+/// sizes differs in its last bits; serving cuts on the delta rule's chunk grid there.
 const GPU: Tolerance = Tolerance {
     p: 2e-3,
     state: 2e-2,
+    grid: 64,
 };
 
 /// Values read back to the host ([`Fixture::host`]).
@@ -156,6 +166,9 @@ fn tail_resumed_from_its_prefix<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
     // 1 and 2 are shorter than the conv window (3 rows), 3 fills it; 63/64/65 and 127/128/129
     // straddle the delta rule's chunk grid; 139 leaves a tail of one token.
     for cut in [1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 139] {
+        if !tol.takes(cut) {
+            continue;
+        }
         let snap = f.snapshot(&prompt[..cut], None);
         assert_eq!(snap.tokens(), cut);
         assert_eq!(snap.next_position(), cut as u32);
@@ -188,7 +201,8 @@ fn mixed_batch<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
         f.text[37..120].to_vec(),
         f.text[150..190].to_vec(),
     );
-    let (cut_a, cut_b) = (64, 2);
+    // b's cut is inside the conv window where the backend resumes anywhere.
+    let (cut_a, cut_b) = (64, if tol.takes(2) { 2 } else { 64 });
     // Two prefixes snapshotted and a whole question answered in one pass.
     let first = f
         .decider
@@ -248,7 +262,10 @@ fn chained_snapshots<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
     let whole = f.whole(&prompt);
     let mut worst = 0f32;
     // Chunks off the 64 grid, on it, and a one-token middle.
-    for cuts in [[50, 120], [64, 128], [100, 101]] {
+    for cuts in [[50, 120], [64, 128], [100, 101], [128, 192]] {
+        if !cuts.iter().all(|&c| tol.takes(c)) {
+            continue;
+        }
         let first = f.snapshot(&prompt[..cuts[0]], None);
         let second = f.snapshot(&prompt[cuts[0]..cuts[1]], Some(&first));
         assert_eq!(second.tokens(), cuts[1]);

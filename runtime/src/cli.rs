@@ -59,18 +59,19 @@ pub struct ServeArgs {
 
     /// Byte budget of the prefix-state cache, in MiB (0 turns prefix reuse off): text questions
     /// sharing a token prefix (within a request, or the system prompt across requests) compute
-    /// it once. Default: 256 on the CPU; 0 (off) on a GPU, where a resumed answer can differ
-    /// from the whole prompt's beyond rounding (README, "Prefix reuse"): give a budget to turn it
-    /// on there (snapshots stay in device memory).
+    /// it once. Default: 256 on the CPU; on a GPU a quarter of the memory free after loading,
+    /// at most 8 GiB (snapshots stay in device memory). On a GPU prefixes are cut at multiples of
+    /// 64 tokens, where a resumed question computes what the whole prompt does (README, "Prefix
+    /// reuse").
     #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB")]
     pub prefix_cache_mib: Option<usize>,
 
     /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
     /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
     /// short questions queued behind it run beside its chunks instead of after it. 0 (the
-    /// default) runs every question whole. On a GPU a chunked answer can differ from the whole
-    /// prompt's beyond rounding, as with prefix reuse. A chunked question does not use prefix
-    /// reuse yet (it runs from its first token).
+    /// default) runs every question whole. On a GPU it must be a multiple of 64 (the delta
+    /// rule's chunk: chunks cut there compute what the whole prompt does). A chunked question
+    /// does not use prefix reuse yet (it runs from its first token).
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 

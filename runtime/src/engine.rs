@@ -442,6 +442,8 @@ pub struct LoadOptions {
     /// Byte budget of the prefix-state cache of each device (0: no prefix reuse; `None`: the
     /// device's default, [`ServingBackend::default_prefix_cache_bytes`]).
     pub prefix_cache_bytes: Option<usize>,
+    /// `--max-chunk-tokens` (checked against the backend's resume grid).
+    pub max_chunk_tokens: Option<usize>,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -540,9 +542,9 @@ pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
 /// What the loader needs of a backend beyond its ops (every serving backend has the vision ops
 /// and resumes from prefix states).
 trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
-    /// Whether a resumed answer equals the whole prompt's to the tolerance of a reordered sum
-    /// (else reuse and chunking are opt-in, and the log says what they cost in exactness).
-    const RESUMES_EXACTLY: bool;
+    /// Token boundaries at which a resumed sequence computes what the whole prompt does: prefix
+    /// snapshots and prefill chunks are cut only at multiples of it.
+    const RESUME_GRID: usize;
     /// Whether its prefix states live in device memory (not the host's).
     const STATES_ON_DEVICE: bool;
     /// The prefix cache's budget when none is asked for, once the model is loaded on `backend`.
@@ -551,9 +553,13 @@ trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
 
 /// The CPU backend's default prefix-cache budget.
 const CPU_PREFIX_CACHE_BYTES: usize = 256 << 20;
+/// The most a GPU's default prefix-cache budget takes (a Qwen3.5-4B snapshot is ~50 MB plus
+/// 64 KiB per token: 8 GiB holds the system turn and ~40 snapshots of 2,000-token prefixes).
+const GPU_PREFIX_CACHE_MAX_BYTES: usize = 8 << 30;
 
 impl ServingBackend for CpuBackend {
-    const RESUMES_EXACTLY: bool = true;
+    // f32 throughout, one token at a time: exact at any boundary.
+    const RESUME_GRID: usize = 1;
     const STATES_ON_DEVICE: bool = false;
     fn default_prefix_cache_bytes(_: &Self) -> usize {
         CPU_PREFIX_CACHE_BYTES
@@ -561,16 +567,22 @@ impl ServingBackend for CpuBackend {
 }
 
 impl ServingBackend for CudaBackend {
-    // A resumed sequence's attention is the whole prompt's, bit for bit, but its delta rule
-    // restarts its 64-token chunk grid at the boundary: on the seeded real-shape checkpoint (whose
-    // bf16 answers already sit up to 0.07 from fp32) served answers moved by up to 0.097
-    // (docs/benchmarks/prefix-reuse-gpu/).
-    const RESUMES_EXACTLY: bool = false;
+    // The delta rule runs by 64-token chunks from a sequence's first token; resumed at a multiple
+    // of 64 its chunks are the whole prompt's, and its attention rows are the whole prompt's bit
+    // for bit (kernels/tests/cuda_carried.rs). Off the grid, served answers moved by up to 0.097
+    // on the seeded real-shape checkpoint (docs/benchmarks/prefix-reuse-gpu/).
+    const RESUME_GRID: usize = instinct_kernels::cuda::DELTA_CHUNK_TOKENS;
     const STATES_ON_DEVICE: bool = true;
-    /// Off: reuse on a GPU is asked for by giving a budget (the answers differ from the whole
-    /// prompt's in their last bits, see `RESUMES_EXACTLY`).
-    fn default_prefix_cache_bytes(_: &Self) -> usize {
-        0
+    /// A quarter of the device memory free once the model and its activations are loaded, at
+    /// most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB.
+    fn default_prefix_cache_bytes(backend: &Self) -> usize {
+        match backend.memory_info() {
+            Ok((free, _)) => (free / 4).min(GPU_PREFIX_CACHE_MAX_BYTES) >> 20 << 20,
+            Err(e) => {
+                tracing::warn!("no free-memory reading ({e}): prefix reuse off");
+                0
+            }
+        }
     }
 }
 
@@ -633,7 +645,8 @@ where
     }
 }
 
-/// The prefix reuse of `device`'s engines: off where the budget is 0.
+/// The prefix reuse of `device`'s engines: off where the budget is 0; boundaries on the
+/// backend's resume grid.
 fn prefix_reuse_for<B: ServingBackend>(
     device: Device,
     text: &LoadedText<B>,
@@ -645,20 +658,31 @@ fn prefix_reuse_for<B: ServingBackend>(
     if budget == 0 {
         return Ok(PrefixReuse::off());
     }
-    if !B::RESUMES_EXACTLY {
-        tracing::warn!(
-            "prefix reuse on {device} as asked (--prefix-cache-mib): a resumed question's answer \
-             can differ from the whole prompt's beyond rounding (its delta rule restarts its \
-             chunk grid at the prefix boundary; up to 0.1 on a random-weight checkpoint)"
-        );
-    }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
+    let reuse = PrefixReuse::new(budget, system).on_grid(B::RESUME_GRID);
     tracing::info!(
+        %device,
         budget_mib = budget >> 20,
-        system_tokens = system.len(),
+        grid = B::RESUME_GRID,
+        system_tokens = reuse.system_ids().len(),
         "prefix reuse on"
     );
-    Ok(PrefixReuse::new(budget, system))
+    Ok(reuse)
+}
+
+/// Refuses a prefill chunk size off `B`'s resume grid: its chunks would not compute what the
+/// whole prompt does.
+fn check_chunk_size<B: ServingBackend>(device: Device, options: LoadOptions) -> anyhow::Result<()> {
+    if let Some(chunk) = options.max_chunk_tokens {
+        ensure!(
+            chunk.is_multiple_of(B::RESUME_GRID),
+            "--max-chunk-tokens {chunk} is not a multiple of {}: on {device} a prompt is resumed \
+             exactly only at multiples of the delta rule's {}-token chunk",
+            B::RESUME_GRID,
+            B::RESUME_GRID
+        );
+    }
+    Ok(())
 }
 
 /// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
@@ -671,6 +695,7 @@ fn load_engines<B: ServingBackend>(
     limits: BatchLimits,
 ) -> anyhow::Result<EngineParts<B>> {
     ensure!(options.cpu_engines >= 1, "at least one engine is needed");
+    check_chunk_size::<B>(device, options)?;
     let mut engines = Vec::with_capacity(options.cpu_engines);
     let mut preparer: Option<Preparer> = None;
     let mut reuse: Option<Arc<PrefixReuse>> = None;
@@ -745,8 +770,31 @@ mod tests {
             cpu_engines: 1,
             image_cache_bytes: 1 << 20,
             prefix_cache_bytes: Some(0),
+            max_chunk_tokens: None,
         };
         load(device, source, BatchLimits::new(64, 2), options)
+    }
+
+    #[test]
+    fn a_chunk_size_off_the_gpu_resume_grid_is_refused_and_the_cpu_takes_any() {
+        let with_chunk = |chunk| LoadOptions {
+            cpu_engines: 1,
+            image_cache_bytes: 0,
+            prefix_cache_bytes: None,
+            max_chunk_tokens: chunk,
+        };
+        let cuda = Device::Cuda(0);
+        for ok in [None, Some(64), Some(1024)] {
+            check_chunk_size::<CudaBackend>(cuda, with_chunk(ok)).unwrap();
+        }
+        let e = check_chunk_size::<CudaBackend>(cuda, with_chunk(Some(1000)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--max-chunk-tokens 1000 is not a multiple of 64"),
+            "{e}"
+        );
+        check_chunk_size::<CpuBackend>(Device::Cpu, with_chunk(Some(1000))).unwrap();
     }
 
     /// The demo model on one CPU engine, with or without its screenshot path.

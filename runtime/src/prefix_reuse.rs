@@ -18,8 +18,12 @@
 //! With nothing to reuse and the system snapshot cached, a batch runs exactly as without reuse:
 //! one [`Decider::decide`] call.
 //!
-//! Only backends that carry states have it (CPU and CUDA; on CUDA only when a budget is given,
-//! see `ServingBackend::RESUMES_EXACTLY`); a budget of 0 turns it off.
+//! Boundaries sit on the backend's resume grid ([`PrefixReuse::on_grid`]): on CUDA, multiples of
+//! the delta rule's 64-token chunk, where a resumed sequence computes what the whole prompt does
+//! (off the grid its chunks would restart at the boundary and round differently). Group prefixes
+//! and the system-turn snapshot are cut down to the grid; the CPU resumes exactly anywhere.
+//!
+//! Every serving backend carries states; a budget of 0 turns reuse off.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -95,6 +99,8 @@ pub struct PrefixReuse {
     /// The ids every text prompt starts with (the system turn); empty when unknown.
     system_ids: Vec<u32>,
     min_shared: usize,
+    /// Boundaries are multiples of it ([`Self::on_grid`]).
+    grid: usize,
     /// Set once the system snapshot turned out larger than the budget: not taken again.
     system_too_large: AtomicBool,
     counters: Counters,
@@ -114,9 +120,26 @@ impl PrefixReuse {
             cache: (budget > 0).then(|| Mutex::new(PrefixCache::new(budget))),
             system_ids,
             min_shared: min_shared.max(1),
+            grid: 1,
             system_too_large: AtomicBool::new(false),
             counters: Counters::default(),
         }
+    }
+
+    /// The same reuse with every boundary a multiple of `grid` tokens (the backend's, see the
+    /// module docs): the system-turn snapshot covers its ids cut down to the grid (none when
+    /// shorter than it) and group prefixes are cut down the same way. Cached snapshots are only
+    /// ever taken at such boundaries, so lookups find no others.
+    pub fn on_grid(mut self, grid: usize) -> Self {
+        self.grid = grid.max(1);
+        let keep = on_grid(self.system_ids.len(), self.grid);
+        self.system_ids.truncate(keep);
+        self
+    }
+
+    /// The resume grid boundaries sit on.
+    pub fn grid(&self) -> usize {
+        self.grid
     }
 
     /// No reuse: every batch runs whole (tokens computed are still counted).
@@ -148,7 +171,7 @@ impl PrefixReuse {
         self.cache.as_ref().map_or((0, 0), |c| c.lock().recount())
     }
 
-    /// The system-turn ids this reuse snapshots.
+    /// The system-turn ids this reuse snapshots (cut down to the grid).
     pub fn system_ids(&self) -> &[u32] {
         &self.system_ids
     }
@@ -242,7 +265,7 @@ impl PrefixReuse {
             .map(|h| h.map_or(Base::Whole, Base::Cached))
             .collect();
         let mut prefixes = Vec::new();
-        for group in shared_groups(prompts, &cached, self.min_shared) {
+        for group in shared_groups(prompts, &cached, self.min_shared, self.grid) {
             let ids = &prompts[group.members[0]][..group.tokens];
             let resume = cache.longest_prefix(namespace, ids, group.tokens - 1);
             let job = prefixes.len();
@@ -307,6 +330,11 @@ pub fn system_prefix_ids(tokenizer: &Tokenizer, chat: &ChatTemplate) -> anyhow::
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// `tokens` cut down to a multiple of `grid`.
+fn on_grid(tokens: usize, grid: usize) -> usize {
+    tokens / grid * grid
 }
 
 /// A prefix computed in the first pass (or beside the questions), then cached.
@@ -427,25 +455,34 @@ pub struct Group {
 }
 
 /// Picks groups of questions sharing a prefix of at least `min_shared` tokens beyond the `cached`
-/// tokens of each member (a token left to each), to save the most tokens: a group of k sharing
+/// tokens of each member (a token left to each, the prefix a multiple of `grid`), to save the most
+/// tokens: a group of k sharing
 /// L tokens of which c are cached saves (k − 1)·(L − c). Groups are ranges of the questions in
 /// sorted order (where the common prefix of a range is the least of its adjacent ones); a
 /// dynamic programme over them picks the best partition, O(n²).
-pub fn shared_groups(prompts: &[&[u32]], cached: &[usize], min_shared: usize) -> Vec<Group> {
+pub fn shared_groups(
+    prompts: &[&[u32]],
+    cached: &[usize],
+    min_shared: usize,
+    grid: usize,
+) -> Vec<Group> {
     let n = prompts.len();
     if n < 2 {
         return Vec::new();
     }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| prompts[a].cmp(prompts[b]));
-    // Capped so that each member keeps a token of its own.
+    // Capped so that each member keeps a token of its own, then cut down to the grid (a range's
+    // common prefix, the least of its adjacent ones, stays on it).
+    let grid = grid.max(1);
     let adjacent: Vec<usize> = order
         .windows(2)
         .map(|w| {
             let (a, b) = (prompts[w[0]], prompts[w[1]]);
-            common_prefix(a, b)
+            let common = common_prefix(a, b)
                 .min(a.len().saturating_sub(1))
-                .min(b.len().saturating_sub(1))
+                .min(b.len().saturating_sub(1));
+            on_grid(common, grid)
         })
         .collect();
     // best[e]: most tokens saved over order[..e]; start[e]: where its last range starts.
@@ -644,7 +681,7 @@ mod tests {
         let d = ids(50, 9);
         let all: Vec<&[u32]> = vec![&a, &c, &d, &b];
         // {a, b} at 500 saves 500; {a, b, c} at 100 would save 200.
-        let groups = shared_groups(&all, &[0; 4], 64);
+        let groups = shared_groups(&all, &[0; 4], 64, 1);
         assert_eq!(
             groups,
             vec![Group {
@@ -655,15 +692,53 @@ mod tests {
         // A question that is the prefix of another keeps its last token.
         let short = p[..200].to_vec();
         let long = p[..300].to_vec();
-        let groups = shared_groups(&[&short, &long], &[0, 0], 64);
+        let groups = shared_groups(&[&short, &long], &[0, 0], 64, 1);
         assert_eq!(groups[0].tokens, 199);
         // Under the smallest shared length beyond the cache: no group.
-        assert!(shared_groups(&[&a, &b], &[0, 0], 501).is_empty());
-        assert!(shared_groups(&[&a, &b], &[450, 450], 64).is_empty());
-        assert_eq!(shared_groups(&[&a, &b], &[400, 400], 64)[0].tokens, 500);
+        assert!(shared_groups(&[&a, &b], &[0, 0], 501, 1).is_empty());
+        assert!(shared_groups(&[&a, &b], &[450, 450], 64, 1).is_empty());
+        assert_eq!(shared_groups(&[&a, &b], &[400, 400], 64, 1)[0].tokens, 500);
         // A member with more cached than the group shares keeps its own snapshot.
-        assert!(shared_groups(&[&a, &b], &[0, 500], 64).is_empty());
-        assert!(shared_groups(&[&a], &[0], 1).is_empty());
+        assert!(shared_groups(&[&a, &b], &[0, 500], 64, 1).is_empty());
+        assert!(shared_groups(&[&a], &[0], 1, 1).is_empty());
+    }
+
+    #[test]
+    fn on_a_grid_group_prefixes_and_the_system_turn_are_cut_down_to_it() {
+        let p = ids(600, 1);
+        let a = [&p[..500], &[1, 2]].concat();
+        let b = [&p[..500], &[3]].concat();
+        // 500 shared: 448 on a 64 grid, all of it on the CPU's grid of 1.
+        assert_eq!(shared_groups(&[&a, &b], &[0, 0], 64, 64)[0].tokens, 448);
+        assert_eq!(shared_groups(&[&a, &b], &[0, 0], 64, 1)[0].tokens, 500);
+        // What is left beyond a cached 384 is 64 on the grid: still a group; not beyond 448.
+        assert_eq!(shared_groups(&[&a, &b], &[384, 384], 64, 64)[0].tokens, 448);
+        assert!(shared_groups(&[&a, &b], &[448, 0], 64, 64).is_empty());
+        // A question that is the prefix of another keeps a token, then the grid: 128 of 129.
+        let short = p[..129].to_vec();
+        let long = p[..300].to_vec();
+        assert_eq!(
+            shared_groups(&[&short, &long], &[0, 0], 64, 64)[0].tokens,
+            128
+        );
+        let short = p[..128].to_vec();
+        assert_eq!(
+            shared_groups(&[&short, &long], &[0, 0], 64, 64)[0].tokens,
+            64
+        );
+
+        let reuse = PrefixReuse::new(1 << 20, ids(70, 5)).on_grid(64);
+        assert_eq!((reuse.grid(), reuse.system_ids().len()), (64, 64));
+        let reuse = PrefixReuse::new(1 << 20, ids(63, 5)).on_grid(64);
+        assert!(reuse.system_ids().is_empty());
+        // A plan on the grid: the system job covers 64 tokens, nothing off the grid is asked for.
+        let reuse = PrefixReuse::new(1 << 30, ids(70, 5)).on_grid(64);
+        let q = [ids(70, 5), ids(100, 7)].concat();
+        let plan = reuse.plan("text", &[&q], BatchLimits::new(4096, 8));
+        let side = plan
+            .side
+            .expect("the system turn is snapshot beside the question");
+        assert_eq!(side.tokens, 64);
     }
 
     #[test]
@@ -719,6 +794,27 @@ mod tests {
             let s2 = reuse.stats();
             assert_eq!(s2.computed_tokens - s.computed_tokens, tail_tokens as u64);
             assert_eq!((s2.hits, s2.hit_tokens), (3, 3 * shared as u64));
+        }
+    }
+
+    #[test]
+    fn on_a_grid_a_shared_prefix_runs_to_its_last_multiple_and_answers_stay_exact() {
+        let mut decider = demo_decider(BatchLimits::new(2048, 8));
+        for (shared, on_grid) in [(63, 0), (64, 64), (129, 128), (200, 192)] {
+            let reuse = PrefixReuse::with_min_shared(1 << 30, Vec::new(), 1).on_grid(64);
+            let tails = vec![vec![1], ids(70, 7)];
+            let qs = questions(&ids(shared, shared as u32), &tails);
+            let ps = prompts(&qs);
+            let whole = decider.decide(&ps).unwrap();
+            let first = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+            assert_close(&first, &whole, &format!("group prefix of {shared}"));
+            // The group's prefix ran once, to the grid; each question ran the rest.
+            let own: usize = qs.iter().map(|q| q.len() - on_grid).sum();
+            assert_eq!(reuse.stats().computed_tokens, (on_grid + own) as u64);
+            assert_eq!(reuse.entries(), usize::from(on_grid > 0));
+            let second = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+            assert_close(&second, &whole, &format!("cached prefix of {shared}"));
+            assert_eq!(reuse.stats().hit_tokens, 2 * on_grid as u64);
         }
     }
 

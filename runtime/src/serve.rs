@@ -44,7 +44,7 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
             .map(|&(t, n)| Bucket::new(t, n))
             .collect(),
         max_wait: Duration::from_micros(args.batch_wait_us),
-        max_chunk_tokens: (args.max_chunk_tokens > 0).then_some(args.max_chunk_tokens),
+        max_chunk_tokens: max_chunk_tokens(args),
         ..Config::default()
     })
 }
@@ -82,12 +82,18 @@ pub fn settings(args: &ServeArgs, model_id: String) -> anyhow::Result<Settings> 
     })
 }
 
+/// `--max-chunk-tokens`, 0 meaning no chunking.
+fn max_chunk_tokens(args: &ServeArgs) -> Option<usize> {
+    (args.max_chunk_tokens > 0).then_some(args.max_chunk_tokens)
+}
+
 /// What the loader takes from the flags.
 pub fn load_options(args: &ServeArgs) -> LoadOptions {
     LoadOptions {
         cpu_engines: args.engines,
         image_cache_bytes: args.image_cache_mib << 20,
         prefix_cache_bytes: args.prefix_cache_mib.map(|mib| mib << 20),
+        max_chunk_tokens: max_chunk_tokens(args),
     }
 }
 

@@ -28,3 +28,4 @@ pub use device::{gpu_count, CudaOptions};
 pub use libs::{preload, CudaLibrary};
 pub use sources::{KernelSource, KERNEL_SOURCES};
 pub use toolkit::{CudaToolkit, DEFAULT_TOOLKIT_ROOT, TOOLKIT_ENV_VARS};
+pub use workspace::DELTA_CHUNK as DELTA_CHUNK_TOKENS;

@@ -12,8 +12,9 @@ use super::device::driver_err;
 use crate::backend::KernelResult;
 use crate::error::KernelError;
 
-/// Tokens per chunk of the chunked delta rule (`DC_CHUNK` in delta_chunked.cu).
-pub(crate) const DELTA_CHUNK: usize = 64;
+/// Tokens per chunk of the chunked delta rule (`DC_CHUNK` in delta_chunked.cu). A sequence resumed
+/// from a prefix state at a multiple of it runs the whole prompt's chunks.
+pub const DELTA_CHUNK: usize = 64;
 /// Key and value heads of the chunked delta rule are zero-padded to this width (`DC_DK`).
 pub(crate) const DELTA_MAX_HEAD: usize = 128;
 

@@ -31,6 +31,7 @@ pub fn demo_ready_with(config: Config) -> Ready {
         cpu_engines: 1,
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(0),
+        max_chunk_tokens: config.max_chunk_tokens,
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
@@ -52,6 +53,7 @@ pub fn demo_ready_with_prefix(
         cpu_engines: engines,
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(prefix_cache_bytes),
+        max_chunk_tokens: config.max_chunk_tokens,
     };
     let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let reuse = loaded.prefix_reuse.pop().expect("one device");
