@@ -69,12 +69,16 @@ impl CudaBackend {
                     .ctx
                     .name()
                     .map_err(|e| driver_err("reading the GPU name", e))?;
-                let identity = Blas::tuning_identity(&name, &device.arch.nvrtc_target());
+                let identity = Blas::tuning_identity(
+                    &name,
+                    &device.arch.nvrtc_target(),
+                    options.batch_invariant,
+                );
                 Some(TuningFile::new(dir, &identity))
             }
             None => None,
         };
-        let blas = Blas::new(device.stream.clone(), tuning_file)?;
+        let blas = Blas::new(device.stream.clone(), tuning_file, options.batch_invariant)?;
         Ok(Self {
             gpu: Gpu {
                 device,

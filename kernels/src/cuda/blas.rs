@@ -6,6 +6,12 @@
 //! buffer (as a bf16 model's activations are), then runs one cuBLASLt matmul against the bf16
 //! weight. A plan (descriptors plus the algorithm the heuristic picked) is built once per shape and
 //! reused; the workspace is allocated once.
+//!
+//! Batch invariance (default, `CudaOptions::batch_invariant`): every row count of a shape sums each
+//! output in one order. A shape's *reference* is the heuristic's first pick at `REFERENCE_ROWS`
+//! rows that splits no K; a row bucket times only candidates (the reference, and its heuristic
+//! picks with the K split removed) whose output equals the reference's bit for bit on the real
+//! operands, at the bucket's first and smallest row counts. docs/validation/batch-invariance.md.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -21,7 +27,7 @@ use half::bf16;
 
 use super::buffers::OutBuf;
 use super::device::driver_err;
-use super::tuning::TuningFile;
+use super::tuning::{splits_no_k, without_split, TuningFile};
 use crate::backend::{KernelResult, Store};
 use crate::error::KernelError;
 
@@ -35,6 +41,11 @@ const TUNING_RUNS: usize = 3;
 /// Shapes whose plans are kept; serving sees one shape per distinct batch row count, so the map is
 /// bounded and simply rebuilt when full.
 const MAX_PLANS: usize = 4096;
+/// The row count at which a shape's batch-invariant reference algorithm is asked of the heuristic:
+/// a large batch's (where throughput is decided), so the reference is a kernel built for it.
+const REFERENCE_ROWS: usize = 4096;
+/// Heuristic results searched for the reference (the first that splits no K is taken).
+const REFERENCE_SEARCH: usize = 16;
 
 fn blas_err(op: &str, e: lt::CublasError) -> KernelError {
     KernelError::Backend(format!("{op}: cuBLASLt {e:?}"))
@@ -59,6 +70,8 @@ struct Plan {
     /// The heuristic's candidates, timed on the shape's first real call.
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
     tuned: bool,
+    /// Batch-invariant mode: only candidates giving this algorithm's bits are timed (`None`: any).
+    reference: Option<sys::cublasLtMatmulAlgo_t>,
 }
 
 impl Drop for Plan {
@@ -76,6 +89,10 @@ impl Drop for Plan {
 
 /// Shape key: (rows, in_dim, out_dim, bf16 output, adds to the output).
 type Shape = (usize, usize, usize, bool, bool);
+/// A shape without its rows (the batch-invariant reference is one per family).
+type Family = (usize, usize, bool, bool);
+/// The rows of a tuning file's line holding a family's reference (no bucket has them).
+const REFERENCE_LINE_ROWS: usize = 0;
 
 /// Row buckets are multiples of this from 128 to `FINE_BUCKETS_UP_TO` rows.
 const BUCKET_STEP: usize = 128;
@@ -98,10 +115,23 @@ pub(crate) fn row_bucket(rows: usize) -> usize {
     }
 }
 
+/// The smallest row count of `rows`' bucket (see [`row_bucket`]).
+pub(crate) fn bucket_floor(rows: usize) -> usize {
+    let top = row_bucket(rows);
+    let below = if top <= BUCKET_STEP || top > FINE_BUCKETS_UP_TO {
+        top / 2
+    } else {
+        top - BUCKET_STEP
+    };
+    below + 1
+}
+
 struct State {
     plans: HashMap<Shape, Option<Plan>>,
     /// The fastest algorithm per (row bucket, in_dim, out_dim), timed on the bucket's first shape.
     tuned: HashMap<Shape, sys::cublasLtMatmulAlgo_t>,
+    /// Batch-invariant mode: each family's reference (`None`: no unsplit algorithm).
+    references: HashMap<Family, Option<sys::cublasLtMatmulAlgo_t>>,
     /// `x` rounded to bf16; grows to the largest GEMM input seen (sized at warm-up).
     scratch: Option<CudaSlice<bf16>>,
 }
@@ -116,6 +146,8 @@ pub(crate) struct Blas {
     tuning_file: Option<TuningFile>,
     /// Shapes timed since start (the rest took a stored or earlier winner).
     tunings: AtomicUsize,
+    /// Whether each row's output must not depend on the GEMM's row count (see the module doc).
+    batch_invariant: bool,
 }
 
 // SAFETY: the handle and plan descriptors are used only under `state`'s lock or by `&self` calls that
@@ -137,18 +169,31 @@ impl Drop for Blas {
 
 impl Blas {
     /// A handle and workspace on `stream`; the winners stored in `tuning_file` (if any) are used
-    /// instead of timing those shapes again, and new winners are added to it.
-    pub fn new(stream: Arc<CudaStream>, tuning_file: Option<TuningFile>) -> KernelResult<Self> {
+    /// instead of timing those shapes again, and new winners are added to it. With
+    /// `batch_invariant`, every row count of a shape sums in one order (see the module doc).
+    pub fn new(
+        stream: Arc<CudaStream>,
+        tuning_file: Option<TuningFile>,
+        batch_invariant: bool,
+    ) -> KernelResult<Self> {
         let handle = lt::create_handle().map_err(|e| blas_err("cublasLtCreate", e))?;
         // SAFETY: a plain byte buffer only cuBLASLt writes.
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
             .map_err(|e| driver_err("cuBLASLt workspace", e))?;
-        let tuned = tuning_file.as_ref().map_or_else(HashMap::new, |file| {
-            file.load()
-                .into_iter()
-                .map(|(shape, data)| (shape, sys::cublasLtMatmulAlgo_t { data }))
-                .collect()
-        });
+        let (mut tuned, mut references) = (HashMap::new(), HashMap::new());
+        for ((rows, in_dim, out_dim, bf16_out, add), data) in tuning_file
+            .as_ref()
+            .map(TuningFile::load)
+            .unwrap_or_default()
+        {
+            let algo = sys::cublasLtMatmulAlgo_t { data };
+            if rows == REFERENCE_LINE_ROWS {
+                // Only a batch-invariant file has these lines (its identity says so).
+                references.insert((in_dim, out_dim, bf16_out, add), Some(algo));
+            } else {
+                tuned.insert((rows, in_dim, out_dim, bf16_out, add), algo);
+            }
+        }
         Ok(Self {
             handle,
             workspace,
@@ -156,23 +201,36 @@ impl Blas {
             state: Mutex::new(State {
                 plans: HashMap::new(),
                 tuned,
+                references,
                 scratch: None,
             }),
             tuning_file,
             tunings: AtomicUsize::new(0),
+            batch_invariant,
         })
     }
 
+    /// Whether this backend runs batch-invariant (GEMMs here; the other ops ask this too).
+    pub fn batch_invariant(&self) -> bool {
+        self.batch_invariant
+    }
+
     /// The identity a tuning file is kept under: the same GPU model, driver and cuBLASLt, timed
-    /// the same way, make the same picks valid.
-    pub fn tuning_identity(gpu_name: &str, arch: &str) -> String {
+    /// the same way (and under the same batch-invariance rule), make the same picks valid. The
+    /// mode-off identity is the one files had before the mode existed.
+    pub fn tuning_identity(gpu_name: &str, arch: &str, batch_invariant: bool) -> String {
         let mut driver = 0;
         // SAFETY: writes one int; the driver library is loaded (the context is open).
         let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
         // SAFETY: a plain query of the loaded cuBLASLt.
         let cublaslt = unsafe { sys::cublasLtGetVersion() };
+        let invariant = if batch_invariant {
+            format!(" batch-invariant=v1 reference-rows={REFERENCE_ROWS}")
+        } else {
+            String::new()
+        };
         format!(
-            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets=128-{FINE_BUCKETS_UP_TO}"
+            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets=128-{FINE_BUCKETS_UP_TO}{invariant}"
         )
     }
 
@@ -247,7 +305,23 @@ impl Blas {
             if state.plans.len() >= MAX_PLANS {
                 state.plans.clear();
             }
-            let mut plan = self.plan(rows, in_dim, out_dim, bf16_out)?;
+            let mut plan = self.plan(rows, in_dim, out_dim, bf16_out, CANDIDATES)?;
+            if let (true, Some(plan)) = (self.batch_invariant, plan.as_mut()) {
+                let family = (in_dim, out_dim, bf16_out, add);
+                let reference = match state.references.get(&family) {
+                    Some(reference) => *reference,
+                    None => {
+                        let reference = self.reference(in_dim, out_dim, bf16_out)?;
+                        state.references.insert(family, reference);
+                        reference
+                    }
+                };
+                // A reference cuBLASLt refuses on this exact shape leaves it batch-dependent
+                // (today's rule); the validation doc lists this as what is not covered.
+                if let Some(reference) = reference.filter(|r| self.accepts(plan, r)) {
+                    self.restrict_to_reference(plan, reference);
+                }
+            }
             if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
                 // The bucket's winner, if cuBLASLt accepts it for this exact shape.
                 if self.accepts(plan, algo) {
@@ -266,6 +340,7 @@ impl Blas {
         let State {
             plans,
             tuned,
+            references,
             scratch,
         } = &mut *state;
         let x: &CudaSlice<bf16> = match input {
@@ -290,16 +365,28 @@ impl Blas {
         };
         let ptrs = [w_ptr, x_ptr, y_ptr, ws_ptr];
         if !plan.tuned {
-            self.tune(plan, ptrs, rows * out_dim, store)?;
+            let check_rows = if plan.reference.is_some() {
+                bucket_floor(rows)
+            } else {
+                rows
+            };
+            let dims = (rows, in_dim, out_dim, bf16_out, check_rows);
+            self.tune(plan, ptrs, dims, store)?;
             self.tunings.fetch_add(1, Ordering::Relaxed);
             if tuned.len() >= MAX_PLANS {
                 tuned.clear();
             }
             tuned.insert(bucket, plan.algo);
             if let Some(file) = &self.tuning_file {
+                let reference_lines = references.iter().filter_map(|(&family, algo)| {
+                    let (in_dim, out_dim, bf16_out, add) = family;
+                    let shape = (REFERENCE_LINE_ROWS, in_dim, out_dim, bf16_out, add);
+                    algo.map(|algo| (shape, algo.data))
+                });
                 let words = tuned
                     .iter()
                     .map(|(&shape, algo)| (shape, algo.data))
+                    .chain(reference_lines)
                     .collect();
                 // A file that cannot be written costs the next start its timing, nothing else.
                 let _ = file.store(&words);
@@ -369,18 +456,20 @@ impl Blas {
     }
 
     /// Times every candidate algorithm on the real operands and keeps the fastest. A replaced `y`
-    /// is overwritten (the caller runs the real matmul afterwards); one that is added to
-    /// (`y_len` values) must keep its values, so those candidates add to a zeroed stand-in instead.
-    /// A candidate that fails is skipped.
+    /// is overwritten (the caller runs the real matmul afterwards); one that is added to must keep
+    /// its values, so those candidates add to a zeroed stand-in instead. A candidate that fails is
+    /// skipped; so, with a reference (batch-invariant mode), is one whose output differs from the
+    /// reference's at `rows` or, on the first `check_rows` rows, at `check_rows`.
     fn tune(
         &self,
         plan: &mut Plan,
         [w, x, y, ws]: [u64; 4],
-        y_len: usize,
+        (rows, in_dim, out_dim, bf16_out, check_rows): (usize, usize, usize, bool, usize),
         store: Store,
     ) -> KernelResult<()> {
         const OP: &str = "gemm tuning";
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let y_len = rows * out_dim;
         let stand_in = match store {
             Store::Replace => None,
             Store::Add => Some(
@@ -394,8 +483,28 @@ impl Blas {
             None => y,
         };
         let ptrs = [w, x, y, ws];
+        let value_bytes = if bf16_out { 2 } else { 4 };
+        let check = match plan.reference {
+            Some(reference) => {
+                let floor = if check_rows < rows {
+                    let floor = self.descriptors(check_rows, in_dim, out_dim, bf16_out)?;
+                    Some((floor, check_rows * out_dim * value_bytes))
+                } else {
+                    None
+                };
+                let bytes = y_len * value_bytes;
+                self.output_bytes(plan, &reference, ptrs, store, bytes)?
+                    .map(|want| (reference, want, floor))
+            }
+            None => None,
+        };
         let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
         for algo in &plan.candidates {
+            if let Some((reference, want, floor)) = &check {
+                if !self.same_output(plan, (algo, reference), ptrs, store, (want, floor))? {
+                    continue;
+                }
+            }
             // SAFETY: as in `gemm`: the pointers hold the plan's shapes (the stand-in as many
             // values as y).
             if unsafe { self.run(plan, algo, ptrs, store) }.is_err() {
@@ -426,18 +535,169 @@ impl Blas {
         Ok(())
     }
 
-    /// Builds the plan of one shape, or `None` when cuBLASLt offers no algorithm for it.
-    ///
-    /// cuBLASLt is column-major: the row-major `y [rows, out]` is the column-major `yᵀ [out, rows]`
-    /// `= W xᵀ`, where the row-major `W [out, in]` is a column-major `[in, out]` used transposed
-    /// and the row-major `x [rows, in]` a column-major `[in, rows]` used as is.
+    /// Whether `algo` gives the reference's output `want` bit for bit: over all rows (unless it is
+    /// the reference) and, on `floor`'s plan, over `floor`'s first bytes.
+    fn same_output(
+        &self,
+        plan: &Plan,
+        (algo, reference): (&sys::cublasLtMatmulAlgo_t, &sys::cublasLtMatmulAlgo_t),
+        ptrs: [u64; 4],
+        store: Store,
+        (want, floor): (&[u8], &Option<(Plan, usize)>),
+    ) -> KernelResult<bool> {
+        if algo.data != reference.data {
+            let got = self.output_bytes(plan, algo, ptrs, store, want.len())?;
+            if got.as_deref() != Some(want) {
+                return Ok(false);
+            }
+        }
+        if let Some((floor, bytes)) = floor {
+            let got = self.output_bytes(floor, algo, ptrs, store, *bytes)?;
+            return Ok(got.as_deref() == Some(&want[..*bytes]));
+        }
+        Ok(true)
+    }
+
+    /// `y`'s first `bytes` bytes after one run of `algo` on `plan` (adding to a zeroed `y` where
+    /// `store` adds), or `None` where the run fails. Waits for the stream.
+    fn output_bytes(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        ptrs: [u64; 4],
+        store: Store,
+        bytes: usize,
+    ) -> KernelResult<Option<Vec<u8>>> {
+        const OP: &str = "gemm invariance check";
+        use cudarc::driver::result::{memcpy_dtoh_async, memset_d8_async};
+        let stream = self.stream.cu_stream();
+        if store == Store::Add {
+            // SAFETY: y (the stand-in) holds at least `bytes` bytes.
+            unsafe { memset_d8_async(ptrs[2], 0, bytes, stream) }.map_err(|e| driver_err(OP, e))?;
+        }
+        // SAFETY: as in `gemm`: the pointers hold the plan's shapes.
+        if unsafe { self.run(plan, algo, ptrs, store) }.is_err() {
+            return Ok(None);
+        }
+        let mut host = vec![0u8; bytes];
+        // SAFETY: y holds `bytes` bytes; `host` outlives the copy (the stream is waited on).
+        unsafe { memcpy_dtoh_async(&mut host, ptrs[2], stream) }.map_err(|e| driver_err(OP, e))?;
+        self.stream.synchronize().map_err(|e| driver_err(OP, e))?;
+        Ok(Some(host))
+    }
+
+    /// The batch-invariant reference of a family: the heuristic's first pick at `REFERENCE_ROWS`
+    /// rows that splits no K, else its first pick with the split removed (if cuBLASLt takes it).
+    fn reference(
+        &self,
+        in_dim: usize,
+        out_dim: usize,
+        bf16_out: bool,
+    ) -> KernelResult<Option<sys::cublasLtMatmulAlgo_t>> {
+        let Some(plan) = self.plan(REFERENCE_ROWS, in_dim, out_dim, bf16_out, REFERENCE_SEARCH)?
+        else {
+            return Ok(None);
+        };
+        let unsplit = plan.candidates.iter().find(|a| splits_no_k(a)).copied();
+        Ok(unsplit.or_else(|| {
+            plan.candidates
+                .iter()
+                .filter_map(without_split)
+                .find(|a| self.accepts(&plan, a))
+        }))
+    }
+
+    /// Batch-invariant mode: `plan` runs `reference` until timed, and its candidates become the
+    /// reference and the heuristic's picks with their K split removed (those cuBLASLt takes),
+    /// each to be checked against the reference's output when timed.
+    fn restrict_to_reference(&self, plan: &mut Plan, reference: sys::cublasLtMatmulAlgo_t) {
+        let mut candidates = vec![reference];
+        for algo in plan.candidates.iter().filter_map(without_split) {
+            if !candidates.iter().any(|c| c.data == algo.data) && self.accepts(plan, &algo) {
+                candidates.push(algo);
+            }
+        }
+        plan.candidates = candidates;
+        plan.algo = reference;
+        plan.reference = Some(reference);
+    }
+
+    /// The plan of one shape with up to `count` candidates from the heuristic, or `None` when
+    /// cuBLASLt offers no algorithm for it.
     fn plan(
         &self,
         rows: usize,
         in_dim: usize,
         out_dim: usize,
         bf16_out: bool,
+        count: usize,
     ) -> KernelResult<Option<Plan>> {
+        const OP: &str = "gemm plan";
+        let e = |err| blas_err(OP, err);
+        let mut plan = self.descriptors(rows, in_dim, out_dim, bf16_out)?;
+        let pref = lt::create_matmul_pref().map_err(e)?;
+        let workspace = WORKSPACE_BYTES as u64;
+        // SAFETY: the preference is live; the attribute is a u64 byte count; `results` has room
+        // for `count` entries and cuBLASLt fills `found` of them.
+        let heuristic = unsafe {
+            let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+                (0..count).map(|_| std::mem::zeroed()).collect();
+            let mut found = 0i32;
+            let searched = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&workspace) as *const u64 as *const c_void,
+                size_of::<u64>(),
+            )
+            .and_then(|()| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.w_layout,
+                    plan.x_layout,
+                    plan.y_layout,
+                    plan.y_layout,
+                    pref,
+                    count as i32,
+                    results.as_mut_ptr(),
+                    &mut found,
+                )
+                .result()
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            searched.map(|()| {
+                results[..found.clamp(0, count as i32) as usize]
+                    .iter()
+                    .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                    .map(|r| r.algo)
+                    .collect::<Vec<_>>()
+            })
+        };
+        match heuristic {
+            Ok(algos) if !algos.is_empty() => {
+                plan.algo = algos[0];
+                plan.candidates = algos;
+                Ok(Some(plan))
+            }
+            Ok(_) | Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
+                Ok(None)
+            }
+            Err(err) => Err(e(err)),
+        }
+    }
+
+    /// The descriptors of one shape, with no algorithm yet.
+    ///
+    /// cuBLASLt is column-major: the row-major `y [rows, out]` is the column-major `yᵀ [out, rows]`
+    /// `= W xᵀ`, where the row-major `W [out, in]` is a column-major `[in, out]` used transposed
+    /// and the row-major `x [rows, in]` a column-major `[in, rows]` used as is.
+    fn descriptors(
+        &self,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+        bf16_out: bool,
+    ) -> KernelResult<Plan> {
         const OP: &str = "gemm plan";
         let e = |err| blas_err(OP, err);
         let (r, k, n) = (rows as u64, in_dim as u64, out_dim as u64);
@@ -462,15 +722,16 @@ impl Blas {
                 return Err(e(err));
             }
         };
-        let mut plan = Plan {
+        let plan = Plan {
             desc,
             w_layout,
             x_layout,
             y_layout,
-            // SAFETY: plain data, overwritten by the heuristic's choice below before any use.
+            // SAFETY: plain data, overwritten (by the heuristic's choice) before any use.
             algo: unsafe { std::mem::zeroed() },
             candidates: Vec::new(),
             tuned: false,
+            reference: None,
         };
         let transpose: i32 = 1;
         // SAFETY: the descriptor is live; the attribute is an i32 (cublasOperation_t).
@@ -483,62 +744,29 @@ impl Blas {
             )
         }
         .map_err(e)?;
-        let pref = lt::create_matmul_pref().map_err(e)?;
-        let workspace = WORKSPACE_BYTES as u64;
-        // SAFETY: the preference is live; the attribute is a u64 byte count; `results` has room
-        // for CANDIDATES entries and cuBLASLt fills `found` of them.
-        let heuristic = unsafe {
-            let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
-                std::mem::zeroed();
-            let mut found = 0i32;
-            let searched = lt::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&workspace) as *const u64 as *const c_void,
-                size_of::<u64>(),
-            )
-            .and_then(|()| {
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    plan.desc,
-                    plan.w_layout,
-                    plan.x_layout,
-                    plan.y_layout,
-                    plan.y_layout,
-                    pref,
-                    CANDIDATES as i32,
-                    results.as_mut_ptr(),
-                    &mut found,
-                )
-                .result()
-            });
-            let _ = lt::destroy_matmul_pref(pref);
-            searched.map(|()| {
-                results[..found.clamp(0, CANDIDATES as i32) as usize]
-                    .iter()
-                    .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-                    .map(|r| r.algo)
-                    .collect::<Vec<_>>()
-            })
-        };
-        match heuristic {
-            Ok(algos) if !algos.is_empty() => {
-                plan.algo = algos[0];
-                plan.candidates = algos;
-                Ok(Some(plan))
-            }
-            Ok(_) | Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
-                Ok(None)
-            }
-            Err(err) => Err(e(err)),
-        }
+        Ok(plan)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::row_bucket;
+    use super::{bucket_floor, row_bucket};
     use crate::backend::bucket_tops;
+
+    #[test]
+    fn a_bucket_floor_is_its_smallest_row_count() {
+        for rows in [1, 2, 3, 64, 65, 128, 129, 700, 768, 4096, 4097, 15_446] {
+            let floor = bucket_floor(rows);
+            assert!(
+                floor <= rows && row_bucket(floor) == row_bucket(rows),
+                "{rows}"
+            );
+            assert!(
+                floor == 1 || row_bucket(floor - 1) < row_bucket(rows),
+                "{rows}"
+            );
+        }
+    }
 
     #[test]
     fn row_buckets_keep_tile_rows_alike_up_to_4096() {

@@ -17,7 +17,7 @@ use crate::backend::KernelResult;
 use crate::error::KernelError;
 
 /// How to start the CUDA backend.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CudaOptions {
     /// Which GPU (CUDA ordinal).
     pub ordinal: usize,
@@ -29,6 +29,26 @@ pub struct CudaOptions {
     /// Compile every kernel and time every GEMM shape at start-up even if cached (and write
     /// nothing to the cache).
     pub no_cache: bool,
+    /// Batch invariance (default on): a sequence's results do not depend on the other sequences
+    /// in its batch. GEMMs keep one reduction order per shape whatever the row count (one
+    /// reference algorithm per shape; a row bucket's timed winner must give its bits), and the
+    /// last-row attention splits a sequence's keys by its own length. Off: each row bucket runs
+    /// its fastest algorithm and the last-row split follows the batch (faster where a split-K
+    /// algorithm wins; a sequence's bits then depend on its batch by ~1e-4). See
+    /// docs/validation/batch-invariance.md.
+    pub batch_invariant: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            toolkit_root: None,
+            cache_dir: None,
+            no_cache: false,
+            batch_invariant: true,
+        }
+    }
 }
 
 /// A started device: its context, the stream every op runs on, and every kernel, loaded.

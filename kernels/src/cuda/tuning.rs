@@ -10,6 +10,11 @@
 //! bucket and shape, `rows in out bf16_out add` and the algorithm's eight words in hex. A file that
 //! does not parse or belongs to another identity is ignored (and rewritten at the next tuning); an
 //! algorithm cuBLASLt no longer accepts for a shape is timed again, as if it were missing.
+//!
+//! Batch-invariant mode (`CudaOptions::batch_invariant`) keeps its own file: its identity ends in
+//! `batch-invariant=v1`, so a file timed without the rule is never read under it (nor the reverse),
+//! and it holds one more line per shape, with rows 0: the shape's reference algorithm, which every
+//! bucket's winner was checked against.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -17,6 +22,11 @@ use std::fs;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+
+use std::ffi::c_void;
+use std::mem::size_of;
+
+use cudarc::cublaslt::sys;
 
 use super::cache::replace_file;
 
@@ -113,6 +123,59 @@ impl TuningFile {
         }
         replace_file(&self.path, |file| file.write_all(text.as_bytes()))
     }
+}
+
+// ---- What a candidate algorithm sums in one pass (the batch-invariant mode's filter) ---------
+
+/// A u32 setting of `algo`'s configuration, if cuBLASLt reports it.
+fn config(algo: &sys::cublasLtMatmulAlgo_t, attr: AlgoConfig) -> Option<u32> {
+    let (mut value, mut written) = (0u32, 0usize);
+    // SAFETY: `algo` is plain data; the attributes read here are u32 (cuBLASLt's API).
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            (&mut value) as *mut u32 as *mut c_void,
+            size_of::<u32>(),
+            &mut written,
+        )
+    };
+    (status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && written == size_of::<u32>())
+        .then_some(value)
+}
+
+type AlgoConfig = sys::cublasLtMatmulAlgoConfigAttributes_t;
+
+/// Whether `algo` sums each output over the whole of K in one pass (split-K 1, no reduction).
+pub(crate) fn splits_no_k(algo: &sys::cublasLtMatmulAlgo_t) -> bool {
+    config(algo, AlgoConfig::CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == Some(1)
+        && config(algo, AlgoConfig::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)
+            == Some(sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32)
+}
+
+/// `algo` with split-K 1 and no reduction scheme (its tile, stages and swizzle kept), or `None`
+/// where cuBLASLt refuses the setting.
+pub(crate) fn without_split(algo: &sys::cublasLtMatmulAlgo_t) -> Option<sys::cublasLtMatmulAlgo_t> {
+    let mut unsplit = *algo;
+    let none = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
+    for (attr, value) in [
+        (AlgoConfig::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1u32),
+        (AlgoConfig::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, none),
+    ] {
+        // SAFETY: `unsplit` is plain data owned here; both attributes are u32.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoConfigSetAttribute(
+                &mut unsplit,
+                attr,
+                (&value) as *const u32 as *const c_void,
+                size_of::<u32>(),
+            )
+        };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return None;
+        }
+    }
+    splits_no_k(&unsplit).then_some(unsplit)
 }
 
 #[cfg(test)]

@@ -62,6 +62,29 @@ pub(crate) fn last_row_split(rows: usize, blocks: usize, sms: usize) -> (usize, 
     (max_tiles.div_ceil(per_split), per_split)
 }
 
+/// Key tiles per split of the batch-invariant last-row form (256 keys).
+///
+/// A sequence's last row is then summed over splits of `INVARIANT_TILES_PER_SPLIT` of its own key
+/// tiles, merged in order: `ceil(ceil(len / 64) / 4)` splits, a function of its own length only,
+/// whatever else is in the batch (the split kernel skips the splits past a sequence's tiles and
+/// the merge reads only its own). Every batch takes the split form, even where no sequence needs
+/// more than one split, since the unsplit kernel rounds differently. Four tiles: a 712-id
+/// question's 12 tiles make 3 splits (48 blocks of its 16 heads), a 15,446-id prompt's 242 make
+/// 61; and the partial rows (`[num_seqs][q_heads][splits][d + 2]` f32, splits sized for the
+/// longest sequence the batch could hold) stay within a quarter of the bf16 Q scratch for batches
+/// of up to 32 sequences (`num_seqs / (32 · 4)` of it in general).
+const INVARIANT_TILES_PER_SPLIT: usize = 4;
+
+/// The batch-invariant last-row split of a batch of `rows` rows: `(splits, tiles_per_split)` with
+/// the tiles per split fixed, enough splits for the longest sequence the batch could hold.
+pub(crate) fn invariant_last_row_split(rows: usize) -> (usize, usize) {
+    let max_tiles = rows.div_ceil(BN).max(1);
+    (
+        max_tiles.div_ceil(INVARIANT_TILES_PER_SPLIT),
+        INVARIANT_TILES_PER_SPLIT,
+    )
+}
+
 /// One shape of the flash kernel: query rows per block (16 per warp), whether query tiles run on
 /// grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side and
 /// share K/V in L2), and whether it computes each sequence's last row only (one block per
@@ -241,6 +264,9 @@ pub(crate) fn flash_attention(
             ));
         }
         (if last { PREFIX_LAST } else { PREFIX_NARROW }, 1, 0)
+    } else if last && gpu.blas.batch_invariant() {
+        let (splits, per_split) = invariant_last_row_split(batch.rows);
+        (LAST_SPLIT, splits, per_split)
     } else if last {
         let blocks = dims.q_heads * batch.num_seqs;
         match last_row_split(batch.rows, blocks, gpu.device.sm_count) {
@@ -623,6 +649,31 @@ mod tests {
                 splits * blocks <= 2 * 132 + blocks,
                 "{rows} rows: too many blocks"
             );
+        }
+    }
+
+    #[test]
+    fn invariant_last_rows_split_by_their_own_length() {
+        // Four key tiles per split whatever the batch: enough splits for its longest possible
+        // sequence, so a sequence of n tiles finds its ceil(n / 4) splits in any batch.
+        assert_eq!(invariant_last_row_split(1), (1, 4));
+        assert_eq!(invariant_last_row_split(256), (1, 4));
+        assert_eq!(invariant_last_row_split(257), (2, 4));
+        assert_eq!(invariant_last_row_split(712), (3, 4));
+        assert_eq!(invariant_last_row_split(15_446), (61, 4));
+        for rows in [1, 63, 64, 65, 700, 9_600, 16_384, 38_400] {
+            let (splits, per_split) = invariant_last_row_split(rows);
+            let tiles = rows.div_ceil(BN);
+            assert!(splits * per_split >= tiles, "{rows} rows: keys left out");
+            assert!(
+                (splits - 1) * per_split < tiles,
+                "{rows} rows: an empty split"
+            );
+            // Any one sequence of the batch uses the splits its own tiles need.
+            for len in [1, 64, 65, 256, 257, rows] {
+                let own = len.min(rows).div_ceil(BN).div_ceil(per_split);
+                assert!(own <= splits, "{rows} rows, a {len}-row sequence");
+            }
         }
     }
 
