@@ -45,8 +45,61 @@ pub struct ImagePrompt {
     pub image_token_id: u32,
     /// `[image tokens, hidden]`, shared by every question about the same image.
     pub features: std::sync::Arc<Vec<f32>>,
+    /// The row of `features` the prompt's first image token takes (0 for a whole question; a
+    /// later part of one, [`Self::part`], starts further in).
+    pub first_row: usize,
     /// One `[t, h, w]` per token of the prompt.
     pub positions: Vec<[u32; 3]>,
+}
+
+impl ImagePrompt {
+    /// A whole question's image: every feature row, from the first.
+    pub fn new(
+        image_token_id: u32,
+        features: std::sync::Arc<Vec<f32>>,
+        positions: Vec<[u32; 3]>,
+    ) -> Self {
+        Self {
+            image_token_id,
+            features,
+            first_row: 0,
+            positions,
+        }
+    }
+
+    /// The image of tokens `range` of the prompt whose ids are `ids`, as a prompt of their own
+    /// (a prefix or the tail resumed after it): their positions, and the feature rows from the
+    /// first image token inside the range.
+    pub fn part(&self, ids: &[u32], range: std::ops::Range<usize>) -> Self {
+        let before = ids[..range.start]
+            .iter()
+            .filter(|&&t| t == self.image_token_id)
+            .count();
+        Self {
+            image_token_id: self.image_token_id,
+            features: self.features.clone(),
+            first_row: self.first_row + before,
+            positions: self.positions[range].to_vec(),
+        }
+    }
+
+    /// The feature rows of the image tokens among `ids` (this prompt's own), `hidden` values each;
+    /// `None` when there are none.
+    fn rows_for(&self, ids: &[u32], hidden: usize) -> Result<Option<&[f32]>> {
+        let count = ids.iter().filter(|&&t| t == self.image_token_id).count();
+        if count == 0 {
+            return Ok(None);
+        }
+        let (from, to) = (self.first_row * hidden, (self.first_row + count) * hidden);
+        let rows = self.features.get(from..to).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{count} image tokens from feature row {} need {to} values; the image has {}",
+                self.first_row,
+                self.features.len()
+            )
+        })?;
+        Ok(Some(rows))
+    }
 }
 
 /// One sequence of a [`Decider::decide_segments`] batch: a whole question, a shared prefix, a
@@ -145,15 +198,7 @@ impl<B: Backend> Decider<B> {
                 positions: p.image.map(|i| i.positions.as_slice()),
             })
             .collect();
-        let overrides: Vec<Option<EmbeddingOverride>> = prompts
-            .iter()
-            .map(|p| {
-                p.image.map(|i| EmbeddingOverride {
-                    token_id: i.image_token_id,
-                    rows: i.features.as_slice(),
-                })
-            })
-            .collect();
+        let overrides = self.overrides(prompts.iter())?;
         let hidden = self
             .model
             .forward_last_with_embeddings(&inputs, &overrides)?;
@@ -164,10 +209,34 @@ impl<B: Backend> Decider<B> {
             .collect()
     }
 
+    /// The image rows each prompt puts in place of its image tokens; none for a prompt without
+    /// image tokens (text, or a tail after its image).
+    fn overrides<'p>(
+        &self,
+        prompts: impl Iterator<Item = &'p Prompt<'p>>,
+    ) -> Result<Vec<Option<EmbeddingOverride<'p>>>> {
+        let hidden = self.model.hidden_size();
+        prompts
+            .map(|p| {
+                let Some(image) = p.image else {
+                    return Ok(None);
+                };
+                Ok(image
+                    .rows_for(p.ids, hidden)?
+                    .map(|rows| EmbeddingOverride {
+                        token_id: image.image_token_id,
+                        rows,
+                    }))
+            })
+            .collect()
+    }
+
     /// [`Self::decide`] for segments that may continue a [`PrefixState`] and may ask for theirs,
     /// in one forward pass (see [`crate::prefix`]). A segment's probabilities equal those of its
-    /// whole prompt (prefix included) run by [`Self::decide`], up to rounding (the delta rule's
-    /// chunk grid restarts at each segment).
+    /// whole prompt (prefix included) run by [`Self::decide`], up to rounding: the delta rule's
+    /// chunk grid restarts at each segment, so on a GPU (64-token chunks) only segments that
+    /// start on a multiple of 64 compute what the whole prompt does. A screenshot segment's image
+    /// is its own part ([`ImagePrompt::part`]).
     pub fn decide_segments(
         &mut self,
         segments: &[QuestionSegment<'_>],
@@ -185,15 +254,7 @@ impl<B: Backend> Decider<B> {
                 snapshot: s.snapshot,
             })
             .collect();
-        let overrides: Vec<Option<EmbeddingOverride>> = segments
-            .iter()
-            .map(|s| {
-                s.prompt.image.map(|i| EmbeddingOverride {
-                    token_id: i.image_token_id,
-                    rows: i.features.as_slice(),
-                })
-            })
-            .collect();
+        let overrides = self.overrides(segments.iter().map(|s| &s.prompt))?;
         let outputs = self.model.forward_segments(&inputs, &overrides)?;
         segments
             .iter()

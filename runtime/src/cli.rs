@@ -148,6 +148,14 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_ENGINES", default_value_t = 1)]
     pub engines: usize,
 
+    /// Batch invariance on a GPU (`on` or `off`): a question's answer is the same bits alone
+    /// and inside any batch (each GEMM shape sums in one order whatever its row count; attention
+    /// splits a sequence's last row by its own keys). `off` lets each row bucket take its
+    /// fastest GEMM algorithm, split-K included. The CPU backend is invariant either way.
+    #[arg(long, env = "INSTINCT_BATCH_INVARIANT", default_value = "on", value_parser = parse_on_off,
+          action = clap::ArgAction::Set)]
+    pub batch_invariant: bool,
+
     /// `/livez` fails when an engine thread has been silent this long, in seconds.
     #[arg(long, env = "INSTINCT_ENGINE_STALL_S", default_value_t = 60)]
     pub engine_stall_s: u64,
@@ -250,6 +258,14 @@ const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 /// Batch shapes from `--buckets`.
 #[derive(Clone, Debug, Default)]
 pub struct Buckets(pub Vec<(usize, usize)>);
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected `on` or `off`, got `{other}`")),
+    }
+}
 
 fn parse_buckets(s: &str) -> Result<Buckets, String> {
     let mut out = Vec::new();
@@ -390,6 +406,18 @@ mod tests {
         let too_big = config(&["--max-batch-tokens=16384", "--max-chunk-tokens=20000"]).unwrap();
         let err = too_big.batch_capacity().unwrap_err().to_string();
         assert!(err.contains("max_chunk_tokens"), "{err}");
+    }
+
+    #[test]
+    fn batch_invariance_is_on_by_default_and_takes_on_or_off() {
+        let invariant = |flags: &[&str]| {
+            serve_args(flags).map(|a| crate::serve::load_options(&a).batch_invariant)
+        };
+        assert_eq!(invariant(&[]), Ok(true));
+        assert_eq!(invariant(&["--batch-invariant", "off"]), Ok(false));
+        assert_eq!(invariant(&["--batch-invariant=on"]), Ok(true));
+        let e = invariant(&["--batch-invariant", "yes"]).unwrap_err();
+        assert!(e.contains("expected `on` or `off`"), "{e}");
     }
 
     #[test]

@@ -23,8 +23,8 @@ use instinct_model::tokenizer::Tokenizer;
 use instinct_model::vision::{ImageInput, VisionTower};
 use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
 
-use crate::image_cache::{key_of, EncodedImage, ImageCache};
-use crate::prefix_reuse::{self, PrefixReuse, TEXT_NAMESPACE};
+use crate::image_cache::{key_of, EncodedImage, ImageCache, ImageKey};
+use crate::prefix_reuse::{self, Planned, PrefixReuse, TEXT_NAMESPACE};
 use crate::screenshot::Screenshot;
 
 /// Renders and tokenizes prompts, and encodes screenshots. Shared by all request tasks: every
@@ -162,16 +162,15 @@ impl Preparer {
                 .map_err(ScreenshotError::Internal)?;
             let positions = rope_index(&ids, vision.image_token_id, &grids, vision.merge)
                 .map_err(ScreenshotError::Internal)?;
-            let context = ImagePrompt {
-                image_token_id: vision.image_token_id,
-                features: encoded.features.clone(),
-                positions,
+            let context = ScreenshotContext {
+                image: ImagePrompt::new(vision.image_token_id, encoded.features.clone(), positions),
+                image_key: key,
             };
             questions.push(Question {
                 ids,
                 n_options,
                 context: Some(Arc::new(context)),
-                // Screenshot prompts do not resume (their M-RoPE positions are not carried).
+                // Not chunked (prefix reuse resumes them after their image instead).
                 resumable: false,
             });
         }
@@ -263,16 +262,17 @@ impl<B: Backend> DeciderEngine<B> {
             match s.context {
                 None => text.push((i, Prompt::text(s.ids, s.n_options))),
                 Some(context) => {
-                    let image = context
-                        .downcast_ref::<ImagePrompt>()
+                    let shot = context
+                        .downcast_ref::<ScreenshotContext>()
                         .ok_or_else(|| anyhow::anyhow!("unknown sequence context"))?;
                     shots.push((
                         i,
                         Prompt {
                             ids: s.ids,
                             n_options: s.n_options,
-                            image: Some(image),
+                            image: Some(&shot.image),
                         },
+                        shot,
                     ));
                 }
             }
@@ -297,11 +297,28 @@ impl<B: Backend> DeciderEngine<B> {
                 .multimodal
                 .as_mut()
                 .ok_or_else(|| anyhow::anyhow!("screenshot question without a multimodal model"))?;
-            let prompts: Vec<Prompt> = shots.iter().map(|(_, p)| *p).collect();
-            // Screenshot prompts run whole: their M-RoPE positions do not resume yet.
-            self.reuse
-                .count_computed(prompts.iter().map(|p| p.ids.len()).sum());
-            for ((i, _), a) in shots.iter().zip(decider.decide(&prompts)?) {
+            let prompts: Vec<Prompt> = shots.iter().map(|(_, p, _)| *p).collect();
+            // Snapshots over a screenshot are kept per image; the system turn and the image
+            // are every question's anchor.
+            let namespaces: Vec<String> = shots
+                .iter()
+                .map(|(_, _, shot)| prefix_reuse::screenshot_namespace(&shot.image_key))
+                .collect();
+            let planned: Vec<Planned> = shots
+                .iter()
+                .zip(&namespaces)
+                .map(|((_, p, shot), namespace)| Planned {
+                    namespace,
+                    ids: p.ids,
+                    anchor: prefix_reuse::image_anchor(
+                        p.ids,
+                        shot.image.image_token_id,
+                        self.reuse.grid(),
+                    ),
+                })
+                .collect();
+            let decided = prefix_reuse::decide_mixed(decider, &self.reuse, &planned, &prompts)?;
+            for ((i, _, _), a) in shots.iter().zip(decided) {
                 answers[*i] = a;
             }
         }
@@ -365,6 +382,14 @@ impl<B: Backend> DeciderEngine<B> {
     }
 }
 
+/// What a screenshot question carries to its engine: its image prompt, and the key of the image
+/// (its bytes' SHA-256), which names where the snapshots taken over it are kept.
+#[derive(Debug)]
+pub struct ScreenshotContext {
+    pub image: ImagePrompt,
+    pub image_key: ImageKey,
+}
+
 /// Bytes the prepared questions of one request hold until answered: their token ids, and for
 /// screenshot questions their 3-D positions and the image features (counted once per image, as
 /// the questions share them).
@@ -376,7 +401,8 @@ pub fn held_bytes(questions: &[Question]) -> usize {
         let Some(image) = q
             .context
             .as_ref()
-            .and_then(|c| c.downcast_ref::<ImagePrompt>())
+            .and_then(|c| c.downcast_ref::<ScreenshotContext>())
+            .map(|shot| &shot.image)
         else {
             continue;
         };
@@ -444,6 +470,8 @@ pub struct LoadOptions {
     pub prefix_cache_bytes: Option<usize>,
     /// `--max-chunk-tokens` (checked against the backend's resume grid).
     pub max_chunk_tokens: Option<usize>,
+    /// `--batch-invariant` (GPUs; the CPU is invariant anyway).
+    pub batch_invariant: bool,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -473,7 +501,8 @@ pub fn load(
                 cpu_engines: 1,
                 ..options
             };
-            let mut parts = load_engines(device, || start_cuda(ordinal), options, source, limits)?;
+            let start = || start_cuda_with(ordinal, options.batch_invariant);
+            let mut parts = load_engines(device, start, options, source, limits)?;
             // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now,
             // not on requests.
             let t0 = std::time::Instant::now();
@@ -531,10 +560,17 @@ pub fn load_on(
     all.context("no device to load onto")
 }
 
-/// Starts the CUDA backend on GPU `ordinal` (kernels compiled, or loaded from the disk cache).
+/// Starts the CUDA backend on GPU `ordinal` (kernels compiled, or loaded from the disk cache),
+/// batch-invariant.
 pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
+    start_cuda_with(ordinal, true)
+}
+
+/// [`start_cuda`], batch-invariant or not (`--batch-invariant`).
+pub fn start_cuda_with(ordinal: usize, batch_invariant: bool) -> anyhow::Result<CudaBackend> {
     Ok(CudaBackend::new(CudaOptions {
         ordinal,
+        batch_invariant,
         ..CudaOptions::default()
     })?)
 }
@@ -771,6 +807,7 @@ mod tests {
             image_cache_bytes: 1 << 20,
             prefix_cache_bytes: Some(0),
             max_chunk_tokens: None,
+            batch_invariant: true,
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }
@@ -782,6 +819,7 @@ mod tests {
             image_cache_bytes: 0,
             prefix_cache_bytes: None,
             max_chunk_tokens: chunk,
+            batch_invariant: true,
         };
         let cuda = Device::Cuda(0);
         for ok in [None, Some(64), Some(1024)] {

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use instinct_kernels::Backend;
 use instinct_model::chat::ChatTemplate;
-use instinct_model::decider::{Decider, Prompt, QuestionSegment};
+use instinct_model::decider::{Decider, ImagePrompt, Prompt, QuestionSegment};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prefix::PrefixState;
 use instinct_model::prefix_cache::{Hit, Inserted, PrefixCache};
@@ -72,6 +72,12 @@ pub const TEXT_NAMESPACE: &str = "text";
 /// weights read again) and staging a snapshot (about 50 MB of DeltaNet state on Qwen3.5-4B, the
 /// same whatever the prefix's length).
 pub const MIN_SHARED_TOKENS: usize = 64;
+
+/// What a second forward pass costs, in prompt tokens: it reads the weights again. On an H200 a
+/// 139-id question takes 4.6 ms and a 712-id one 12.1 ms, so about 2.8 ms of a pass is fixed: the
+/// time of ~230 tokens. An anchor is computed beside the questions (and not resumed from) while
+/// that costs fewer tokens than a first pass would.
+pub const PASS_COST_TOKENS: usize = 256;
 
 /// What reuse did so far (the metrics hold the same counts; tests read these per engine set).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -243,18 +249,34 @@ impl PrefixReuse {
         Ok(())
     }
 
-    /// Plans a batch of text questions (see the module docs). `limits` are the pass's: a plan
-    /// whose passes would not fit them drops the system snapshot (nothing else can overflow:
-    /// each pass has no more tokens and sequences than the batch).
+    /// Plans a batch of text questions of `namespace` (see the module docs), the system turn as
+    /// their anchor: [`Self::plan_mixed`].
     pub fn plan(&self, namespace: &str, prompts: &[&[u32]], limits: BatchLimits) -> Plan {
-        let n = prompts.len();
+        let questions: Vec<Planned> = prompts
+            .iter()
+            .map(|ids| Planned {
+                namespace,
+                ids,
+                anchor: &self.system_ids,
+            })
+            .collect();
+        self.plan_mixed(&questions, limits)
+    }
+
+    /// Plans a batch of questions, each in its own namespace (see the module docs): groups form
+    /// within a namespace only, and each namespace's anchor is snapshotted when its cache lacks
+    /// it. `limits` are the pass's: a plan whose passes would not fit them drops the anchor
+    /// snapshots (nothing else can overflow: each pass has no more tokens and sequences than the
+    /// batch).
+    pub fn plan_mixed(&self, questions: &[Planned<'_>], limits: BatchLimits) -> Plan {
+        let n = questions.len();
         let Some(cache) = &self.cache else {
             return Plan::whole(n);
         };
         let mut cache = cache.lock();
-        let hits: Vec<Option<Hit>> = prompts
+        let hits: Vec<Option<Hit>> = questions
             .iter()
-            .map(|ids| cache.longest_prefix(namespace, ids, ids.len().saturating_sub(1)))
+            .map(|q| cache.longest_prefix(q.namespace, q.ids, q.ids.len().saturating_sub(1)))
             .collect();
         let cached: Vec<usize> = hits
             .iter()
@@ -265,20 +287,62 @@ impl PrefixReuse {
             .map(|h| h.map_or(Base::Whole, Base::Cached))
             .collect();
         let mut prefixes = Vec::new();
-        for group in shared_groups(prompts, &cached, self.min_shared, self.grid) {
-            let ids = &prompts[group.members[0]][..group.tokens];
-            let resume = cache.longest_prefix(namespace, ids, group.tokens - 1);
-            let job = prefixes.len();
-            prefixes.push(PrefixJob {
-                question: group.members[0],
-                tokens: group.tokens,
-                resume,
-            });
-            for m in group.members {
-                bases[m] = Base::Job {
-                    job,
+        let mut anchors = Vec::new();
+        for members in by_namespace(questions) {
+            let q = &questions[members[0]];
+            let (namespace, anchor) = (q.namespace, q.anchor);
+            let p = anchor.len();
+            let ids: Vec<&[u32]> = members.iter().map(|&i| questions[i].ids).collect();
+            let held: Vec<usize> = members.iter().map(|&i| cached[i]).collect();
+            let mut groups = shared_groups(&ids, &held, self.min_shared, self.grid);
+            let starts = |i: usize| {
+                let ids = questions[i].ids;
+                ids.len() > p && ids.starts_with(anchor)
+            };
+            let wants_anchor = p > 0
+                && !(anchor == self.system_ids.as_slice()
+                    && self.system_too_large.load(Ordering::Relaxed))
+                && members.iter().any(|&i| starts(i))
+                // A group prefix that is the anchor already takes its snapshot.
+                && !groups.iter().any(|g| g.tokens == p && starts(members[g.members[0]]))
+                && cache
+                    .longest_prefix(namespace, anchor, p)
+                    .is_none_or(|h| h.tokens < p);
+            if wants_anchor {
+                // Groups reaching past the anchor would compute it a second time in the first
+                // pass; drop them when what they share beyond it saves less than that (the
+                // questions about one screenshot: the image, then each its own goal).
+                let beyond: usize = groups
+                    .iter()
+                    .filter(|g| g.tokens > p && starts(members[g.members[0]]))
+                    .map(|g| (g.members.len() - 1) * (g.tokens - p))
+                    .sum();
+                if beyond <= p {
+                    groups.retain(|g| !(g.tokens > p && starts(members[g.members[0]])));
+                }
+                let question = *members.iter().find(|&&i| starts(i)).expect("checked above");
+                anchors.push(PrefixJob {
+                    question,
+                    tokens: p,
+                    resume: cache.longest_prefix(namespace, anchor, p - 1),
+                });
+            }
+            for group in groups {
+                let first = members[group.members[0]];
+                let prefix = &questions[first].ids[..group.tokens];
+                let resume = cache.longest_prefix(namespace, prefix, group.tokens - 1);
+                let job = prefixes.len();
+                prefixes.push(PrefixJob {
+                    question: first,
                     tokens: group.tokens,
-                };
+                    resume,
+                });
+                for m in group.members {
+                    bases[members[m]] = Base::Job {
+                        job,
+                        tokens: group.tokens,
+                    };
+                }
             }
         }
         let mut plan = Plan {
@@ -287,33 +351,52 @@ impl PrefixReuse {
             side: None,
             cached,
         };
-        let sys = self.system_ids.as_slice();
-        let p = sys.len();
-        let wants_system = p > 0
-            && !self.system_too_large.load(Ordering::Relaxed)
-            && prompts.iter().any(|ids| ids.len() > p && ids.starts_with(sys))
-            // A group prefix that is the system turn already takes its snapshot.
-            && !plan
-                .prefixes
-                .iter()
-                .any(|j| j.tokens == p && prompts[j.question].starts_with(sys))
-            && cache
-                .longest_prefix(namespace, sys, p)
-                .is_none_or(|h| h.tokens < p);
-        if wants_system {
-            let question = prompts
-                .iter()
-                .position(|ids| ids.len() > p && ids.starts_with(sys))
-                .expect("checked above");
-            let job = PrefixJob {
-                question,
-                tokens: p,
-                resume: cache.longest_prefix(namespace, sys, p - 1),
-            };
-            plan.add_system_job(job, prompts, limits);
+        for job in anchors {
+            plan.add_anchor_job(job, questions, limits);
         }
         plan
     }
+}
+
+/// One question as [`PrefixReuse::plan_mixed`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Planned<'a> {
+    /// Where its snapshots are kept: the weights that take them and, for a screenshot, the image.
+    pub namespace: &'a str,
+    pub ids: &'a [u32],
+    /// The prefix its namespace snapshots whenever the cache lacks it (on the grid; empty for
+    /// none): the system turn for text, through the image for a screenshot. Questions of one
+    /// namespace share it.
+    pub anchor: &'a [u32],
+}
+
+/// The questions of each namespace (indices, in order), namespaces in order of first appearance.
+fn by_namespace(questions: &[Planned<'_>]) -> Vec<Vec<usize>> {
+    let mut spaces: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, q) in questions.iter().enumerate() {
+        match spaces.iter_mut().find(|(ns, _)| *ns == q.namespace) {
+            Some((_, members)) => members.push(i),
+            None => spaces.push((q.namespace, vec![i])),
+        }
+    }
+    spaces.into_iter().map(|(_, members)| members).collect()
+}
+
+/// The namespace of snapshots taken over a screenshot: the multimodal weights and the image's
+/// bytes (its SHA-256), since prompts about different images of one size have the same ids.
+pub fn screenshot_namespace(image_key: &[u8; 32]) -> String {
+    let hex: String = image_key.iter().map(|b| format!("{b:02x}")).collect();
+    format!("screenshot:{hex}")
+}
+
+/// A screenshot prompt's anchor: its ids through its last image token, cut down to `grid` (the
+/// system turn and the image, which every question about the image starts with).
+pub fn image_anchor(ids: &[u32], image_token_id: u32, grid: usize) -> &[u32] {
+    let end = ids
+        .iter()
+        .rposition(|&t| t == image_token_id)
+        .map_or(0, |last| last + 1);
+    &ids[..on_grid(end, grid.max(1))]
 }
 
 /// The ids every Cua-S1 text prompt starts with: the system turn through `<|im_start|>user\n`,
@@ -402,43 +485,54 @@ impl Plan {
     }
 
     /// Tokens and sequences of the first pass and of the questions' pass.
-    fn passes(&self, prompts: &[&[u32]]) -> [(usize, usize); 2] {
+    fn passes(&self, questions: &[Planned<'_>]) -> [(usize, usize); 2] {
         let own = |j: &PrefixJob| j.tokens - j.resume.as_ref().map_or(0, |h| h.tokens);
         let first = (
             self.prefixes.iter().map(own).sum::<usize>(),
             self.prefixes.len(),
         );
         let side = self.side.as_ref().map_or((0, 0), |j| (own(j), 1));
-        let questions: usize = prompts
+        let own_tokens: usize = questions
             .iter()
             .zip(&self.bases)
-            .map(|(ids, b)| ids.len() - b.tokens())
+            .map(|(q, b)| q.ids.len() - b.tokens())
             .sum();
-        [first, (questions + side.0, prompts.len() + side.1)]
+        [first, (own_tokens + side.0, questions.len() + side.1)]
     }
 
-    /// Adds the system-turn job: to the first pass when there is one (questions with less
-    /// resume from it), else beside the questions. Left out if a pass would not fit `limits`.
-    fn add_system_job(&mut self, job: PrefixJob, prompts: &[&[u32]], limits: BatchLimits) {
+    /// Adds an anchor's job to the first pass, where the questions of its namespace with less
+    /// resume from it; or, when there is no first pass and computing the anchor once more costs
+    /// less than one ([`PASS_COST_TOKENS`]: the system turn under one question), beside the
+    /// questions. Left out if a pass would not fit `limits`.
+    fn add_anchor_job(&mut self, job: PrefixJob, questions: &[Planned<'_>], limits: BatchLimits) {
         let before = self.clone();
         let p = job.tokens;
-        if self.prefixes.is_empty() {
+        let q = questions[job.question];
+        let anchor = &q.ids[..p];
+        let resumers: Vec<usize> = (0..questions.len())
+            .filter(|&i| {
+                let other = &questions[i];
+                other.namespace == q.namespace
+                    && self.bases[i].tokens() < p
+                    && other.ids.len() > p
+                    && other.ids.starts_with(anchor)
+            })
+            .collect();
+        let beside = resumers.len() * p + p <= PASS_COST_TOKENS;
+        if self.prefixes.is_empty() && self.side.is_none() && beside {
             self.side = Some(job);
         } else {
             let index = self.prefixes.len();
             self.prefixes.push(job);
-            let system = &prompts[self.prefixes[index].question][..p];
-            for (ids, base) in prompts.iter().zip(&mut self.bases) {
-                if base.tokens() < p && ids.len() > p && ids.starts_with(system) {
-                    *base = Base::Job {
-                        job: index,
-                        tokens: p,
-                    };
-                }
+            for i in resumers {
+                self.bases[i] = Base::Job {
+                    job: index,
+                    tokens: p,
+                };
             }
         }
         let fits = self
-            .passes(prompts)
+            .passes(questions)
             .iter()
             .all(|&(tokens, seqs)| seqs == 0 || limits.check(tokens, seqs).is_ok());
         if !fits {
@@ -526,12 +620,30 @@ pub fn shared_groups(
     groups
 }
 
-/// Runs a batch of text prompts on `decider` as `plan` says; answers in order. A plan that
-/// reuses nothing is one [`Decider::decide`] call, as without reuse.
+/// Runs a batch of text prompts of `namespace` on `decider` as `plan` says: [`execute_mixed`].
 pub fn execute<B: Backend>(
     decider: &mut Decider<B>,
     reuse: &PrefixReuse,
     namespace: &str,
+    prompts: &[Prompt<'_>],
+    plan: &Plan,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    execute_mixed(
+        decider,
+        reuse,
+        &vec![namespace; prompts.len()],
+        prompts,
+        plan,
+    )
+}
+
+/// Runs a batch on `decider` as `plan` says, `namespaces[i]` the namespace of `prompts[i]`;
+/// answers in order. A plan that reuses nothing is one [`Decider::decide`] call, as without
+/// reuse.
+pub fn execute_mixed<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    namespaces: &[&str],
     prompts: &[Prompt<'_>],
     plan: &Plan,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
@@ -541,13 +653,18 @@ pub fn execute<B: Backend>(
         return decider.decide(prompts);
     }
     reuse.count_lookups(plan);
-    // The first pass: group prefixes (and the system turn), snapshots cached.
+    // The first pass: group prefixes (and anchors), snapshots cached.
     let mut made: Vec<Arc<PrefixState>> = Vec::with_capacity(plan.prefixes.len());
     if !plan.prefixes.is_empty() {
-        let segments: Vec<QuestionSegment> = plan
+        let parts: Vec<Part> = plan
             .prefixes
             .iter()
-            .map(|job| job_segment(prompts, job))
+            .map(|j| Part::job(prompts, j))
+            .collect();
+        let segments: Vec<QuestionSegment> = parts
+            .iter()
+            .zip(&plan.prefixes)
+            .map(|(part, job)| prefix_segment(part, job))
             .collect();
         reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
         for (job, out) in plan
@@ -559,43 +676,42 @@ pub fn execute<B: Backend>(
                 out.snapshot
                     .context("a prefix segment without its snapshot")?,
             );
-            reuse.store(
-                namespace,
-                &prompts[job.question].ids[..job.tokens],
-                state.clone(),
-            )?;
+            let ids = &prompts[job.question].ids[..job.tokens];
+            reuse.store(namespaces[job.question], ids, state.clone())?;
             made.push(state);
         }
     }
     // The questions' pass, each resumed from its best snapshot.
-    let mut segments: Vec<QuestionSegment> = prompts
+    let tails: Vec<Part> = prompts
         .iter()
         .zip(&plan.bases)
-        .map(|(p, base)| {
+        .map(|(p, base)| Part::new(p, base.tokens()..p.ids.len()))
+        .collect();
+    let side = plan.side.as_ref().map(|job| Part::job(prompts, job));
+    let mut segments: Vec<QuestionSegment> = tails
+        .iter()
+        .zip(&plan.bases)
+        .map(|(tail, base)| {
             let resume: Option<&PrefixState> = match base {
                 Base::Whole => None,
                 Base::Cached(hit) => Some(&*hit.state),
                 Base::Job { job, .. } => Some(&*made[*job]),
             };
-            let own = Prompt {
-                ids: &p.ids[base.tokens()..],
-                ..*p
-            };
-            QuestionSegment::answer(own, resume)
+            QuestionSegment::answer(tail.prompt(), resume)
         })
         .collect();
-    if let Some(side) = &plan.side {
-        segments.push(job_segment(prompts, side));
+    if let (Some(part), Some(job)) = (&side, &plan.side) {
+        segments.push(prefix_segment(part, job));
     }
     reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
     let mut outputs = decider.decide_segments(&segments)?;
-    if let Some(side) = &plan.side {
+    if let Some(job) = &plan.side {
         let out = outputs.pop().context("the side segment's output")?;
         let state = out
             .snapshot
             .context("a prefix segment without its snapshot")?;
-        let ids = &prompts[side.question].ids[..side.tokens];
-        reuse.store(namespace, ids, Arc::new(state))?;
+        let ids = &prompts[job.question].ids[..job.tokens];
+        reuse.store(namespaces[job.question], ids, Arc::new(state))?;
     }
     outputs
         .into_iter()
@@ -606,12 +722,46 @@ pub fn execute<B: Backend>(
         .collect()
 }
 
-/// The segment that computes `job`'s prefix, resumed from its cached part.
-fn job_segment<'a>(prompts: &'a [Prompt<'a>], job: &'a PrefixJob) -> QuestionSegment<'a> {
-    let ids = &prompts[job.question].ids[..job.tokens];
-    let resume = job.resume.as_ref();
-    let from = resume.map_or(0, |h| h.tokens);
-    QuestionSegment::prefix(&ids[from..], resume.map(|h| &*h.state))
+/// Tokens `range` of a prompt as a prompt of their own: a screenshot's image cut to match
+/// (positions and feature rows), which the part owns.
+struct Part<'a> {
+    prompt: Prompt<'a>,
+    range: std::ops::Range<usize>,
+    image: Option<ImagePrompt>,
+}
+
+impl<'a> Part<'a> {
+    fn new(prompt: &Prompt<'a>, range: std::ops::Range<usize>) -> Self {
+        Self {
+            prompt: *prompt,
+            image: prompt.image.map(|i| i.part(prompt.ids, range.clone())),
+            range,
+        }
+    }
+
+    /// What `job` computes: its prefix beyond the cached part it resumes from.
+    fn job(prompts: &[Prompt<'a>], job: &PrefixJob) -> Self {
+        let from = job.resume.as_ref().map_or(0, |h| h.tokens);
+        Self::new(&prompts[job.question], from..job.tokens)
+    }
+
+    fn prompt(&self) -> Prompt<'_> {
+        Prompt {
+            ids: &self.prompt.ids[self.range.clone()],
+            n_options: self.prompt.n_options,
+            image: self.image.as_ref(),
+        }
+    }
+}
+
+/// The segment that computes `job`'s prefix (`part`), resumed from its cached part.
+fn prefix_segment<'a>(part: &'a Part<'_>, job: &'a PrefixJob) -> QuestionSegment<'a> {
+    QuestionSegment {
+        prompt: part.prompt(),
+        resume: job.resume.as_ref().map(|h| &*h.state),
+        snapshot: true,
+        answer: false,
+    }
 }
 
 /// Plans and runs a batch of text prompts (see [`PrefixReuse::plan`] and [`execute`]).
@@ -624,6 +774,19 @@ pub fn decide<B: Backend>(
     let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
     let plan = reuse.plan(namespace, &ids, decider.limits());
     execute(decider, reuse, namespace, prompts, &plan)
+}
+
+/// Plans and runs a batch of questions of several namespaces (`questions[i]` describes
+/// `prompts[i]`; see [`PrefixReuse::plan_mixed`] and [`execute_mixed`]).
+pub fn decide_mixed<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    questions: &[Planned<'_>],
+    prompts: &[Prompt<'_>],
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let plan = reuse.plan_mixed(questions, decider.limits());
+    let namespaces: Vec<&str> = questions.iter().map(|q| q.namespace).collect();
+    execute_mixed(decider, reuse, &namespaces, prompts, &plan)
 }
 
 #[cfg(test)]

@@ -94,6 +94,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         image_cache_bytes: args.image_cache_mib << 20,
         prefix_cache_bytes: args.prefix_cache_mib.map(|mib| mib << 20),
         max_chunk_tokens: max_chunk_tokens(args),
+        batch_invariant: args.batch_invariant,
     }
 }
 

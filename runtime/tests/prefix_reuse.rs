@@ -110,6 +110,71 @@ async fn questions_sharing_a_state_compute_it_once_and_answer_as_without_reuse()
     assert!(s2.computed_tokens - s.computed_tokens < tokens / 4);
 }
 
+/// Four questions about one screenshot, options from `LABELS`, goals differing from the first
+/// word.
+fn about_one_screenshot(png: &[u8], goals: [&str; 4]) -> String {
+    let questions: Vec<String> = LABELS
+        .iter()
+        .zip(goals)
+        .enumerate()
+        .map(|(i, (options, goal))| {
+            let criteria: Vec<String> = options
+                .iter()
+                .enumerate()
+                .map(|(k, l)| format!(r#""o{k}":"{l}""#))
+                .collect();
+            format!(
+                r#""q{i}":{{"type":"choice","instructions":"{goal}","criteria":{{{}}}}}"#,
+                criteria.join(",")
+            )
+        })
+        .collect();
+    screenshot_request("image/png", png, &format!("{{{}}}", questions.join(",")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_about_one_screenshot_run_the_image_once_and_answer_as_without_reuse() {
+    let (on, reuse_on) = server(1, 256 << 20).await;
+    let (off, _) = server(1, 0).await;
+    let png = image_file("png_rgb_320x240.png");
+    let body = about_one_screenshot(&png, ["Open it", "Save now", "Go on", "Pick one"]);
+    let (without, tokens) = answers(&post(off, &body).await);
+    let (with, _) = answers(&post(on, &body).await);
+    assert_close(&with, &without, "screenshot, reuse on vs off");
+    // The system turn and the image (146 + 81 of each question's ~350 tokens on the demo) ran
+    // once: three of the four questions skipped them.
+    let s = reuse_on.stats();
+    assert_eq!((s.hits, s.misses), (0, 4));
+    assert!(
+        tokens - s.computed_tokens >= 3 * 200,
+        "computed {} of {tokens}",
+        s.computed_tokens
+    );
+    // Other questions about the same image resume after it, in one pass.
+    let body = about_one_screenshot(&png, ["Close it", "Undo that", "Stop", "Pick two"]);
+    let (without, tokens) = answers(&post(off, &body).await);
+    let (with, _) = answers(&post(on, &body).await);
+    assert_close(&with, &without, "the same image again");
+    let s2 = reuse_on.stats();
+    assert_eq!(s2.hits - s.hits, 4);
+    assert!(
+        tokens - (s2.computed_tokens - s.computed_tokens) >= 4 * 200,
+        "computed {} of {tokens}",
+        s2.computed_tokens - s.computed_tokens
+    );
+    // Another image of the same size gives the same ids but must not resume from the first.
+    let other = image_file("png_palette_320x240.png");
+    let body = about_one_screenshot(&other, ["Close it", "Undo that", "Stop", "Pick two"]);
+    let (without_b, _) = answers(&post(off, &body).await);
+    let (with_b, _) = answers(&post(on, &body).await);
+    assert_close(&with_b, &without_b, "another image");
+    assert_eq!(
+        reuse_on.stats().hits,
+        s2.hits,
+        "no snapshot of the first image is used"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_request_with_the_same_system_prompt_hits_the_cache() {
     let (on, reuse) = server(1, 256 << 20).await;

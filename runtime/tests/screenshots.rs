@@ -8,20 +8,6 @@ use base64::Engine as _;
 use common::*;
 use serde_json::Value;
 
-fn image_file(name: &str) -> Vec<u8> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/data/images")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn screenshot_request(mime: &str, bytes: &[u8], questions: &str) -> String {
-    let data = base64::engine::general_purpose::STANDARD.encode(bytes);
-    format!(
-        r#"{{"model":"cua-s1-4b-0.2","state":{{"image":"data:{mime};base64,{data}"}},"questions":{questions}}}"#
-    )
-}
-
 const TWO_QUESTIONS: &str = r#"{"save":{"type":"choice","instructions":"Save the form","criteria":{"save":"Save","cancel":"Cancel","help":null}},"close":{"type":"choice","instructions":null,"criteria":{"x":"Close"}}}"#;
 
 fn counter(metrics: &str, name: &str) -> f64 {

@@ -14,6 +14,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 pub const SERVED: &str = "cua-s1-4b-0.2";
+
+/// One of the model crate's test images.
+pub fn image_file(name: &str) -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/data/images")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A screenshot request: `bytes` as a `mime` data URL in `state`, `questions` as given (JSON).
+pub fn screenshot_request(mime: &str, bytes: &[u8], questions: &str) -> String {
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+    format!(
+        r#"{{"model":"cua-s1-4b-0.2","state":{{"image":"data:{mime};base64,{data}"}},"questions":{questions}}}"#
+    )
+}
 pub const MODEL_ID: &str = "instinct/demo-tiny-qwen3.5:text";
 
 pub fn demo_ready() -> Ready {
@@ -32,6 +49,7 @@ pub fn demo_ready_with(config: Config) -> Ready {
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(0),
         max_chunk_tokens: config.max_chunk_tokens,
+        batch_invariant: true,
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
@@ -54,6 +72,7 @@ pub fn demo_ready_with_prefix(
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(prefix_cache_bytes),
         max_chunk_tokens: config.max_chunk_tokens,
+        batch_invariant: true,
     };
     let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let reuse = loaded.prefix_reuse.pop().expect("one device");
