@@ -488,9 +488,11 @@ FA_ENTRY(flash_attention_last_split_d64, 64, 4, true, true, true, 2)
 FA_ENTRY(flash_attention_last_split_d128, 128, 4, true, true, true, 2)
 FA_ENTRY(flash_attention_last_split_d256, 256, 4, true, true, true, 2)
 
-// The prefix forms (PREFIX above): the narrow layout for every row, the last-row one (unsplit)
-// for each sequence's last row. The arguments of FA_ENTRY, then cu_prefix and prefix_rows.
-#define FA_PREFIX_ENTRY(NAME, D, LAST)                                                            \
+// The prefix forms (PREFIX above): the narrow layout for every row, the last-row one for each
+// sequence's last row, unsplit or over key splits (the splits count joined key tiles, so a
+// resumed last row is summed as its whole prompt's split last row is). The arguments of
+// FA_ENTRY, then cu_prefix and prefix_rows.
+#define FA_PREFIX_ENTRY(NAME, D, LAST, SPLIT)                                                     \
     extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                    \
         const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
         const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride,        \
@@ -498,17 +500,20 @@ FA_ENTRY(flash_attention_last_split_d256, 256, 4, true, true, true, 2)
         void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim,            \
         int tiles_per_split, float* __restrict__ partial, const u32* __restrict__ cu_prefix,      \
         u32 prefix_rows) {                                                                        \
-        flash_attention_impl<D, 4, true, LAST, false, true>(                                      \
+        flash_attention_impl<D, 4, true, LAST, SPLIT, true>(                                      \
             qb, kb, vb, qg, qg_stride, gate_in_out, cu_seqlens, num_seqs, rows, out, out_bf16,    \
             q_heads, kv_heads, head_dim, tiles_per_split, partial, cu_prefix, prefix_rows);       \
     }
 
-FA_PREFIX_ENTRY(flash_attention_prefix_d64, 64, false)
-FA_PREFIX_ENTRY(flash_attention_prefix_d128, 128, false)
-FA_PREFIX_ENTRY(flash_attention_prefix_d256, 256, false)
-FA_PREFIX_ENTRY(flash_attention_prefix_last_d64, 64, true)
-FA_PREFIX_ENTRY(flash_attention_prefix_last_d128, 128, true)
-FA_PREFIX_ENTRY(flash_attention_prefix_last_d256, 256, true)
+FA_PREFIX_ENTRY(flash_attention_prefix_d64, 64, false, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_d128, 128, false, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_d256, 256, false, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_d64, 64, true, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_d128, 128, true, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_d256, 256, true, false)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_split_d64, 64, true, true)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_split_d128, 128, true, true)
+FA_PREFIX_ENTRY(flash_attention_prefix_last_split_d256, 256, true, true)
 
 // Prefix keys and values (f32 [prefix_rows][kv_heads·head_dim], normed and roped k, as a snapshot
 // holds them) as bf16 into the joined rows of kb and vb [..][kv_heads][d]: prefix row p of
@@ -546,20 +551,24 @@ extern "C" __global__ void flash_prefix_rows(const float* __restrict__ pk, const
 // Merges the split last-row partials (see SPLIT above) of sequence blockIdx.x and query head
 // blockIdx.y: with M the largest running max, out = Σ 2^(m_z − M)·o_z / Σ 2^(m_z − M)·l_z, times the
 // sigmoid of the row's raw gate (from qg, as the last-row kernel takes it), f32 or bf16 (out_bf16).
-// Only the splits that hold key tiles of the sequence are read. One thread per column.
+// Only the splits that hold key tiles of the sequence are read: of its own keys and, after a
+// prefix (cu_prefix, as the prefix form takes it; prefix_rows 0 where there is none), of its
+// joined keys. One thread per column.
 extern "C" __global__ void flash_last_combine(const float* __restrict__ partial, int splits, int tiles_per_split,
                                               const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,
                                               const float* __restrict__ qg, i64 qg_stride,
                                               void* __restrict__ out, int out_bf16, int q_heads, int head_dim,
-                                              int d) {
+                                              int d, const u32* __restrict__ cu_prefix, u32 prefix_rows) {
     const int seq = blockIdx.x;
     const int h = blockIdx.y;
     if (seq >= num_seqs) return;
     const u32 a = min(cu_seqlens[seq], rows);
     const u32 b = min(cu_seqlens[seq + 1], rows);
     if (b <= a) return;
-    const int len = (int)(b - a);
-    const int used = min(splits, ((len + FA_BN - 1) / FA_BN + tiles_per_split - 1) / tiles_per_split);
+    const u32 pa = min(cu_prefix[seq], prefix_rows);
+    const u32 pb = min(cu_prefix[seq + 1], prefix_rows);
+    const int keys = (int)(b - a) + (pb > pa ? (int)(pb - pa) : 0);
+    const int used = min(splits, ((keys + FA_BN - 1) / FA_BN + tiles_per_split - 1) / tiles_per_split);
     const float* p = partial + ((i64)seq * q_heads + h) * splits * (d + 2);
     float m = F32_NEG_INF;
     for (int z = 0; z < used; ++z) m = fmaxf(m, p[z * (d + 2) + d]);

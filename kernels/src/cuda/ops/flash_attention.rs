@@ -140,17 +140,26 @@ pub(crate) const PREFIX_LAST: FlashShape = FlashShape {
     ..LAST_ROW
 };
 
+/// The last-row layout over key splits of joined prefix and own keys (the batch-invariant form).
+pub(crate) const PREFIX_LAST_SPLIT: FlashShape = FlashShape {
+    prefix: true,
+    ..LAST_SPLIT
+};
+
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
         if self.prefix {
-            return match (self.last_row, d) {
-                (true, 64) => "flash_attention_prefix_last_d64",
-                (true, 128) => "flash_attention_prefix_last_d128",
-                (true, _) => "flash_attention_prefix_last_d256",
-                (false, 64) => "flash_attention_prefix_d64",
-                (false, 128) => "flash_attention_prefix_d128",
-                (false, _) => "flash_attention_prefix_d256",
+            return match (self.last_row, self.split, d) {
+                (true, true, 64) => "flash_attention_prefix_last_split_d64",
+                (true, true, 128) => "flash_attention_prefix_last_split_d128",
+                (true, true, _) => "flash_attention_prefix_last_split_d256",
+                (true, false, 64) => "flash_attention_prefix_last_d64",
+                (true, false, 128) => "flash_attention_prefix_last_d128",
+                (true, false, _) => "flash_attention_prefix_last_d256",
+                (false, _, 64) => "flash_attention_prefix_d64",
+                (false, _, 128) => "flash_attention_prefix_d128",
+                (false, _, _) => "flash_attention_prefix_d256",
             };
         }
         match (self.last_row && self.split, d) {
@@ -263,7 +272,13 @@ pub(crate) fn flash_attention(
                 format!("{} rows exceed the prefix kernel's grid", batch.rows),
             ));
         }
-        (if last { PREFIX_LAST } else { PREFIX_NARROW }, 1, 0)
+        if last && gpu.blas.batch_invariant() {
+            // Split over the joined keys as the whole prompt's last row is: the same sums.
+            let (splits, per_split) = invariant_last_row_split(batch.rows + prefix_rows);
+            (PREFIX_LAST_SPLIT, splits, per_split)
+        } else {
+            (if last { PREFIX_LAST } else { PREFIX_NARROW }, 1, 0)
+        }
     } else if last && gpu.blas.batch_invariant() {
         let (splits, per_split) = invariant_last_row_split(batch.rows);
         (LAST_SPLIT, splits, per_split)
@@ -533,6 +548,10 @@ pub(crate) fn flash_attention(
                 .arg(&qg_stride);
             out.push(launch);
             launch.arg(&out_bf16).arg(&q_heads).arg(&head_dim).arg(&d_a);
+            // Without a prefix, cu_seqlens stands in for the offsets (none read: 0 rows).
+            launch
+                .arg(carried.map_or(batch.cu_seqlens, |c| c.cu_prefix))
+                .arg(&prefix_rows_u32);
         })
     }
 }
@@ -604,6 +623,10 @@ mod tests {
                 PREFIX_LAST.kernel(d),
                 format!("flash_attention_prefix_last_d{d}")
             );
+            assert_eq!(
+                PREFIX_LAST_SPLIT.kernel(d),
+                format!("flash_attention_prefix_last_split_d{d}")
+            );
         }
         // Every entry point is compiled from its source.
         let listed = crate::cuda::sources::KERNEL_SOURCES
@@ -617,6 +640,7 @@ mod tests {
             LAST_SPLIT,
             PREFIX_NARROW,
             PREFIX_LAST,
+            PREFIX_LAST_SPLIT,
         ] {
             for d in [64, 128, 256] {
                 assert!(listed.contains(&shape.kernel(d)), "{}", shape.kernel(d));
