@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
 from tiny_common import MULTIMODAL_ADAPTER_DIR, TEXT_ADAPTER_DIR, TINY_DIR, assert_reference_kernels_absent
 
 ADAPTER_SEED = 4321
+MULTIMODAL_ADAPTER_SEED = ADAPTER_SEED + 1
 # Standard deviation of the random lora_B entries: large enough that the adapter moves the letter answers.
 LORA_B_STD = 0.04
 TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -104,17 +105,21 @@ def make_text_adapter() -> list[str]:
 def make_multimodal_adapter() -> list[str]:
     base = Qwen3_5ForConditionalGeneration.from_pretrained(TINY_DIR, dtype=torch.float32)
     peft_model = get_peft_model(base, lora_config(MULTIMODAL_TARGETS))
-    randomize_lora(peft_model, ADAPTER_SEED + 1)
+    randomize_lora(peft_model, MULTIMODAL_ADAPTER_SEED)
     save_adapter(peft_model, MULTIMODAL_ADAPTER_DIR)
     modules = adapted_modules(MULTIMODAL_ADAPTER_DIR)
-    want = expected_text_modules("base_model.model.model.language_model.", base.config.text_config.layer_types)
-    vision = "base_model.model.model.visual."
-    want |= {
-        f"{vision}blocks.{j}.mlp.linear_fc{k}" for j in range(base.config.vision_config.depth) for k in (1, 2)
-    }
-    want |= {f"{vision}merger.linear_fc{k}" for k in (1, 2)}
-    check_modules("multimodal", modules, want)
+    check_modules("multimodal", modules, expected_multimodal_modules(base.config))
     return modules
+
+
+def expected_multimodal_modules(config) -> set[str]:
+    """The multimodal adapter's modules on Qwen3_5ForConditionalGeneration: the text adapter's in the language
+    model, plus every vision block's MLP and the merger (`linear_fc1`/`linear_fc2` match both)."""
+    want = expected_text_modules("base_model.model.model.language_model.", config.text_config.layer_types)
+    vision = "base_model.model.model.visual."
+    want |= {f"{vision}blocks.{j}.mlp.linear_fc{k}" for j in range(config.vision_config.depth) for k in (1, 2)}
+    want |= {f"{vision}merger.linear_fc{k}" for k in (1, 2)}
+    return want
 
 
 def summarize(modules: list[str]) -> dict[str, int]:

@@ -101,19 +101,26 @@ def prompt_text(n_options: int) -> str:
 
 
 def multimodal_ids(tokenizer, grid_thw: list[int], n_options: int) -> list[int]:
-    """Cua's multimodal prompt: [system, user(image, text)], the image placeholder expanded the way
-    the processor does (t·h·w / merge² copies of <|image_pad|>)."""
+    """Cua's multimodal prompt: [system, user(image, text)], the image placeholder expanded."""
+    system = "You are a one-pass computer-use decision model. Answer with ONLY a letter."
+    return image_chat_ids(tokenizer, system, prompt_text(n_options), grid_thw, IMAGE_TOKEN_ID)[1]
+
+
+def image_chat_ids(tokenizer, system: str, user: str, grid_thw: list[int], image_token_id: int) -> tuple[str, list[int]]:
+    """[system, user(image, text)] through the checkpoint's chat template (the rendered string, one
+    placeholder), tokenized, the placeholder expanded the way the processor does (t·h·w / merge²
+    copies of <|image_pad|>). Shared with real_vl_goldens.py."""
     messages = [
-        {"role": "system", "content": "You are a one-pass computer-use decision model. Answer with ONLY a letter."},
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt_text(n_options)}]},
+        {"role": "system", "content": system},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user}]},
     ]
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    if ids.count(IMAGE_TOKEN_ID) != 1:
+    if ids.count(image_token_id) != 1:
         raise RuntimeError("the rendered prompt must hold exactly one image placeholder")
-    at = ids.index(IMAGE_TOKEN_ID)
+    at = ids.index(image_token_id)
     copies = grid_thw[0] * grid_thw[1] * grid_thw[2] // 4
-    return ids[:at] + [IMAGE_TOKEN_ID] * copies + ids[at + 1 :]
+    return rendered, ids[:at] + [image_token_id] * copies + ids[at + 1 :]
 
 
 def rope_index(model, ids: list[int], grids: list[list[int]]) -> list[list[int]]:
