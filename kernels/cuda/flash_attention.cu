@@ -172,7 +172,11 @@ __device__ __forceinline__ int fa_seq_of(const u32* __restrict__ cu_seqlens, int
 // keys then the sequence's own (prefix_rows in all; attention_prologue and flash_prefix_rows
 // write them). Query row r sees joined keys 0..=r + prefix: the key tiles, their order and the
 // rounding are those of the whole prompt's run, so a resumed answer computes as the whole one.
-template <int D, int WARPS, bool NARROW, bool LAST, bool SPLIT, bool PREFIX = false>
+//
+// BIDIR (the vision tower): every query row of a segment sees every key of it (no causal mask,
+// keys past the segment masked), and there is no output gate (qg, qg_stride and gate_in_out are
+// not read). Not with LAST, SPLIT or PREFIX.
+template <int D, int WARPS, bool NARROW, bool LAST, bool SPLIT, bool PREFIX = false, bool BIDIR = false>
 __device__ __forceinline__ void flash_attention_impl(
     const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
     const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride, int gate_in_out,
@@ -223,7 +227,8 @@ __device__ __forceinline__ void flash_attention_impl(
     const int g = lane >> 2;  // fragment row (and row + 8)
     const int tq = lane & 3;  // fragment column pair
     const int q0 = tile * FA_BM;             // first query row of the block, within the sequence
-    const int kv_len = pre + min(q0 + FA_BM, len); // keys any row of the block can see
+    // Keys any row of the block can see.
+    const int kv_len = BIDIR ? len : pre + min(q0 + FA_BM, len);
     int j_begin = 0;
     int n_tiles = (kv_len + FA_BN - 1) / FA_BN;  // one past the last key tile of this block
     if (SPLIT) {
@@ -272,7 +277,7 @@ __device__ __forceinline__ void flash_attention_impl(
         const bool has_next = j + 1 < n_tiles;
         // Warps whose rows all precede the tile (or lie past the sequence) skip the math but still
         // copy and reach every barrier.
-        const bool active = warp_rows && key0 <= wrow + 15 + pre;
+        const bool active = warp_rows && (BIDIR || key0 <= wrow + 15 + pre);
 
         cp_async_wait<1>();  // K_j (V_j may still be in flight)
         __syncthreads();
@@ -300,7 +305,16 @@ __device__ __forceinline__ void flash_attention_impl(
         u32 p[FA_BN / 16][4];
         if (active) {
             const int r0 = wrow + g + pre;  // the row's last visible key
-            if (key0 + FA_BN - 1 > wrow + pre) {  // the tile crosses this warp's diagonal
+            if (BIDIR) {
+                if (key0 + FA_BN > len) {  // the tile runs past the segment (its rows load as zeros)
+#pragma unroll
+                    for (int n = 0; n < FA_BN / 8; ++n) {
+                        const int key = key0 + n * 8 + tq * 2;
+                        if (key >= len) s[n][0] = s[n][2] = F32_NEG_INF;
+                        if (key + 1 >= len) s[n][1] = s[n][3] = F32_NEG_INF;
+                    }
+                }
+            } else if (key0 + FA_BN - 1 > wrow + pre) {  // the tile crosses this warp's diagonal
 #pragma unroll
                 for (int n = 0; n < FA_BN / 8; ++n) {
                     const int key = key0 + n * 8 + tq * 2;
@@ -422,8 +436,9 @@ __device__ __forceinline__ void flash_attention_impl(
         const i64 row = (i64)seq_start + min(r, len - 1);
         const i64 out_row = LAST ? (i64)blockIdx.y : row;
         dst[half] = (out_row * q_heads + h) * head_dim;
-        gate[half] = gate_in_out ? static_cast<const float*>(out) + dst[half]
-                                 : qg + row * qg_stride + (i64)h * 2 * head_dim + head_dim;
+        gate[half] = BIDIR         ? nullptr
+                     : gate_in_out ? static_cast<const float*>(out) + dst[half]
+                                   : qg + row * qg_stride + (i64)h * 2 * head_dim + head_dim;
     }
 #pragma unroll
     for (int n0 = 0; n0 < D / 8; n0 += GB) {
@@ -433,8 +448,9 @@ __device__ __forceinline__ void flash_attention_impl(
 #pragma unroll
             for (int u = 0; u < GB; ++u) {
                 const int col = (n0 + u) * 8 + tq * 2;
-                gt[half][u] = keep[half] && col < head_dim ? *reinterpret_cast<const float2*>(gate[half] + col)
-                                                           : make_float2(0.0f, 0.0f);
+                gt[half][u] = BIDIR ? make_float2(1.0f, 1.0f)
+                              : keep[half] && col < head_dim ? *reinterpret_cast<const float2*>(gate[half] + col)
+                                                             : make_float2(0.0f, 0.0f);
                 if (LAST) gt[half][u] = make_float2(sigmoid_f(gt[half][u].x), sigmoid_f(gt[half][u].y));
             }
         }
@@ -514,6 +530,52 @@ FA_PREFIX_ENTRY(flash_attention_prefix_last_d256, 256, true, false)
 FA_PREFIX_ENTRY(flash_attention_prefix_last_split_d64, 64, true, true)
 FA_PREFIX_ENTRY(flash_attention_prefix_last_split_d128, 128, true, true)
 FA_PREFIX_ENTRY(flash_attention_prefix_last_split_d256, 256, true, true)
+
+// The bidirectional form (BIDIR above) in the narrow layout, for the vision tower's attention
+// within each image: the arguments of FA_ENTRY (qg, qg_stride and gate_in_out unread; kv_heads =
+// q_heads).
+#define FA_BIDIR_ENTRY(NAME, D)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                    \
+        const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
+        const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride,        \
+        int gate_in_out, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,              \
+        void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim,            \
+        int tiles_per_split, float* __restrict__ partial) {                                       \
+        flash_attention_impl<D, 4, true, false, false, false, true>(                              \
+            qb, kb, vb, qg, qg_stride, gate_in_out, cu_seqlens, num_seqs, rows, out, out_bf16,    \
+            q_heads, kv_heads, head_dim, tiles_per_split, partial);                               \
+    }
+
+FA_BIDIR_ENTRY(flash_attention_bidir_d64, 64)
+FA_BIDIR_ENTRY(flash_attention_bidir_d128, 128)
+FA_BIDIR_ENTRY(flash_attention_bidir_d256, 256)
+
+// The vision tower's stacked qkv (f32 [rows][q | k | v][heads][head_dim]) as the bidirectional
+// kernel's bf16 inputs [rows][heads][d]: q times scale·log2(e), columns at or beyond head_dim zero
+// (head_dim a multiple of 16: a part of 8 is wholly in or out). One thread per 8 values.
+extern "C" __global__ void flash_bidir_inputs(const float* __restrict__ qkv, u32 rows, int heads, int head_dim,
+                                              int d, float scale, __nv_bfloat16* __restrict__ qb,
+                                              __nv_bfloat16* __restrict__ kb, __nv_bfloat16* __restrict__ vb) {
+    const int parts = d / 8;
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * 3 * heads * parts) return;
+    const int col = (int)(i % parts) * 8;
+    const i64 rh = i / parts;
+    const int hh = (int)(rh % (3 * heads));  // which of q, k, v (hh / heads) and head (hh % heads)
+    const i64 row = rh / (3 * heads);
+    const int which = hh / heads, h = hh % heads;
+    const float* src = qkv + (row * 3 * heads + hh) * head_dim;
+    __nv_bfloat16* dst = (which == 0 ? qb : which == 1 ? kb : vb) + (row * heads + h) * d;
+    const float mul = which == 0 ? scale * 1.4426950408889634f : 1.0f;
+    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+    if (col < head_dim) {
+        const float4 a = *reinterpret_cast<const float4*>(src + col);
+        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
+        packed = make_uint4(pack_bf16x2(a.x * mul, a.y * mul), pack_bf16x2(a.z * mul, a.w * mul),
+                            pack_bf16x2(b.x * mul, b.y * mul), pack_bf16x2(b.z * mul, b.w * mul));
+    }
+    *reinterpret_cast<uint4*>(dst + col) = packed;
+}
 
 // Prefix keys and values (f32 [prefix_rows][kv_heads·head_dim], normed and roped k, as a snapshot
 // holds them) as bf16 into the joined rows of kb and vb [..][kv_heads][d]: prefix row p of

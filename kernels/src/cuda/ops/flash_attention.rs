@@ -21,7 +21,7 @@ use half::bf16;
 use super::super::buffers::OutBuf;
 use super::super::device::driver_err;
 use super::super::launch::{linear, to_i32, to_u32, Gpu};
-use super::super::workspace::FlashScratch;
+use super::super::workspace::{FlashScratch, ScratchGuard};
 use super::rope::RopeTable;
 use crate::backend::{AttentionDims, KernelResult, Varlen};
 use crate::error::KernelError;
@@ -296,28 +296,7 @@ pub(crate) fn flash_attention(
     } else {
         0
     };
-    let stream = &gpu.device.stream;
-    let need = (q_len, kv_len, partial_len);
-    let mut guard =
-        gpu.workspace
-            .flash
-            .get(&gpu.workspace, OP, need, |(q_len, kv_len, partial_len)| {
-                let alloc = |n: usize| {
-                    stream
-                        .alloc_zeros::<bf16>(n)
-                        .map_err(|e| driver_err("attention bf16 scratch", e))
-                };
-                Ok(FlashScratch {
-                    q: alloc(q_len)?,
-                    k: alloc(kv_len)?,
-                    v: alloc(kv_len)?,
-                    // Splits fill at most two blocks per SM beyond the unsplit blocks: sized for
-                    // that at the largest head size, so it need not grow with the batch.
-                    partial: stream
-                        .alloc_zeros::<f32>(partial_len.max(4 * gpu.device.sm_count * (256 + 2)))
-                        .map_err(|e| driver_err("attention partial rows", e))?,
-                })
-            })?;
+    let mut guard = flash_scratch(gpu, OP, (q_len, kv_len, partial_len))?;
     let scratch = guard.scratch();
     let rows = to_u32(OP, "rows", batch.rows)?;
     let q_heads = to_i32(OP, "q_heads", dims.q_heads)?;
@@ -456,24 +435,7 @@ pub(crate) fn flash_attention(
     };
     let smem = shape.smem_bytes(d);
     let kernel = shape.kernel(d);
-    let f = gpu.device.function(kernel)?;
-    // Above 48 KiB a kernel must opt in. Setting it on every launch costs a host-side driver
-    // call, is no stream operation (so it is fine during graph capture), and keeps the
-    // attribute with the function, whichever backend instance launches it.
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        to_i32(OP, "shared memory", smem)?,
-    )
-    .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
-    if shape.tiles_on_y {
-        // Two narrow blocks per SM need the largest shared-memory carveout (a hint the driver
-        // may otherwise size for one block).
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            100,
-        )
-        .map_err(|e| driver_err("attention: shared memory carveout", e))?;
-    }
+    opt_in(gpu, OP, kernel, shape, smem)?;
     let tiles = to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?;
     let heads = to_u32(OP, "q_heads", dims.q_heads)?;
     let splits_a = to_u32(OP, "key splits", splits)?;
@@ -554,6 +516,156 @@ pub(crate) fn flash_attention(
                 .arg(&prefix_rows_u32);
         })
     }
+}
+
+/// Sets `kernel`'s shared-memory attributes for `shape` (`smem` bytes). Above 48 KiB a kernel must
+/// opt in. Setting it on every launch costs a host-side driver call, is no stream operation (so it
+/// is fine during graph capture), and keeps the attribute with the function, whichever backend
+/// instance launches it.
+fn opt_in(
+    gpu: &Gpu,
+    op: &'static str,
+    kernel: &str,
+    shape: FlashShape,
+    smem: usize,
+) -> KernelResult<()> {
+    let f = gpu.device.function(kernel)?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        to_i32(op, "shared memory", smem)?,
+    )
+    .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
+    if shape.tiles_on_y {
+        // Two narrow blocks per SM need the largest shared-memory carveout (a hint the driver
+        // may otherwise size for one block).
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        )
+        .map_err(|e| driver_err("attention: shared memory carveout", e))?;
+    }
+    Ok(())
+}
+
+/// Bidirectional attention within each segment (the vision tower's images) on the flash kernel:
+/// `qkv` rows `[q | k | v][heads][head_dim]` f32, `out` rows `[heads][head_dim]` f32, scores
+/// scaled by `scale`; Q, K and V rounded to bf16 first (`flash_bidir_inputs`). The caller checked
+/// that `flash_variant` takes `head_dim`, the batch and the buffers' sizes.
+pub(crate) fn flash_bidirectional(
+    gpu: &Gpu,
+    qkv: &CudaSlice<f32>,
+    batch: Varlen<'_, CudaSlice<u32>>,
+    (heads, head_dim, scale): (usize, usize, f32),
+    out: &mut CudaSlice<f32>,
+) -> KernelResult<()> {
+    const OP: &str = "attention_bidirectional";
+    let Some((_, d)) = flash_variant(head_dim) else {
+        return Err(KernelError::invalid(
+            OP,
+            format!("flash attention does not take head_dim {head_dim}"),
+        ));
+    };
+    let shape = NARROW;
+    if shape.tiles(batch.rows, batch.num_seqs) > GRID_Y_MAX {
+        return Err(KernelError::invalid(
+            OP,
+            format!("{} rows exceed the kernel's grid", batch.rows),
+        ));
+    }
+    let values = batch.rows * heads * d;
+    let mut guard = flash_scratch(gpu, OP, (values, values, 0))?;
+    let scratch = guard.scratch();
+    let rows = to_u32(OP, "rows", batch.rows)?;
+    let heads_a = to_i32(OP, "heads", heads)?;
+    let head_dim_a = to_i32(OP, "head_dim", head_dim)?;
+    let d_a = to_i32(OP, "head size", d)?;
+    let cfg = linear(OP, batch.rows * 3 * heads * (d / 8), CONVERT_BLOCK)?;
+    // SAFETY: argument types match the kernel; qkv holds `rows` rows of 3·heads·head_dim (checked
+    // by the caller) and the scratch rows·heads·d values of each (sized above).
+    unsafe {
+        gpu.launch(OP, "flash_bidir_inputs", cfg, |launch| {
+            launch
+                .arg(qkv)
+                .arg(&rows)
+                .arg(&heads_a)
+                .arg(&head_dim_a)
+                .arg(&d_a)
+                .arg(&scale)
+                .arg(&mut scratch.q)
+                .arg(&mut scratch.k)
+                .arg(&mut scratch.v);
+        })?;
+    }
+    let kernel = match d {
+        64 => "flash_attention_bidir_d64",
+        128 => "flash_attention_bidir_d128",
+        _ => "flash_attention_bidir_d256",
+    };
+    let smem = shape.smem_bytes(d);
+    opt_in(gpu, OP, kernel, shape, smem)?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            to_u32(OP, "heads", heads)?,
+            to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?,
+            1,
+        ),
+        block_dim: (shape.threads(), 1, 1),
+        shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
+    };
+    let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+    let (unread_stride, unread_flag, f32_out, no_splits) = (0i64, 0i32, 0i32, 0i32);
+    // SAFETY: argument types match the kernel; it clamps every segment to `rows`, which the
+    // scratch and `out` (checked by the caller) hold; the gate arguments are not read.
+    unsafe {
+        gpu.launch(OP, kernel, cfg, |launch| {
+            launch
+                .arg(&scratch.q)
+                .arg(&scratch.k)
+                .arg(&scratch.v)
+                .arg(qkv)
+                .arg(&unread_stride)
+                .arg(&unread_flag)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs)
+                .arg(&rows)
+                .arg(&mut *out)
+                .arg(&f32_out)
+                .arg(&heads_a)
+                .arg(&heads_a)
+                .arg(&head_dim_a)
+                .arg(&no_splits)
+                .arg(&mut scratch.partial);
+        })
+    }
+}
+
+/// The flash kernels' bf16 Q, K and V scratch and partial rows, holding at least `need` (values of
+/// Q, of K or V, of the partial rows).
+pub(crate) fn flash_scratch<'g>(
+    gpu: &'g Gpu,
+    op: &'static str,
+    need: (usize, usize, usize),
+) -> KernelResult<ScratchGuard<'g, FlashScratch>> {
+    let stream = &gpu.device.stream;
+    gpu.workspace
+        .flash
+        .get(&gpu.workspace, op, need, |(q_len, kv_len, partial_len)| {
+            let alloc = |n: usize| {
+                stream
+                    .alloc_zeros::<bf16>(n)
+                    .map_err(|e| driver_err("attention bf16 scratch", e))
+            };
+            Ok(FlashScratch {
+                q: alloc(q_len)?,
+                k: alloc(kv_len)?,
+                v: alloc(kv_len)?,
+                // Splits fill at most two blocks per SM beyond the unsplit blocks: sized for that
+                // at the largest head size, so it need not grow with the batch.
+                partial: stream
+                    .alloc_zeros::<f32>(partial_len.max(4 * gpu.device.sm_count * (256 + 2)))
+                    .map_err(|e| driver_err("attention partial rows", e))?,
+            })
+        })
 }
 
 /// Where the flash kernels' inputs come from.

@@ -1,11 +1,13 @@
 //! The vision tower's ops (`kernels/cuda/vision.cu`): LayerNorm, the bias and residual adds, GELU,
-//! 2-D axial rotary and bidirectional attention within each segment. Activations are f32 buffers
+//! 2-D axial rotary and bidirectional attention within each segment (on the flash kernel's
+//! bidirectional form where it takes the head size). Activations are f32 buffers
 //! from `alloc` (the tower allocates every one so), weights and biases bf16 from `upload`.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, idx, weight, CudaBuf};
 use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
+use super::flash_attention::{flash_bidirectional, flash_variant};
 use super::shared::{check_batch, opt_in_smem};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
@@ -246,6 +248,11 @@ pub(crate) fn attention_bidirectional(
     let out = act_mut(OP, "out", out, 0)?;
     if rows == 0 || batch.num_seqs == 0 {
         return Ok(());
+    }
+    // Head sizes the flash kernel takes (multiples of 16 up to 256, the tower's 64 among them) run
+    // on bf16 tensor cores; the f32 kernel below takes the rest.
+    if flash_variant(head_dim).is_some() {
+        return flash_bidirectional(gpu, qkv, batch, (heads, head_dim, scale), out);
     }
     let smem = bidir_smem_bytes(head_dim);
     if smem > DEFAULT_SMEM {
