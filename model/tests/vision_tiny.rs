@@ -211,6 +211,21 @@ fn check<B: VisionBackend>(
         }
     }
     assert_eq!(prompts_checked, 4);
+    // The first image again, after the others: its grid's position table is the kept one now
+    // (resampled once per grid), and the features are the same bits as the first time.
+    let (first, px) = (&g["images"][0], &pixels[0]);
+    let input = ImageInput {
+        pixel_values: px,
+        grid_thw: grid(&first["grid_thw"]),
+    };
+    let once = loaded.tower.forward(&[input]).unwrap().remove(0);
+    let again = loaded.tower.forward(&[input]).unwrap().remove(0);
+    assert_eq!(once, again, "{variant}: the kept position table");
+    let rel = max_rel_diff(&again, &floats(&first[format!("features_{variant}")]));
+    assert!(
+        rel < tol.rel,
+        "{variant}: the first image again, {rel} relative"
+    );
     eprintln!(
         "{variant}: worst feature rel diff {worst_feature:.2e}, worst prob diff {worst_prob:.2e}"
     );

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
+use ::metrics::histogram;
 use anyhow::{ensure, Context};
 use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
@@ -24,6 +26,7 @@ use instinct_model::vision::{ImageInput, VisionTower};
 use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
 
 use crate::image_cache::{key_of, EncodedImage, ImageCache, ImageKey};
+use crate::metrics as m;
 use crate::prefix_reuse::{self, Planned, PrefixReuse, TEXT_NAMESPACE};
 use crate::screenshot::Screenshot;
 
@@ -136,12 +139,16 @@ impl Preparer {
         let mut hit = true;
         let encoded = vision.cache.get_or_encode(key, || {
             hit = false;
+            let started = Instant::now();
             let pre = preprocess(&image.bytes, image.format.mime())
                 .map_err(|e| ScreenshotError::Image(e.to_string()))?;
+            let preprocessed = Instant::now();
+            histogram!(m::IMAGE_PREPROCESS_SECONDS).record((preprocessed - started).as_secs_f64());
             let features = vision
                 .encoder
                 .encode(&pre.pixel_values, pre.grid_thw)
                 .map_err(ScreenshotError::Internal)?;
+            histogram!(m::IMAGE_ENCODE_SECONDS).record(preprocessed.elapsed().as_secs_f64());
             Ok(EncodedImage {
                 features: Arc::new(features),
                 grid_thw: pre.grid_thw,
@@ -505,7 +512,7 @@ pub fn load(
             let mut parts = load_engines(device, start, options, source, limits)?;
             // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now,
             // not on requests.
-            let t0 = std::time::Instant::now();
+            let t0 = Instant::now();
             let mut warmed = Vec::new();
             for engine in &mut parts.engines {
                 warmed = engine.decider.warm_shapes()?;
@@ -543,7 +550,7 @@ pub fn load_on(
 ) -> anyhow::Result<Loaded> {
     let mut all: Option<Loaded> = None;
     for &device in devices {
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let loaded = load(device, source, limits, options)
             .with_context(|| format!("loading the model onto {device}"))?;
         tracing::info!(%device, ms = t0.elapsed().as_secs_f64() * 1e3, "engine loaded");

@@ -17,6 +17,10 @@ use crate::prefix_reuse;
 pub const REQUEST_DURATION_SECONDS: &str = "instinct_request_duration_seconds";
 /// Histogram, per request: validation, prompt rendering and tokenization.
 pub const PREPARE_SECONDS: &str = "instinct_prepare_seconds";
+/// Histogram: per screenshot not in the image cache, decoding and preprocessing its bytes.
+pub const IMAGE_PREPROCESS_SECONDS: &str = "instinct_image_preprocess_seconds";
+/// Histogram: per screenshot not in the image cache, the vision tower's encoding.
+pub const IMAGE_ENCODE_SECONDS: &str = "instinct_image_encode_seconds";
 /// Histogram, per request: from admission to the last answer of its questions (queue + infer).
 pub const SCHEDULER_SECONDS: &str = "instinct_request_scheduler_seconds";
 /// Counter, label `status` (HTTP status code) and `code` (problem code, `ok` for 200).
@@ -69,6 +73,8 @@ pub fn install() -> &'static PrometheusHandle {
         let latency = [
             REQUEST_DURATION_SECONDS,
             PREPARE_SECONDS,
+            IMAGE_PREPROCESS_SECONDS,
+            IMAGE_ENCODE_SECONDS,
             SCHEDULER_SECONDS,
             telemetry::QUEUE_WAIT_SECONDS,
             telemetry::INFER_SECONDS,
@@ -146,6 +152,16 @@ fn describe() {
         PREPARE_SECONDS,
         Unit::Seconds,
         "Per request: validation, prompt rendering and tokenization"
+    );
+    describe_histogram!(
+        IMAGE_PREPROCESS_SECONDS,
+        Unit::Seconds,
+        "Per screenshot not in the image cache: decoding and preprocessing"
+    );
+    describe_histogram!(
+        IMAGE_ENCODE_SECONDS,
+        Unit::Seconds,
+        "Per screenshot not in the image cache: the vision tower"
     );
     describe_histogram!(
         SCHEDULER_SECONDS,

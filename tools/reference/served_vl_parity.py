@@ -200,6 +200,8 @@ def measure_latency(client: Client, goldens: dict, base: Path, repeats: int) -> 
     errors = []
     hits_before = metric(client, "instinct_image_cache_hits_total")
     misses_before = metric(client, "instinct_image_cache_misses_total")
+    stages = ("preprocess", "encode")
+    stage_sums = {st: [metric(client, f"instinct_image_{st}_seconds_{x}") for x in ("sum", "count")] for st in stages}
     for k, image in enumerate(goldens["latency_images"]):
         data = (base / image["file"]).read_bytes()
         order = [("1q", one), ("4q", four)] if k % 2 == 0 else [("4q", four), ("1q", one)]
@@ -215,6 +217,13 @@ def measure_latency(client: Client, goldens: dict, base: Path, repeats: int) -> 
             server[key].append(server_timing(headers))
     hits_after = metric(client, "instinct_image_cache_hits_total")
     misses_after = metric(client, "instinct_image_cache_misses_total")
+    # The server's own split of a miss (histograms it records per encoded image): mean ms.
+    image_stages = {}
+    for st in stages:
+        after = [metric(client, f"instinct_image_{st}_seconds_{x}") for x in ("sum", "count")]
+        before = stage_sums[st]
+        if None not in after and None not in before and after[1] > before[1]:
+            image_stages[f"{st}_ms_mean"] = round(1e3 * (after[0] - before[0]) / (after[1] - before[1]), 3)
     result = {
         "image": "1024x1024 PNG (1,024 image tokens), a different image each round: "
         + ", ".join(f"{i['file']} ({i['bytes']} B)" for i in goldens["latency_images"]),
@@ -223,6 +232,7 @@ def measure_latency(client: Client, goldens: dict, base: Path, repeats: int) -> 
         "body_bytes_4q": len(screenshot_body((base / goldens["latency_images"][0]["file"]).read_bytes(), "image/png",
                                              four)),
         "errors": errors,
+        "miss_stages": image_stages,
         "image_cache": {
             "hits": None if hits_after is None or hits_before is None else hits_after - hits_before,
             "misses": None if misses_after is None or misses_before is None else misses_after - misses_before,
@@ -304,7 +314,8 @@ def main() -> int:
         shown = {k: latency[k]["median_ms"] for k in ("miss_1q", "hit_1q", "miss_4q", "hit_4q") if k in latency}
         print(f"[vl_parity] latency medians (ms) on 1024x1024 PNGs: {json.dumps(shown)}; 4q/1q hit "
               f"{latency.get('ratio_4q_over_1q_hit')}, miss {latency.get('ratio_4q_over_1q_miss')}; "
-              f"image cache {json.dumps(latency['image_cache'])}; errors {len(latency['errors'])}")
+              f"image cache {json.dumps(latency['image_cache'])}; a miss's stages {json.dumps(latency['miss_stages'])}; "
+              f"errors {len(latency['errors'])}")
     return 0 if parity["passed"] else 1
 
 

@@ -39,12 +39,18 @@ struct Block<B: VisionBackend> {
     fc2: Linear<B>,
 }
 
+/// Resampled position tables kept on the device: the last few image grids seen.
+const POSITION_TABLES_KEPT: usize = 4;
+
 /// The vision tower on a backend.
 pub struct VisionTower<B: VisionBackend> {
     backend: B,
     cfg: VisionConfig,
     /// Kept on the host: it is resampled per image grid.
     pos_embed: Vec<f32>,
+    /// The resampled table (`[patches, hidden]`, block order) of recent grids, newest last: an
+    /// agent's screenshots mostly share one size, so it is computed and uploaded once.
+    positions: std::sync::Mutex<Vec<([u32; 3], B::Buf)>>,
     patch_embed: Linear<B>,
     blocks: Vec<Block<B>>,
     merger_norm: Norm<B>,
@@ -97,6 +103,7 @@ impl<B: VisionBackend> VisionTower<B> {
             merger_fc1: linear(&weights.merger_fc1)?,
             merger_fc2: linear(&weights.merger_fc2)?,
             pos_embed: weights.pos_embed.data.clone(),
+            positions: std::sync::Mutex::new(Vec::new()),
             blocks,
             cfg: cfg.clone(),
             backend,
@@ -127,6 +134,48 @@ impl<B: VisionBackend> VisionTower<B> {
             .map_err(|e| anyhow!(e))
     }
 
+    /// Adds the position table of `grid` (patches at `coords`) to `hidden`, from the kept tables
+    /// or resampled on the host and kept.
+    fn add_positions(
+        &self,
+        grid: [u32; 3],
+        coords: &[(usize, usize)],
+        hidden: &mut B::Buf,
+    ) -> Result<()> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let h = self.cfg.hidden_size;
+        let len = coords.len() * h;
+        let mut kept = self
+            .positions
+            .lock()
+            .map_err(|_| anyhow!("position tables poisoned by an earlier panic"))?;
+        if let Some(i) = kept.iter().position(|(g, _)| *g == grid) {
+            let entry = kept.remove(i);
+            kept.push(entry);
+        } else {
+            // 0 + s is s exactly: the table alone, then one add on the device.
+            let mut table = vec![0.0f32; len];
+            let [_, gh, gw] = grid.map(|v| v as usize);
+            add_position_embedding(
+                &mut table,
+                coords,
+                (gh, gw),
+                &self.pos_embed,
+                self.cfg.grid_side(),
+                h,
+            )?;
+            let mut buf = be.alloc(len).map_err(e)?;
+            be.write(&mut buf, &table).map_err(e)?;
+            if kept.len() >= POSITION_TABLES_KEPT {
+                kept.remove(0);
+            }
+            kept.push((grid, buf));
+        }
+        let (_, table) = kept.last().expect("pushed above");
+        be.add_in_place(hidden, table, len).map_err(e)
+    }
+
     fn forward_one(&self, image: &ImageInput<'_>) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let be = &self.backend;
@@ -145,23 +194,15 @@ impl<B: VisionBackend> VisionTower<B> {
         );
 
         // Patch embedding (the stride-equals-kernel Conv3d is a Linear over each patch row),
-        // then the resampled learned position table, added on the host.
+        // then the resampled learned position table added (one f32 add per value, as on the
+        // host).
         // An activation, not a weight: `upload` is for weights (and counts them); the GEMM rounds
         // its input to its operand precision on a GPU, as a bf16 model's conv does.
         let mut pixels = be.alloc(image.pixel_values.len()).map_err(e)?;
         be.write(&mut pixels, image.pixel_values).map_err(e)?;
         let mut hidden = be.alloc(n * h).map_err(e)?;
         self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
-        let mut host = be.read(&hidden, n * h).map_err(e)?;
-        add_position_embedding(
-            &mut host,
-            &coords,
-            (gh, gw),
-            &self.pos_embed,
-            cfg.grid_side(),
-            h,
-        )?;
-        be.write(&mut hidden, &host).map_err(e)?;
+        self.add_positions(image.grid_thw, &coords, &mut hidden)?;
 
         let flat_coords: Vec<u32> = coords
             .iter()
