@@ -339,8 +339,12 @@ fn attention_bidirectional_speed_on_a_full_screenshot() {
         seconds * 1e3,
         flops / seconds / 1e12
     );
+    // The rows, not the NaN padding `padded` puts after them.
     let got = read_all(&gpu, &out, n * width);
-    assert!(got.iter().all(|v| v.is_finite()), "every row written");
+    assert!(
+        got[..n * width].iter().all(|v| v.is_finite()),
+        "every row written"
+    );
 }
 
 // ---- refusals -----------------------------------------------------------------------------------
