@@ -70,8 +70,9 @@ pub struct ServeArgs {
     /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
     /// short questions queued behind it run beside its chunks instead of after it. 0 (the
     /// default) runs every question whole. On a GPU it must be a multiple of 64 (the delta
-    /// rule's chunk: chunks cut there compute what the whole prompt does). A chunked question
-    /// does not use prefix reuse yet (it runs from its first token).
+    /// rule's chunk: chunks cut there compute what the whole prompt does). A chunked question's
+    /// first chunk resumes from the longest cached prefix of its ids; its chunks are not shared
+    /// with the request's other questions.
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 

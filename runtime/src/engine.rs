@@ -334,43 +334,53 @@ impl<B: Backend> DeciderEngine<B> {
 
     /// Runs chunks of long text questions in one pass (chunked prefill): each resumes from the
     /// prefix state its question's previous chunk left in its carry, and leaves its own for the
-    /// next one; a last chunk answers instead. The states are f32 snapshots on the host.
+    /// next one; a last chunk answers instead. A question's first chunk resumes from the longest
+    /// cached prefix of its ids (the system turn, a prefix another request left) and computes
+    /// only the rest. The states stay where the backend keeps them.
     fn run_chunks(
         &mut self,
         seqs: &[(&SeqInput<'_>, ChunkInput<'_>)],
     ) -> anyhow::Result<Vec<Vec<f32>>> {
-        let mut resumed = Vec::with_capacity(seqs.len());
+        // Per chunk: the state it resumes from and where its own tokens start in its ids.
+        let mut resumed: Vec<(Option<Arc<PrefixState>>, usize)> = Vec::with_capacity(seqs.len());
         for (s, chunk) in seqs {
             ensure!(s.context.is_none(), "only text questions run in chunks");
             let state = match chunk.carry.take() {
-                Some(state) => Some(
-                    *state
-                        .downcast::<PrefixState>()
-                        .map_err(|_| anyhow::anyhow!("a chunk's carry holds no prefix state"))?,
-                ),
+                Some(state) => {
+                    Some(Arc::new(*state.downcast::<PrefixState>().map_err(
+                        |_| anyhow::anyhow!("a chunk's carry holds no prefix state"),
+                    )?))
+                }
                 None => None,
             };
-            let held = state.as_ref().map_or(0, PrefixState::tokens);
+            let held = state.as_ref().map_or(0, |s| s.tokens());
             ensure!(
                 held == chunk.start,
                 "a chunk starting at token {} found a state of {held} tokens",
                 chunk.start
             );
-            resumed.push(state);
+            if state.is_none() {
+                if let Some(hit) = self.reuse.lookup(TEXT_NAMESPACE, s.ids) {
+                    resumed.push((Some(hit.state), hit.tokens));
+                    continue;
+                }
+            }
+            resumed.push((state, 0));
         }
         let segments: Vec<QuestionSegment> = seqs
             .iter()
             .zip(&resumed)
-            .map(|((s, chunk), state)| {
+            .map(|((s, chunk), (state, from))| {
+                let (ids, state) = (&s.ids[*from..], state.as_deref());
                 if chunk.last {
-                    QuestionSegment::answer(Prompt::text(s.ids, s.n_options), state.as_ref())
+                    QuestionSegment::answer(Prompt::text(ids, s.n_options), state)
                 } else {
-                    QuestionSegment::prefix(s.ids, state.as_ref())
+                    QuestionSegment::prefix(ids, state)
                 }
             })
             .collect();
         self.reuse
-            .count_computed(seqs.iter().map(|(s, _)| s.ids.len()).sum());
+            .count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
         let outputs = self.decider.decide_segments(&segments)?;
         let mut answers = Vec::with_capacity(seqs.len());
         for ((_, chunk), out) in seqs.iter().zip(outputs) {

@@ -226,6 +226,21 @@ impl PrefixReuse {
         }
     }
 
+    /// The longest cached prefix of `ids` that leaves it a token (a chunked question's first
+    /// chunk resumes from it), counted as a hit or a miss; `None` when reuse is off or nothing is
+    /// cached.
+    pub fn lookup(&self, namespace: &str, ids: &[u32]) -> Option<Hit> {
+        let cache = self.cache.as_ref()?;
+        let hit = cache
+            .lock()
+            .longest_prefix(namespace, ids, ids.len().saturating_sub(1));
+        self.count_lookups(&Plan {
+            cached: vec![hit.as_ref().map_or(0, |h| h.tokens)],
+            ..Plan::whole(0)
+        });
+        hit
+    }
+
     /// Caches the snapshot of `ids`.
     fn store(&self, namespace: &str, ids: &[u32], state: Arc<PrefixState>) -> anyhow::Result<()> {
         let Some(cache) = &self.cache else {

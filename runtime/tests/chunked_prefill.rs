@@ -2,7 +2,7 @@
 //! as consecutive chunks carrying their prefix state, and answer as they do whole (within 1e-5
 //! per probability), with prefix reuse off and on; the chunks are counted in /metrics; their
 //! states are reserved in the in-flight byte budget, and a request whose states do not fit runs
-//! whole instead.
+//! whole instead; with reuse on, a question's first chunk resumes from the cached system turn.
 
 mod common;
 
@@ -64,15 +64,55 @@ async fn server_with(
     (serve_state(state.clone()).await, state)
 }
 
-/// `instinct_prefill_chunks_total` as `addr` exports it.
+/// `instinct_prefill_chunks_total` as `addr` exports it (0 before the process's first chunk: a
+/// counter never incremented has no line).
 async fn chunks_counted(addr: std::net::SocketAddr) -> f64 {
     let metrics = exchange(addr, "GET /metrics HTTP/1.1", b"").await;
     let text = String::from_utf8(metrics.body).unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix("instinct_prefill_chunks_total "))
-        .expect("the chunk counter is exported")
-        .parse()
-        .unwrap()
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_chunk_resumes_from_the_cached_system_turn() {
+    let whole = server(None, 0).await;
+    let config = Config {
+        max_batch_seqs: 16,
+        max_chunk_tokens: Some(320),
+        ..Config::default()
+    };
+    let (ready, reuse) = demo_ready_with_prefix(config, 1, 256 << 20);
+    let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
+    state.set_ready(ready);
+    let chunked = serve_state(state).await;
+    let system = reuse.system_ids().len();
+    // A short request runs whole, through reuse: the system turn is snapshotted beside it.
+    let short = request(3, 1, 1);
+    let (want, short_tokens) = answers(&post(whole, &short).await);
+    assert!(short_tokens < 320, "{short_tokens} tokens: not chunked");
+    assert_close(&answers(&post(chunked, &short).await).0, &want, "short");
+    assert_eq!(reuse.entries(), 1, "the system turn");
+    // Three long questions, chunked: each first chunk resumes after the system turn.
+    let before = (reuse.stats(), chunks_counted(chunked).await);
+    let long = request(1, 60, 3);
+    let (want, tokens) = answers(&post(whole, &long).await);
+    assert_close(
+        &answers(&post(chunked, &long).await).0,
+        &want,
+        "long, chunked",
+    );
+    let after = reuse.stats();
+    assert!(
+        chunks_counted(chunked).await >= before.1 + 3.0 * 2.0,
+        "it ran in chunks"
+    );
+    assert_eq!(after.hits - before.0.hits, 3);
+    assert_eq!(after.hit_tokens - before.0.hit_tokens, 3 * system as u64);
+    assert_eq!(
+        after.computed_tokens - before.0.computed_tokens,
+        tokens - 3 * system as u64
+    );
 }
 
 #[track_caller]
