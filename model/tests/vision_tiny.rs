@@ -405,3 +405,96 @@ fn vision_config_rejects_unsupported_settings() {
         assert!(VisionConfig::from_json(&bad).is_err(), "{key} accepted");
     }
 }
+
+/// A screenshot prompt run as prefix → snapshot → tail answers as the whole prompt, on the CPU
+/// (within 1e-5 per probability), with the cut before the image, inside it (the tail's image part
+/// then starts at a later feature row: `ImagePrompt::part`) and after it; the M-RoPE positions and
+/// feature rows of each part are cut from the whole prompt's.
+#[test]
+fn a_screenshot_prompt_resumed_inside_or_after_its_image_answers_as_whole() {
+    use instinct_model::decider::{Decider, ImagePrompt, Prompt, QuestionSegment};
+    let g = goldens();
+    let image_token = g["image_token_id"].as_u64().unwrap() as u32;
+    let loaded = load(CpuBackend::new, true);
+    let im = &g["images"][0];
+    let grid_thw = grid(&im["grid_thw"]);
+    let features = loaded
+        .tower
+        .forward(&[ImageInput {
+            pixel_values: &pixel_values()[0],
+            grid_thw,
+        }])
+        .unwrap()
+        .remove(0);
+    let p = &im["prompts"][0];
+    let ids = u32s(&p["input_ids"]);
+    let n = p["n_options"].as_u64().unwrap() as usize;
+    let positions = rope_index(&ids, image_token, &[grid_thw], MERGE).unwrap();
+    let image = ImagePrompt::new(image_token, std::sync::Arc::new(features), positions);
+    let first = ids.iter().position(|&t| t == image_token).unwrap();
+    let last = ids.iter().rposition(|&t| t == image_token).unwrap();
+    assert!(last > first + 2, "the image has tokens to cut between");
+    let mut decider = Decider::new(loaded.text, loaded.readout);
+    fn prompt<'a>(
+        ids: &'a [u32],
+        range: std::ops::Range<usize>,
+        n: usize,
+        part: &'a ImagePrompt,
+    ) -> Prompt<'a> {
+        Prompt {
+            ids: &ids[range],
+            n_options: n,
+            image: Some(part),
+        }
+    }
+    let whole = decider
+        .decide(&[prompt(&ids, 0..ids.len(), n, &image)])
+        .unwrap();
+    for cut in [
+        first - 1,
+        first + 1,
+        (first + last) / 2,
+        last + 1,
+        ids.len() - 1,
+    ] {
+        let (head, tail) = (image.part(&ids, 0..cut), image.part(&ids, cut..ids.len()));
+        let snapshot = decider
+            .decide_segments(&[QuestionSegment {
+                prompt: prompt(&ids, 0..cut, n, &head),
+                resume: None,
+                snapshot: true,
+                answer: false,
+            }])
+            .unwrap()
+            .remove(0)
+            .snapshot
+            .unwrap();
+        let got = decider
+            .decide_segments(&[QuestionSegment::answer(
+                prompt(&ids, cut..ids.len(), n, &tail),
+                Some(&snapshot),
+            )])
+            .unwrap()
+            .remove(0)
+            .probabilities
+            .unwrap();
+        for (a, b) in got.iter().zip(&whole[0]) {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "cut at {cut}: {got:?} vs {:?}",
+                whole[0]
+            );
+        }
+        // Without its prefix the same tail answers otherwise: a dropped prefix would show.
+        let alone = decider
+            .decide(&[prompt(&ids, cut..ids.len(), n, &tail)])
+            .unwrap()
+            .remove(0);
+        let moved = alone
+            .iter()
+            .zip(&whole[0])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-4, "cut at {cut}: the prefix made no difference");
+    }
+}
