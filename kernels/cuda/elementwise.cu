@@ -1,4 +1,5 @@
-// Element-wise and gather kernels: embedding, SwiGLU, Gated DeltaNet gates, last-row gather.
+// Element-wise, gather and scatter kernels: embedding, SwiGLU, Gated DeltaNet gates, last-row
+// gather, row scatter.
 
 // out[t] = table[ids[t]] (bf16 table widened to f32). An id outside the vocabulary gives a NaN row,
 // so a bad id shows up downstream instead of reading out of bounds.
@@ -157,6 +158,17 @@ extern "C" __global__ void gather_last(const float* __restrict__ x, const u32* _
     const u32 end = cu_seqlens[s + 1];
     const bool valid = end > start && end <= rows_cap;
     out[(i64)s * dim + d] = valid ? x[(i64)(end - 1) * dim + d] : F32_NAN;
+}
+
+// out[slots[i]][d] = rows[i][d] for i < count, d < width: rows put in place of others (a
+// screenshot's image features over its image tokens' embeddings). A slot past out_rows is skipped.
+extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const u32* __restrict__ slots,
+                                        float* __restrict__ out, int count, int width, u32 out_rows) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)count * width) return;
+    const i64 r = i / width;
+    const u32 slot = slots[r];
+    if (slot < out_rows) out[(i64)slot * width + i % width] = rows[i];
 }
 
 // out[i] = bf16(x[i]) (round to nearest even) for i < n: the GEMM input, as a bf16 model holds it.

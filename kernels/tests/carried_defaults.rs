@@ -192,6 +192,16 @@ impl Backend for Plain {
     fn swiglu(&self, gate_up: &V, rows: usize, inter: usize, out: &mut V) -> KernelResult<()> {
         self.0.swiglu(gate_up, rows, inter, out)
     }
+    fn scatter_rows(
+        &self,
+        rows: &V,
+        slots: &I,
+        count: usize,
+        width: usize,
+        out: &mut V,
+    ) -> KernelResult<()> {
+        self.0.scatter_rows(rows, slots, count, width, out)
+    }
     fn gather_last(
         &self,
         x: &V,

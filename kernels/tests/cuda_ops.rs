@@ -1536,6 +1536,39 @@ fn gemm_into_bf16_then_swiglu_matches_cpu() {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn scatter_rows_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = StdRng::seed_from_u64(10);
+    // A screenshot's 1,024 feature rows over a 1,400-row batch, a lone row, the model's width and
+    // an odd one; the slots in any order.
+    for (count, out_rows, width) in [(1024, 1400, 2560), (1, 3, 2560), (37, 40, 33)] {
+        let rows = rand_vec(&mut rng, count * width, 1.0);
+        let base = rand_vec(&mut rng, out_rows * width, 1.0);
+        let mut slots: Vec<u32> = (0..out_rows as u32).collect();
+        slots.reverse();
+        slots.truncate(count);
+        let mut want = base.clone();
+        cpu.scatter_rows(&rows, &slots, count, width, &mut want)
+            .unwrap();
+        let mut out = activation(&gpu, &base, 0);
+        gpu.scatter_rows(
+            &activation(&gpu, &rows, 0),
+            &indices(&gpu, &slots),
+            count,
+            width,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(
+            gpu.read(&out, out_rows * width).unwrap(),
+            want,
+            "{count} rows into {out_rows} of {width}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn gather_last_matches_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = StdRng::seed_from_u64(9);

@@ -811,6 +811,27 @@ fn gated_rms_norm_and_swiglu_match_formulas() {
 }
 
 #[test]
+fn scatter_rows_puts_each_row_at_its_slot_and_refuses_a_slot_past_the_end() {
+    let cpu = CpuBackend::new();
+    let rows: Vec<f32> = (0..3 * 2).map(|v| 100.0 + v as f32).collect();
+    let mut out: Vec<f32> = (0..5 * 2).map(|v| v as f32).collect();
+    cpu.scatter_rows(&rows, &vec![4, 0, 2], 3, 2, &mut out)
+        .unwrap();
+    assert_eq!(out, [102., 103., 2., 3., 104., 105., 6., 7., 100., 101.]);
+    // Only the first `count` rows move.
+    let mut out = vec![0.0; 10];
+    cpu.scatter_rows(&rows, &vec![1, 3, 4], 1, 2, &mut out)
+        .unwrap();
+    assert_eq!(out, [0., 0., 100., 101., 0., 0., 0., 0., 0., 0.]);
+    let e = cpu
+        .scatter_rows(&rows, &vec![5], 1, 2, &mut out)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("slot 5 of row 0 is past out's 5 rows"), "{e}");
+    assert!(cpu.scatter_rows(&rows, &vec![0], 4, 2, &mut out).is_err());
+}
+
+#[test]
 fn embedding_and_gather_last_index_correctly_and_reject_bad_input() {
     let cpu = CpuBackend::new();
     let table: Vec<f32> = (0..5 * 3).map(|v| v as f32).collect();

@@ -1030,16 +1030,17 @@ impl<B: Backend> TextModel<B> {
             &mut ws.residual,
         )
         .map_err(e)?;
-        let mut host = be.read(&ws.residual, rows * h).map_err(e)?;
+        // The rows go to the device and are scattered there: the embeddings never make a trip
+        // through the host.
         let mut start = 0;
         for (s, seq) in seqs.iter().enumerate() {
             if let Some(Some(o)) = overrides.get(s) {
-                let slots: Vec<usize> = seq
+                let slots: Vec<u32> = seq
                     .token_ids
                     .iter()
                     .enumerate()
                     .filter(|(_, &t)| t == o.token_id)
-                    .map(|(i, _)| start + i)
+                    .map(|(i, _)| (start + i) as u32)
                     .collect();
                 ensure!(
                     o.rows.len() == slots.len() * h,
@@ -1049,13 +1050,17 @@ impl<B: Backend> TextModel<B> {
                     o.rows.len(),
                     o.rows.len() as f64 / h as f64
                 );
-                for (slot, row) in slots.into_iter().zip(o.rows.chunks_exact(h)) {
-                    host[slot * h..(slot + 1) * h].copy_from_slice(row);
+                if !slots.is_empty() {
+                    let mut src = be.alloc(o.rows.len()).map_err(e)?;
+                    be.write(&mut src, o.rows).map_err(e)?;
+                    let mut at = be.alloc_idx(slots.len()).map_err(e)?;
+                    be.write_idx(&mut at, &slots).map_err(e)?;
+                    be.scatter_rows(&src, &at, slots.len(), h, &mut ws.residual)
+                        .map_err(e)?;
                 }
             }
             start += seq.token_ids.len();
         }
-        be.write(&mut ws.residual, &host).map_err(e)?;
         Ok(())
     }
 

@@ -441,6 +441,19 @@ pub trait Backend: Buffers {
         self.gemm_to(act, proj.w, proj.shape(rows, inter), proj.store, y)
     }
 
+    /// `out[slots[i]] = rows[i]` for `i < count`, rows of `width` (a screenshot's image features
+    /// put in place of its image tokens' embeddings); the other rows of `out` stay as they were.
+    /// A slot past `out`'s rows is refused on the CPU and skipped on a GPU (whose slots are in
+    /// device memory): the caller checks its slots.
+    fn scatter_rows(
+        &self,
+        rows: &Self::Buf,
+        slots: &Self::Idx,
+        count: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()>;
+
     /// `out[s] = x[cu_seqlens[s + 1] − 1]` (each sequence's last row), `[num_seqs, dim]`.
     fn gather_last(
         &self,

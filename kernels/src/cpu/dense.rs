@@ -31,6 +31,31 @@ pub(super) fn embedding(
     Ok(())
 }
 
+/// `out[slots[i]] = rows[i]` for `i < count`, rows of `width`.
+pub(super) fn scatter_rows(
+    rows: &[f32],
+    slots: &[u32],
+    count: usize,
+    width: usize,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "scatter_rows";
+    check_len(OP, "rows", rows, count * width)?;
+    check_len(OP, "slots", slots, count)?;
+    let out_rows = out.len() / width.max(1);
+    for (i, &slot) in slots[..count].iter().enumerate() {
+        let slot = slot as usize;
+        if slot >= out_rows {
+            return Err(KernelError::invalid(
+                OP,
+                format!("slot {slot} of row {i} is past out's {out_rows} rows"),
+            ));
+        }
+        out[slot * width..(slot + 1) * width].copy_from_slice(&rows[i * width..(i + 1) * width]);
+    }
+    Ok(())
+}
+
 /// `1 / sqrt(mean(x²) + eps)`, the sum accumulated in f64.
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();

@@ -398,6 +398,17 @@ impl Backend for CpuBackend {
         dense::swiglu(gate_up, rows, inter, out)
     }
 
+    fn scatter_rows(
+        &self,
+        rows: &Vec<f32>,
+        slots: &Vec<u32>,
+        count: usize,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) -> KernelResult<()> {
+        dense::scatter_rows(rows, slots, count, width, out)
+    }
+
     fn gather_last(
         &self,
         x: &Vec<f32>,

@@ -641,6 +641,17 @@ impl Backend for CudaBackend {
         delta_net_core_carried_apart(self, input, (batch, dims), carry, scratch, out)
     }
 
+    fn scatter_rows(
+        &self,
+        rows: &CudaBuf,
+        slots: &CudaSlice<u32>,
+        count: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        elementwise::scatter_rows(&self.gpu, rows, slots, (count, width), out)
+    }
+
     fn gather_last(
         &self,
         x: &CudaBuf,

@@ -79,6 +79,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "delta_gates",
             "delta_gates_bf16x",
             "gather_last",
+            "scatter_rows",
             "f32_to_bf16",
             "swiglu_bf16",
             "swiglu_from_bf16",

@@ -2,7 +2,7 @@
 # The next device call (written 2026-12-05 when the session's device time ran out): what landed
 # after the last GPU run and was not measured.
 #   1. cuda_vision (the flash bidirectional attention, its speed test with the padding fix),
-#      vision_tiny on the GPU;
+#      vision_tiny on the GPU, cuda_ops' scatter_rows (image features put in place on the device);
 #   2. the batch-invariant mode's cold warm-up after 5ca496e (first start, no tuning file, then a
 #      second start with it): `warmed every batch size bucket ms=` of each;
 #   3. tools/reference/gpu_vl_check.sh: real-shape screenshot parity and 1024x1024 latency with the
@@ -28,6 +28,7 @@ run() {  # run TEST-EXECUTABLE SECONDS [FILTER/SKIP ARGS]
 }
 run cuda_vision-test 90
 run vision_tiny-test 60
+run cuda_ops-test 60 scatter_rows
 grep -E "^## |test result|panicked|FAILED|attention 4096|worst" $R >> $L
 t wait-checkpoint; wait $CK; tail -1 /tmp/ckpt.log >> $L
 for start in cold warm; do

@@ -203,6 +203,45 @@ pub(crate) fn gather_last(
     }
 }
 
+/// `out[slots[i]] = rows[i]` for `i < count`, rows of `width` (see `Backend::scatter_rows`). The
+/// slots are on the device: the kernel skips one past `out`'s rows, which the caller wrote.
+pub(crate) fn scatter_rows(
+    gpu: &Gpu,
+    rows: &CudaBuf,
+    slots: &CudaSlice<u32>,
+    (count, width): (usize, usize),
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "scatter_rows";
+    let rows = act(OP, "rows", rows, count * width)?;
+    let slots = idx(OP, "slots", slots, count)?;
+    let out_rows = out.len() / width.max(1);
+    let out = act_mut(OP, "out", out, 0)?;
+    if count * width == 0 {
+        return Ok(());
+    }
+    let (count_a, width_a) = (to_i32(OP, "count", count)?, to_i32(OP, "width", width)?);
+    let out_rows_a = to_u32(OP, "out rows", out_rows)?;
+    // SAFETY: argument types match the kernel; rows and slots hold count rows (checked above);
+    // the kernel writes only rows of out below out_rows.
+    unsafe {
+        gpu.launch(
+            OP,
+            "scatter_rows",
+            linear(OP, count * width, BLOCK)?,
+            |launch| {
+                launch
+                    .arg(rows)
+                    .arg(slots)
+                    .arg(out)
+                    .arg(&count_a)
+                    .arg(&width_a)
+                    .arg(&out_rows_a);
+            },
+        )
+    }
+}
+
 /// `out[..n] = bf16(x[..n])`.
 pub(crate) fn round_to_bf16(
     gpu: &Gpu,
