@@ -1,27 +1,32 @@
-//! Prefix reuse in the serving path (issue 19): text questions that share a token prefix compute
-//! it once, within a batch and across batches, through [`PrefixState`] snapshots kept in a
+//! Prefix reuse in the serving path (issue 19): questions that share a token prefix compute it
+//! once, within a batch and across batches, through [`PrefixState`] snapshots kept in a
 //! [`PrefixCache`] shared by a device's engines.
 //!
-//! A batch of text questions is planned ([`PrefixReuse::plan`]) then run ([`execute`]):
+//! A batch is planned ([`PrefixReuse::plan_mixed`]; [`PrefixReuse::plan`] for text alone) then
+//! run ([`execute_mixed`]). Each question has a namespace (the weights that take its snapshots
+//! and, for a screenshot, the image: [`screenshot_namespace`]) and an anchor (a prefix its
+//! namespace always snapshots):
 //!
 //! 1. Each question looks up the longest cached prefix of its ids (a token left to it).
-//! 2. Questions of the batch that share a prefix of at least [`MIN_SHARED_TOKENS`] beyond what
+//! 2. Questions of one namespace that share a prefix of at least [`MIN_SHARED_TOKENS`] beyond what
 //!    the cache holds for them form groups (one level; chosen to save the most tokens: a small
 //!    dynamic programme over the questions in sorted order, where adjacent common prefixes give
 //!    every range's common prefix). Each group's prefix runs once in a first pass, resumed from
 //!    the cache where it can be, and its snapshot is cached.
 //! 3. Every question then runs as one segment resumed from its best snapshot (second pass).
 //!
-//! Across requests the boundary is the end of the system turn (`…<|im_start|>user\n`), the same
-//! ids for every Cua-S1 text prompt: when the cache lacks it, its snapshot is taken by one extra
-//! short segment (in the batch's only pass when nothing else is reused, so no second pass for it).
-//! With nothing to reuse and the system snapshot cached, a batch runs exactly as without reuse:
-//! one [`Decider::decide`] call.
+//! Anchors carry reuse across requests. For text it is the end of the system turn
+//! (`…<|im_start|>user\n`), the same ids for every Cua-S1 text prompt; for a screenshot, the system
+//! turn and the image ([`image_anchor`]). When the cache lacks one it is computed in the first pass
+//! and the questions resume from it, or, where that costs less than a second pass
+//! ([`PASS_COST_TOKENS`]: the system turn under one question), beside the questions in their only
+//! pass. With nothing to reuse and the anchors cached, a batch runs exactly as without reuse: one
+//! [`Decider::decide`] call.
 //!
 //! Boundaries sit on the backend's resume grid ([`PrefixReuse::on_grid`]): on CUDA, multiples of
 //! the delta rule's 64-token chunk, where a resumed sequence computes what the whole prompt does
 //! (off the grid its chunks would restart at the boundary and round differently). Group prefixes
-//! and the system-turn snapshot are cut down to the grid; the CPU resumes exactly anywhere.
+//! and anchors are cut down to the grid; the CPU resumes exactly anywhere.
 //!
 //! Every serving backend carries states; a budget of 0 turns reuse off.
 
