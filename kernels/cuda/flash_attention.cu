@@ -37,6 +37,20 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return y;
 }
 
+// Part `col` (8 values) of one head's row: src[col..col + 8] times `mul`, as bf16, into dst, or
+// zeros at and beyond head_dim (a multiple of 16: a part is wholly in or out). One 16-byte store.
+__device__ __forceinline__ void fa_store_part(const float* src, __nv_bfloat16* dst, int col, int head_dim,
+                                              float mul) {
+    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+    if (col < head_dim) {
+        const float4 a = *reinterpret_cast<const float4*>(src + col);
+        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
+        packed = make_uint4(pack_bf16x2(a.x * mul, a.y * mul), pack_bf16x2(a.z * mul, a.w * mul),
+                            pack_bf16x2(b.x * mul, b.y * mul), pack_bf16x2(b.z * mul, b.w * mul));
+    }
+    *reinterpret_cast<uint4*>(dst + col) = packed;
+}
+
 // Q, K, V in bf16 for the kernels below: qb [rows][q_heads][D] = q · scale · log2(e) (so the
 // softmax can use exp2), kb and vb [rows][kv_heads][D]; columns at or beyond head_dim are zeros.
 // With `gates`, also the output gate's sigmoid, [rows][q_heads][head_dim] f32 into gate_out (the
@@ -82,14 +96,7 @@ extern "C" __global__ void flash_bf16_inputs(const float* __restrict__ qg, const
         src = v + (row * kv_heads + hh - q_heads - kv_heads) * head_dim;
         dst = vb + (row * kv_heads + hh - q_heads - kv_heads) * d;
     }
-    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
-    if (col < head_dim) {  // head_dim is a multiple of 16: a part is wholly in or out
-        const float4 a = *reinterpret_cast<const float4*>(src + col);
-        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
-        packed = make_uint4(pack_bf16x2(a.x * mul, a.y * mul), pack_bf16x2(a.z * mul, a.w * mul),
-                            pack_bf16x2(b.x * mul, b.y * mul), pack_bf16x2(b.z * mul, b.w * mul));
-    }
-    *reinterpret_cast<uint4*>(dst + col) = packed;
+    fa_store_part(src, dst, col, head_dim, mul);
 }
 
 // cp.async of one tile (ROWS rows of D bf16 from a [rows][heads][D] array) into shared memory.
@@ -567,14 +574,7 @@ extern "C" __global__ void flash_bidir_inputs(const float* __restrict__ qkv, u32
     const float* src = qkv + (row * 3 * heads + hh) * head_dim;
     __nv_bfloat16* dst = (which == 0 ? qb : which == 1 ? kb : vb) + (row * heads + h) * d;
     const float mul = which == 0 ? scale * 1.4426950408889634f : 1.0f;
-    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
-    if (col < head_dim) {
-        const float4 a = *reinterpret_cast<const float4*>(src + col);
-        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
-        packed = make_uint4(pack_bf16x2(a.x * mul, a.y * mul), pack_bf16x2(a.z * mul, a.w * mul),
-                            pack_bf16x2(b.x * mul, b.y * mul), pack_bf16x2(b.z * mul, b.w * mul));
-    }
-    *reinterpret_cast<uint4*>(dst + col) = packed;
+    fa_store_part(src, dst, col, head_dim, mul);
 }
 
 // Prefix keys and values (f32 [prefix_rows][kv_heads·head_dim], normed and roped k, as a snapshot
@@ -600,14 +600,8 @@ extern "C" __global__ void flash_prefix_rows(const float* __restrict__ pk, const
     const float* src = (is_v ? pv : pk) + ((i64)p * kv_heads + h) * head_dim;
     const i64 joined = (i64)cu_seqlens[s] + p;
     __nv_bfloat16* dst = (is_v ? vb : kb) + (joined * kv_heads + h) * d;
-    uint4 packed = make_uint4(0u, 0u, 0u, 0u);
-    if (col < head_dim) {
-        const float4 a = *reinterpret_cast<const float4*>(src + col);
-        const float4 b = *reinterpret_cast<const float4*>(src + col + 4);
-        packed = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
-                            pack_bf16x2(b.z, b.w));
-    }
-    *reinterpret_cast<uint4*>(dst + col) = packed;
+    // Times 1: the value itself (exact), as the prologue rounds the whole prompt's keys.
+    fa_store_part(src, dst, col, head_dim, 1.0f);
 }
 
 // Merges the split last-row partials (see SPLIT above) of sequence blockIdx.x and query head

@@ -98,6 +98,8 @@ pub(crate) struct FlashShape {
     pub split: bool,
     /// The prefix form: each sequence's queries follow its prefix keys (joined key rows).
     pub prefix: bool,
+    /// The bidirectional form (the vision tower): no causal mask, no gate.
+    pub bidir: bool,
 }
 
 pub(crate) const WIDE: FlashShape = FlashShape {
@@ -106,6 +108,7 @@ pub(crate) const WIDE: FlashShape = FlashShape {
     last_row: false,
     split: false,
     prefix: false,
+    bidir: false,
 };
 
 pub(crate) const NARROW: FlashShape = FlashShape {
@@ -114,6 +117,7 @@ pub(crate) const NARROW: FlashShape = FlashShape {
     last_row: false,
     split: false,
     prefix: false,
+    bidir: false,
 };
 
 /// The narrow layout, for `attention_last`.
@@ -146,9 +150,22 @@ pub(crate) const PREFIX_LAST_SPLIT: FlashShape = FlashShape {
     ..LAST_SPLIT
 };
 
+/// The narrow layout, bidirectional within each segment (the vision tower's images).
+pub(crate) const BIDIR: FlashShape = FlashShape {
+    bidir: true,
+    ..NARROW
+};
+
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
+        if self.bidir {
+            return match d {
+                64 => "flash_attention_bidir_d64",
+                128 => "flash_attention_bidir_d128",
+                _ => "flash_attention_bidir_d256",
+            };
+        }
         if self.prefix {
             return match (self.last_row, self.split, d) {
                 (true, true, 64) => "flash_attention_prefix_last_split_d64",
@@ -565,7 +582,7 @@ pub(crate) fn flash_bidirectional(
             format!("flash attention does not take head_dim {head_dim}"),
         ));
     };
-    let shape = NARROW;
+    let shape = BIDIR;
     if shape.tiles(batch.rows, batch.num_seqs) > GRID_Y_MAX {
         return Err(KernelError::invalid(
             OP,
@@ -596,11 +613,7 @@ pub(crate) fn flash_bidirectional(
                 .arg(&mut scratch.v);
         })?;
     }
-    let kernel = match d {
-        64 => "flash_attention_bidir_d64",
-        128 => "flash_attention_bidir_d128",
-        _ => "flash_attention_bidir_d256",
-    };
+    let kernel = shape.kernel(d);
     let smem = shape.smem_bytes(d);
     opt_in(gpu, OP, kernel, shape, smem)?;
     let cfg = LaunchConfig {
@@ -739,6 +752,7 @@ mod tests {
                 PREFIX_LAST_SPLIT.kernel(d),
                 format!("flash_attention_prefix_last_split_d{d}")
             );
+            assert_eq!(BIDIR.kernel(d), format!("flash_attention_bidir_d{d}"));
         }
         // Every entry point is compiled from its source.
         let listed = crate::cuda::sources::KERNEL_SOURCES
@@ -753,6 +767,7 @@ mod tests {
             PREFIX_NARROW,
             PREFIX_LAST,
             PREFIX_LAST_SPLIT,
+            BIDIR,
         ] {
             for d in [64, 128, 256] {
                 assert!(listed.contains(&shape.kernel(d)), "{}", shape.kernel(d));
