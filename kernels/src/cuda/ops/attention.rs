@@ -212,13 +212,13 @@ pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
     output: AttentionOutput<'_, CudaBuf>,
 ) -> KernelResult<()> {
     const OP: &str = "gated_attention_carried";
-    check_heads(OP, dims)?;
+    let CarriedShape {
+        rows,
+        width,
+        kv_w,
+        out_rows,
+    } = CarriedShape::check(qkv_buf, &batch, dims, output.last_only)?;
     let (q_heads, head_dim) = (dims.q_heads, dims.head_dim);
-    let width = dims.stacked_width();
-    let kv_w = dims.kv_heads * head_dim;
-    let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
-    check_batch(OP, &batch, rows_cap)?;
-    let rows = batch.rows;
     let (keys, prefix_rows) = match &prefix {
         Some(p) if p.rows > 0 => (
             Some((
@@ -236,11 +236,6 @@ pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
         },
         keys,
         rows: prefix_rows,
-    };
-    let out_rows = if output.last_only {
-        batch.num_seqs
-    } else {
-        rows
     };
     let norms = (
         weight(OP, "q_norm", prologue.q_norm, head_dim)?,
@@ -266,6 +261,40 @@ pub(crate) fn gated_attention_carried_flash<B: CudaBuffers + ?Sized>(
     match kv_out {
         Some(kv) => copy_kv_out(gpu, qkv, dims, rows, kv),
         None => Ok(()),
+    }
+}
+
+/// The sizes of a [`crate::Backend::gated_attention_carried`] call, checked: the batch's rows
+/// (within what the stacked projection holds), the stacked and k/v widths, and the output rows
+/// (each sequence's last, or every row).
+struct CarriedShape {
+    rows: usize,
+    width: usize,
+    kv_w: usize,
+    out_rows: usize,
+}
+
+impl CarriedShape {
+    fn check(
+        qkv: &CudaBuf,
+        batch: &Varlen<'_, CudaSlice<u32>>,
+        dims: AttentionDims,
+        last_only: bool,
+    ) -> KernelResult<Self> {
+        const OP: &str = "gated_attention_carried";
+        check_heads(OP, dims)?;
+        let width = dims.stacked_width();
+        check_batch(OP, batch, Strided::dense(width).rows_in(qkv.len(), width))?;
+        Ok(Self {
+            rows: batch.rows,
+            width,
+            kv_w: dims.kv_heads * dims.head_dim,
+            out_rows: if last_only {
+                batch.num_seqs
+            } else {
+                batch.rows
+            },
+        })
     }
 }
 
@@ -324,13 +353,13 @@ pub(crate) fn attention_carried(
     output: AttentionOutput<'_, CudaBuf>,
 ) -> KernelResult<()> {
     const OP: &str = "gated_attention_carried";
-    check_heads(OP, dims)?;
+    let CarriedShape {
+        rows,
+        width,
+        kv_w,
+        out_rows,
+    } = CarriedShape::check(qkv_buf, &batch, dims, output.last_only)?;
     let (q_heads, head_dim) = (dims.q_heads, dims.head_dim);
-    let width = dims.stacked_width();
-    let kv_w = dims.kv_heads * head_dim;
-    let rows_cap = Strided::dense(width).rows_in(qkv_buf.len(), width);
-    check_batch(OP, &batch, rows_cap)?;
-    let rows = batch.rows;
     let qkv = act(OP, "qkv", qkv_buf, rows * width)?;
     let prefix = match prefix {
         Some(p) => Some((
@@ -340,11 +369,6 @@ pub(crate) fn attention_carried(
             to_u32(OP, "prefix rows", p.rows)?,
         )),
         None => None,
-    };
-    let out_rows = if output.last_only {
-        batch.num_seqs
-    } else {
-        rows
     };
     let mut out = out_buf(OP, "out", output.out, out_rows * q_heads * head_dim)?;
     let [qg_at, k_at, v_at] = dims.stacked_blocks();
