@@ -216,9 +216,10 @@ impl PrefixReuse {
         counter!(PROMPT_TOKENS_COMPUTED_TOTAL).increment(tokens as u64);
     }
 
-    fn count_lookups(&self, plan: &Plan) {
+    /// Counts lookups that found `cached` tokens each (0: a miss).
+    fn count_lookups(&self, cached: &[usize]) {
         let c = &self.counters;
-        for hit in &plan.cached {
+        for hit in cached {
             if *hit > 0 {
                 c.hits.fetch_add(1, Ordering::Relaxed);
                 c.hit_tokens.fetch_add(*hit as u64, Ordering::Relaxed);
@@ -239,10 +240,7 @@ impl PrefixReuse {
         let hit = cache
             .lock()
             .longest_prefix(namespace, ids, ids.len().saturating_sub(1));
-        self.count_lookups(&Plan {
-            cached: vec![hit.as_ref().map_or(0, |h| h.tokens)],
-            ..Plan::whole(0)
-        });
+        self.count_lookups(&[hit.as_ref().map_or(0, |h| h.tokens)]);
         hit
     }
 
@@ -669,10 +667,10 @@ pub fn execute_mixed<B: Backend>(
 ) -> anyhow::Result<Vec<Vec<f32>>> {
     if plan.is_whole() {
         reuse.count_computed(prompts.iter().map(|p| p.ids.len()).sum());
-        reuse.count_lookups(plan);
+        reuse.count_lookups(&plan.cached);
         return decider.decide(prompts);
     }
-    reuse.count_lookups(plan);
+    reuse.count_lookups(&plan.cached);
     // The first pass: group prefixes (and anchors), snapshots cached.
     let mut made: Vec<Arc<PrefixState>> = Vec::with_capacity(plan.prefixes.len());
     if !plan.prefixes.is_empty() {
