@@ -293,6 +293,23 @@ fn gemm_rows_with_the_mode_off_are_reported() {
 // ---- Attention -------------------------------------------------------------------------------
 
 /// A sequence's stacked q|gate|k|v rows (`len` of `ATTENTION.stacked_width()`).
+/// The other sequences of a batch, made by `make` from their lengths: `before`, then `after`.
+fn others_of(
+    before: &[usize],
+    after: &[usize],
+    make: impl FnMut(usize) -> Vec<f32>,
+) -> Vec<Vec<f32>> {
+    before.iter().chain(after).copied().map(make).collect()
+}
+
+/// A batch with `target` as sequence `at`: the first `at` of `others` before it, the rest after.
+fn around<'a>(others: &'a [Vec<f32>], at: usize, target: &'a [f32]) -> Vec<&'a [f32]> {
+    let mut seqs: Vec<&[f32]> = others[..at].iter().map(Vec::as_slice).collect();
+    seqs.push(target);
+    seqs.extend(others[at..].iter().map(Vec::as_slice));
+    seqs
+}
+
 fn stacked_rows(rng: &mut StdRng, len: usize) -> Vec<f32> {
     rand_vec(rng, len * ATTENTION.stacked_width(), 2.0)
 }
@@ -375,14 +392,8 @@ fn attention_of_a_sequence_does_not_depend_on_its_batch() {
         let alone_last = attend(&gpu, &prologue, &[&target], true);
         let alone_rows = attend(&gpu, &prologue, &[&target], false);
         for (before, after) in mixes {
-            let others: Vec<Vec<f32>> = before
-                .iter()
-                .chain(after)
-                .map(|&n| stacked_rows(&mut rng, n))
-                .collect();
-            let mut seqs: Vec<&[f32]> = others[..before.len()].iter().map(Vec::as_slice).collect();
-            seqs.push(&target);
-            seqs.extend(others[before.len()..].iter().map(Vec::as_slice));
+            let others = others_of(before, after, |n| stacked_rows(&mut rng, n));
+            let seqs = around(&others, before.len(), &target);
             let at = before.len();
             let start: usize = before.iter().sum();
             let rows = start + target_len + after.iter().sum::<usize>();
@@ -516,14 +527,8 @@ fn the_delta_rule_of_a_sequence_does_not_depend_on_its_batch() {
         let target = seq(&mut rng, target_len);
         let (alone_out, alone_state) = delta_core(&gpu, &weights, &[&target]);
         for (before, after) in mixes {
-            let others: Vec<Vec<f32>> = before
-                .iter()
-                .chain(after)
-                .map(|&n| seq(&mut rng, n))
-                .collect();
-            let mut seqs: Vec<&[f32]> = others[..before.len()].iter().map(Vec::as_slice).collect();
-            seqs.push(&target);
-            seqs.extend(others[before.len()..].iter().map(Vec::as_slice));
+            let others = others_of(before, after, |n| seq(&mut rng, n));
+            let seqs = around(&others, before.len(), &target);
             let at = before.len();
             let start: usize = before.iter().sum();
             let what = format!(

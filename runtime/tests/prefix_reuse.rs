@@ -13,28 +13,33 @@ use instinct::server::{AppState, Settings};
 use instinct_scheduler::Config;
 use serde_json::Value;
 
-/// A request whose goal-less questions (one per entry of `labels`) share the accessibility tree
-/// `state`, so their prompts differ only from their options on.
-fn goal_less(state: &str, labels: &[&[&str]]) -> String {
+/// The `questions` object of a request: question `i` offers `labels[i]` as options `o0`, `o1`, …
+/// with `instructions[i]` (JSON: `null` for none, or a quoted string).
+fn questions_json(labels: &[&[&str]], instructions: &[&str]) -> String {
     let questions: Vec<String> = labels
         .iter()
+        .zip(instructions)
         .enumerate()
-        .map(|(i, options)| {
+        .map(|(i, (options, instructions))| {
             let criteria: Vec<String> = options
                 .iter()
                 .enumerate()
                 .map(|(k, l)| format!(r#""o{k}":"{l}""#))
                 .collect();
             format!(
-                r#""q{i}":{{"type":"choice","instructions":null,"criteria":{{{}}}}}"#,
+                r#""q{i}":{{"type":"choice","instructions":{instructions},"criteria":{{{}}}}}"#,
                 criteria.join(",")
             )
         })
         .collect();
-    format!(
-        r#"{{"state":"{state}","questions":{{{}}}}}"#,
-        questions.join(",")
-    )
+    format!("{{{}}}", questions.join(","))
+}
+
+/// A request whose goal-less questions (one per entry of `labels`) share the accessibility tree
+/// `state`, so their prompts differ only from their options on.
+fn goal_less(state: &str, labels: &[&[&str]]) -> String {
+    let questions = questions_json(labels, &vec!["null"; labels.len()]);
+    format!(r#"{{"state":"{state}","questions":{questions}}}"#)
 }
 
 /// A tree of `words` words, `tag` making it distinct.
@@ -113,23 +118,9 @@ async fn questions_sharing_a_state_compute_it_once_and_answer_as_without_reuse()
 /// Four questions about one screenshot, options from `LABELS`, goals differing from the first
 /// word.
 fn about_one_screenshot(png: &[u8], goals: [&str; 4]) -> String {
-    let questions: Vec<String> = LABELS
-        .iter()
-        .zip(goals)
-        .enumerate()
-        .map(|(i, (options, goal))| {
-            let criteria: Vec<String> = options
-                .iter()
-                .enumerate()
-                .map(|(k, l)| format!(r#""o{k}":"{l}""#))
-                .collect();
-            format!(
-                r#""q{i}":{{"type":"choice","instructions":"{goal}","criteria":{{{}}}}}"#,
-                criteria.join(",")
-            )
-        })
-        .collect();
-    screenshot_request("image/png", png, &format!("{{{}}}", questions.join(",")))
+    let instructions = goals.map(|g| format!(r#""{g}""#));
+    let instructions: Vec<&str> = instructions.iter().map(String::as_str).collect();
+    screenshot_request("image/png", png, &questions_json(LABELS, &instructions))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
