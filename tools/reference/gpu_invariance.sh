@@ -54,18 +54,7 @@ flags_of() {
 
 for name in ${SERVERS//,/ }; do
   # shellcheck disable=SC2046
-  stamp "serve $name: $(flags_of "$name")"
-  "$BIN/instinct" serve --model "$REAL" --text-adapter "$REAL/adapter-text" --device cuda:0 \
-    --bind "127.0.0.1:$PORT" $(flags_of "$name") > "$OUT/serve_$name.log" 2>&1 &
-  server_pid=$!
-  t0=$(date +%s)
-  until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do
-    if ! kill -0 "$server_pid" 2>/dev/null || (( $(date +%s) - t0 > 150 )); then
-      echo "server $name did not become ready"; tail -20 "$OUT/serve_$name.log"; continue 2
-    fi
-    sleep 0.2
-  done
-  stamp "ready after $(( $(date +%s) - t0 )) s"
+  serve_real "$name" 150 $(flags_of "$name") || { stop_server; continue; }
   # Once to warm what the first requests tune, then alone.
   timeout 60 python3 tools/reference/answers_diff.py post "http://127.0.0.1:$PORT" "$OUT/fixtures_workload.jsonl" /dev/null > /dev/null
   timeout 60 python3 tools/reference/answers_diff.py post "http://127.0.0.1:$PORT" "$OUT/fixtures_workload.jsonl" "$OUT/alone_$name.jsonl"

@@ -60,21 +60,6 @@ mkdir -p "$W"
 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 8 --seed 5 --dump-workload "$W/goal_less.jsonl"
 "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 2 --seed 6 --dump-workload "$W/long.jsonl"
 
-serve() {  # serve NAME FLAGS...: starts the server, waits for /readyz
-  local name=$1; shift
-  stamp "serve $name: $*"
-  "$BIN/instinct" serve --model "$REAL" --text-adapter "$REAL/adapter-text" --device cuda:0 \
-    --bind "127.0.0.1:$PORT" "$@" > "$OUT/serve_$name.log" 2>&1 &
-  server_pid=$!
-  local t0; t0=$(date +%s)
-  until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do
-    if ! kill -0 "$server_pid" 2>/dev/null || (( $(date +%s) - t0 > 120 )); then
-      echo "server $name did not become ready:"; tail -20 "$OUT/serve_$name.log"; return 1
-    fi
-    sleep 0.2
-  done
-  stamp "ready after $(( $(date +%s) - t0 )) s"
-}
 answers() {  # answers NAME: every parity workload, one request at a time
   has parity || return 0
   for w in fixtures goal_less long; do
@@ -102,7 +87,7 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   stamp "long $1 done"
 }
 
-serve off --prefix-cache-mib 0 || exit 1
+serve_real off 120 --prefix-cache-mib 0 || exit 1
 answers off
 if has bench; then
   timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
@@ -110,7 +95,7 @@ if has bench; then
 fi
 stop_server
 
-serve reuse --prefix-cache-mib "$CACHE_MIB" || exit 1
+serve_real reuse 120 --prefix-cache-mib "$CACHE_MIB" || exit 1
 answers reuse
 if has bench; then
   timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
@@ -124,7 +109,7 @@ long_pair reuse
 curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_reuse.txt" || true
 stop_server
 
-serve chunked --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
+serve_real chunked 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
 answers chunked
 long_pair chunked
 curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_chunked.txt" || true

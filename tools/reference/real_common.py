@@ -30,6 +30,15 @@ def _allow_tiny_modules_without_tokenizer_packages() -> None:
 
 _allow_tiny_modules_without_tokenizer_packages()
 
+
+def require_torch_fallbacks() -> None:
+    """The references use transformers' torch delta rule and conv. Its Qwen3.5 module binds fla /
+    causal_conv1d when it is imported, so scripts call this before anything imports transformers."""
+    for package in ("fla", "causal_conv1d"):
+        if importlib.util.find_spec(package) is not None:
+            raise SystemExit(f"`{package}` is importable; the references must use transformers' torch fallbacks")
+
+
 from tiny_common import (  # noqa: E402
     LETTER_IDS,
     QWEN35_TEXT_ARCHITECTURE,

@@ -12,28 +12,24 @@ with the text adapter through PEFT, unmerged. Only the last position's logits ar
 
 import argparse
 import gc
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
-# Decided before transformers is imported: its Qwen3.5 module binds fla / causal_conv1d at import time.
-REFERENCE_FORBIDDEN = ("fla", "causal_conv1d")
-for _package in REFERENCE_FORBIDDEN:
-    if importlib.util.find_spec(_package) is not None:
-        raise SystemExit(f"`{_package}` is importable; the references must use transformers' torch fallbacks")
+import torch
 
-import torch  # noqa: E402
-
-from real_common import (  # noqa: E402
+from real_common import (
     delta_rule_implementations,
     last_letter_logits,
     letter_probabilities,
     load_fixtures,
     prompt_of_length,
+    require_torch_fallbacks,
     top_two_margin,
 )
+
+require_torch_fallbacks()  # before anything imports transformers
 from tiny_common import reference_versions, use_strict_fp32  # noqa: E402
 
 # (name, fixture index the body comes from, length, option counts). --small shortens the long ones.

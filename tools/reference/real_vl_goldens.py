@@ -28,7 +28,6 @@ questions with their ids, p_fp32, p_bf16 and |p_bf16 − p_fp32|, and a summary 
 import argparse
 import gc
 import hashlib
-import importlib.util
 import io
 import json
 import platform
@@ -37,22 +36,20 @@ import sys
 import time
 from pathlib import Path
 
-# Decided before transformers is imported: its Qwen3.5 module binds fla / causal_conv1d at import time.
-for _package in ("fla", "causal_conv1d"):
-    if importlib.util.find_spec(_package) is not None:
-        raise SystemExit(f"`{_package}` is importable; the references must use transformers' torch fallbacks")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from real_common import (  # noqa: E402
+from real_common import (
     LETTER_IDS,
     REAL_SPECIAL_IDS,
     cuda_sync,
     delta_rule_implementations,
     letter_probabilities,
+    require_torch_fallbacks,
     top_two_margin,
 )
+
+require_torch_fallbacks()  # before anything imports transformers
 
 import tiny_adapters  # noqa: E402  (after real_common: it installs the tokenizer-package placeholders)
 from PIL import Image  # noqa: E402
