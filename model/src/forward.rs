@@ -537,15 +537,25 @@ impl<B: Backend> TextModel<B> {
     /// ([`Backend::warm_rows`]: one per bucket up to the batch limit, then the limit itself), one
     /// sequence of token 0, so that work a backend keys by shape (the CUDA backend's GEMM algorithm
     /// tuning per row bucket) happens at start-up rather than on the first request of each size.
+    /// The limit runs first (it sizes every buffer); a row count the backend says it would add
+    /// nothing to ([`Backend::warm_like`]: its GEMM winners are already stored) is skipped.
     /// Returns the row counts run.
     pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
-        let rows = self.backend.warm_rows(self.limits.max_tokens);
-        for &n in &rows {
+        let mut rows = self.backend.warm_rows(self.limits.max_tokens);
+        let Some(limit) = rows.pop() else {
+            return Ok(rows);
+        };
+        let mut run = Vec::new();
+        for n in std::iter::once(limit).chain(rows) {
+            if n != limit && self.backend.warm_like(n, limit) {
+                continue;
+            }
             let ids = vec![0u32; n];
             self.forward_last(&[SequenceInput::text(&ids)])
                 .with_context(|| format!("warming {n} rows"))?;
+            run.push(n);
         }
-        Ok(rows)
+        Ok(run)
     }
 
     /// Runs `seqs` as one packed batch and returns, per sequence (in order), the final-normed

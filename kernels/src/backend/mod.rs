@@ -68,6 +68,13 @@ pub trait Backend: Buffers {
         bucket_tops(max_rows, |rows| rows.next_power_of_two())
     }
 
+    /// Whether a warm-up forward at `rows` would do nothing a forward at `like` (already run)
+    /// did not: the CUDA backend says so when every GEMM shape timed at `like`'s row bucket has a
+    /// stored winner at `rows`' bucket too. The default, `false`, warms every row count.
+    fn warm_like(&self, _rows: usize, _like: usize) -> bool {
+        false
+    }
+
     // ---- memory -------------------------------------------------------------------------------
 
     /// A zeroed f32 buffer of `len` values.

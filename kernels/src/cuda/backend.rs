@@ -160,6 +160,12 @@ impl Backend for CudaBackend {
         crate::backend::bucket_tops(max_rows, row_bucket)
     }
 
+    /// A bucket whose winners are all stored (a tuning file from an earlier start) needs no
+    /// forward: the GEMM tuning is all that a forward per bucket is for.
+    fn warm_like(&self, rows: usize, like: usize) -> bool {
+        self.gpu.blas.has_winners_like(rows, like)
+    }
+
     fn alloc(&self, len: usize) -> KernelResult<CudaBuf> {
         let slice = self.gpu.device.stream.alloc_zeros::<f32>(len);
         let slice = slice.map_err(|e| driver_err("alloc", e))?;

@@ -239,6 +239,18 @@ impl Blas {
         )
     }
 
+    /// Whether every shape with a winner at `like`'s row bucket has one at `rows`' bucket too
+    /// (and there is at least one).
+    pub fn has_winners_like(&self, rows: usize, like: usize) -> bool {
+        let state = self.state.lock().expect("blas state");
+        let (bucket, like) = (row_bucket(rows), row_bucket(like));
+        let mut shapes = state.tuned.keys().filter(|k| k.0 == like).peekable();
+        shapes.peek().is_some()
+            && shapes.all(|&(_, i, o, bf16_out, add)| {
+                state.tuned.contains_key(&(bucket, i, o, bf16_out, add))
+            })
+    }
+
     /// Shapes timed since start.
     pub fn tunings(&self) -> usize {
         self.tunings.load(Ordering::Relaxed)
