@@ -15,7 +15,7 @@ use crate::report::{render_text, LevelReport, Report, ServerMetrics, WorkloadInf
 use crate::runner::{run_measured, warm_up, LoadMode, RunLimits};
 use crate::schedule::Arrival;
 use crate::target::Target;
-use crate::workload::synthetic::{self, SyntheticConfig};
+use crate::workload::synthetic::{self, ScreenshotMix, SyntheticConfig};
 use crate::workload::{fixtures, Workload};
 
 /// Runs the load test described by `args`, writes `--json` and `--svg-dir` outputs, and returns
@@ -48,12 +48,19 @@ pub async fn run(args: &Args) -> Result<Report> {
     let slo = args.slo_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));
 
     let mut levels = Vec::with_capacity(modes.len());
+    // The run goes through the bodies in order, warm-ups and levels alike, so no body is sent
+    // twice before all were sent once (screenshots stay new to the server's image cache).
+    let mut next_body = 0u64;
     for (i, mode) in modes.iter().enumerate() {
         let progress = progress_bar(args.quiet, i, modes.len(), mode);
         // Warm-ups go before the first scrape, so they are in neither side of the report.
-        let (warmup_sent, warmup_ok) = warm_up(&client, &workload, limits.warmup).await?;
+        let (warmup_sent, warmup_ok) =
+            warm_up(&client, &workload, next_body, limits.warmup).await?;
+        next_body += warmup_sent;
         let before = scrape(&client, args.no_metrics).await;
-        let mut run = run_measured(&client, &workload, *mode, &limits, &progress).await?;
+        let mut run =
+            run_measured(&client, &workload, next_body, *mode, &limits, &progress).await?;
+        next_body += run.sent();
         run.warmup_sent = warmup_sent;
         run.warmup_ok = warmup_ok;
         progress.finish_and_clear();
@@ -73,7 +80,6 @@ pub async fn run(args: &Args) -> Result<Report> {
         levels.push(LevelReport::from_run(&run, slo, server_metrics));
     }
 
-    let (min_tokens, max_tokens) = workload.prompt_token_range();
     let report = Report {
         tool: "instinct-loadtest",
         version: env!("CARGO_PKG_VERSION"),
@@ -83,13 +89,7 @@ pub async fn run(args: &Args) -> Result<Report> {
         } else {
             "open"
         },
-        workload: WorkloadInfo {
-            description: workload.description.clone(),
-            distinct_requests: workload.requests.len(),
-            mean_questions_per_request: workload.mean_questions(),
-            prompt_tokens_per_question_min: min_tokens,
-            prompt_tokens_per_question_max: max_tokens,
-        },
+        workload: WorkloadInfo::new(&workload),
         slo_ms: args.slo_ms,
         max_requests: args.requests,
         duration_limit_s: args.duration,
@@ -126,7 +126,7 @@ pub async fn run_and_render(args: &Args) -> Result<String> {
     Ok(render_text(&run(args).await?))
 }
 
-/// Writes one JSON line per distinct body: `{label, questions, approx_prompt_tokens, body}`.
+/// Writes one JSON line per distinct body: `{label, kind, questions, approx_prompt_tokens, body}`.
 pub fn dump_workload(workload: &Workload, path: &std::path::Path) -> Result<()> {
     use std::io::Write;
     let file =
@@ -136,6 +136,7 @@ pub fn dump_workload(workload: &Workload, path: &std::path::Path) -> Result<()> 
         let body: serde_json::Value = serde_json::from_slice(&r.body)?;
         let line = serde_json::json!({
             "label": r.label,
+            "kind": r.kind,
             "questions": r.questions,
             "approx_prompt_tokens": r.approx_prompt_tokens,
             "body": body,
@@ -182,10 +183,19 @@ fn load_modes(args: &Args) -> Result<Vec<LoadMode>> {
 }
 
 fn build_workload(args: &Args) -> Result<Workload> {
+    if !(0.0..=1.0).contains(&args.screenshot_fraction) {
+        bail!(
+            "--screenshot-fraction must be 0 to 1, got {}",
+            args.screenshot_fraction
+        );
+    }
     match &args.fixtures {
         Some(path) => {
             if args.options.is_some() || args.prompt_tokens.is_some() {
                 bail!("--options and --prompt-tokens apply to the synthetic workload only");
+            }
+            if args.screenshot_fraction != 0.0 {
+                bail!("--screenshot-fraction applies to the synthetic workload only");
             }
             fixtures::load(
                 path,
@@ -202,6 +212,11 @@ fn build_workload(args: &Args) -> Result<Workload> {
             questions: args.questions,
             goal_less: args.goal_less,
             model: args.model.clone(),
+            screenshots: ScreenshotMix {
+                fraction: args.screenshot_fraction,
+                size: args.screenshot_size,
+                questions: args.screenshot_questions,
+            },
         }),
     }
 }

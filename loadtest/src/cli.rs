@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Parser, ValueEnum};
 
 use crate::workload::fixtures::FixtureFormat;
+use crate::workload::screenshot::{QuestionRange, ScreenshotSize};
 use crate::workload::DEFAULT_MODEL;
 
 /// Load generator for the instinct server: open- or closed-loop load on `POST /v1/systemone`,
@@ -56,6 +57,37 @@ pub struct Args {
     /// Synthetic: number of distinct request bodies (cycled).
     #[arg(long, env = "INSTINCT_LOADTEST_SYNTHETIC_COUNT", default_value_t = 64)]
     pub synthetic_count: usize,
+
+    /// Synthetic: the share (0 to 1) of the distinct bodies that are screenshot requests, each
+    /// with its own seeded PNG; the rest are the text mix.
+    #[arg(
+        long,
+        env = "INSTINCT_LOADTEST_SCREENSHOT_FRACTION",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub screenshot_fraction: f64,
+
+    /// Synthetic: size of the screenshots, WIDTHxHEIGHT (the server takes at most 2048 per side,
+    /// 1,048,576 px, 200:1).
+    #[arg(
+        long,
+        env = "INSTINCT_LOADTEST_SCREENSHOT_SIZE",
+        default_value = "1024x1024",
+        value_name = "WxH",
+        value_parser = parse_screenshot_size
+    )]
+    pub screenshot_size: ScreenshotSize,
+
+    /// Synthetic: questions per screenshot request, N or MIN-MAX (drawn uniformly), 1 to 8.
+    #[arg(
+        long,
+        env = "INSTINCT_LOADTEST_SCREENSHOT_QUESTIONS",
+        default_value = "1",
+        value_name = "N|MIN-MAX",
+        value_parser = parse_question_range
+    )]
+    pub screenshot_questions: QuestionRange,
 
     /// Seed of the synthetic generator and of the arrival schedule.
     #[arg(long, env = "INSTINCT_LOADTEST_SEED", default_value_t = 78)]
@@ -129,6 +161,14 @@ pub struct Args {
     /// No progress bar (it is also off when stderr is not a terminal).
     #[arg(long, short, env = "INSTINCT_LOADTEST_QUIET")]
     pub quiet: bool,
+}
+
+fn parse_screenshot_size(s: &str) -> Result<ScreenshotSize, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
+fn parse_question_range(s: &str) -> Result<QuestionRange, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
 /// `--arrival` values.

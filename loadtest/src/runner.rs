@@ -1,6 +1,7 @@
 //! Driving the load: open loop (a fixed schedule, never waiting for answers) and closed loop
 //! (a fixed number of clients, each sending its next request when the previous one is answered).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use tokio::task::JoinSet;
 
 use crate::client::{Client, Outcome, OutcomeKind};
 use crate::schedule::{intended_offsets, Arrival};
-use crate::workload::Workload;
+use crate::workload::{RequestKind, Workload};
 
 /// The load of one level.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,6 +48,8 @@ pub struct RunLimits {
 #[derive(Debug, Clone)]
 pub struct Record {
     pub outcome: Outcome,
+    /// The kind of the body sent (the report splits by it).
+    pub kind: RequestKind,
     /// Open loop: the scheduled send time; closed loop: the actual send time.
     pub latency_origin: Instant,
 }
@@ -73,6 +76,8 @@ pub struct LevelRun {
     pub records: Vec<Record>,
     /// Requests started but not finished when the level's hard deadline passed.
     pub unfinished: u64,
+    /// `unfinished` by the kind of their body.
+    pub unfinished_by_kind: BTreeMap<RequestKind, u64>,
     pub warmup_sent: u64,
     pub warmup_ok: u64,
     /// Start of the measured phase (first scheduled send).
@@ -87,7 +92,8 @@ impl LevelRun {
     }
 }
 
-/// Sends the warm-up requests, then the measured ones, and collects every outcome.
+/// Sends the warm-up requests (the first bodies), then the measured ones (the bodies after
+/// them), and collects every outcome.
 pub async fn run_level(
     client: &Client,
     workload: &Arc<Workload>,
@@ -95,17 +101,20 @@ pub async fn run_level(
     limits: &RunLimits,
     progress: &ProgressBar,
 ) -> Result<LevelRun> {
-    let (warmup_sent, warmup_ok) = warm_up(client, workload, limits.warmup).await?;
-    let mut run = run_measured(client, workload, mode, limits, progress).await?;
+    let (warmup_sent, warmup_ok) = warm_up(client, workload, 0, limits.warmup).await?;
+    let mut run = run_measured(client, workload, limits.warmup, mode, limits, progress).await?;
     run.warmup_sent = warmup_sent;
     run.warmup_ok = warmup_ok;
     Ok(run)
 }
 
-/// Sends the measured requests of one level (no warm-up) and collects every outcome.
+/// Sends the measured requests of one level (no warm-up) and collects every outcome. Request
+/// `i` sends body `first_body + i` (cycling), so that a run can go on through the bodies instead
+/// of sending the same ones again (a screenshot sent twice would hit the server's image cache).
 pub async fn run_measured(
     client: &Client,
     workload: &Arc<Workload>,
+    first_body: u64,
     mode: LoadMode,
     limits: &RunLimits,
     progress: &ProgressBar,
@@ -113,10 +122,13 @@ pub async fn run_measured(
     let started = Instant::now();
     let (records, unfinished) = match mode {
         LoadMode::Open { arrival, rate } => {
-            open_loop(client, workload, arrival, rate, limits, progress).await?
+            open_loop(
+                client, workload, first_body, arrival, rate, limits, progress,
+            )
+            .await?
         }
         LoadMode::Closed { concurrency } => (
-            closed_loop(client, workload, concurrency, limits, progress).await?,
+            closed_loop(client, workload, first_body, concurrency, limits, progress).await?,
             0,
         ),
     };
@@ -125,10 +137,23 @@ pub async fn run_measured(
         Some(last) if unfinished == 0 => last,
         _ => Instant::now(),
     };
+    // The kinds of the unfinished: those of the bodies sent, less those answered.
+    let mut unfinished_by_kind = BTreeMap::new();
+    if unfinished > 0 {
+        let sent = records.len() as u64 + unfinished;
+        for i in first_body..first_body + sent {
+            *unfinished_by_kind.entry(workload.get(i).kind).or_insert(0) += 1;
+        }
+        for record in &records {
+            *unfinished_by_kind.entry(record.kind).or_insert(0) -= 1;
+        }
+        unfinished_by_kind.retain(|_, n| *n > 0);
+    }
     Ok(LevelRun {
         mode,
         records,
         unfinished,
+        unfinished_by_kind,
         warmup_sent: 0,
         warmup_ok: 0,
         started,
@@ -136,12 +161,17 @@ pub async fn run_measured(
     })
 }
 
-/// Sends `count` requests one by one and returns (sent, answered 200). Fails when every one was
-/// refused at connect: the server is not there.
-pub async fn warm_up(client: &Client, workload: &Workload, count: u64) -> Result<(u64, u64)> {
+/// Sends `count` requests one by one (bodies `first_body`, `first_body + 1`, …) and returns
+/// (sent, answered 200). Fails when every one was refused at connect: the server is not there.
+pub async fn warm_up(
+    client: &Client,
+    workload: &Workload,
+    first_body: u64,
+    count: u64,
+) -> Result<(u64, u64)> {
     let mut ok = 0;
     let mut refused = 0;
-    for i in 0..count {
+    for i in first_body..first_body + count {
         let spec = workload.get(i);
         let outcome = client.decide(spec.body.clone(), spec.questions).await;
         match outcome.kind {
@@ -162,6 +192,7 @@ pub async fn warm_up(client: &Client, workload: &Workload, count: u64) -> Result
 async fn open_loop(
     client: &Client,
     workload: &Arc<Workload>,
+    first_body: u64,
     arrival: Arrival,
     rate: f64,
     limits: &RunLimits,
@@ -183,7 +214,7 @@ async fn open_loop(
         let intended = start + *offset;
         tokio::time::sleep_until(intended.into()).await;
         let client = client.clone();
-        let spec = workload.get(i as u64).clone();
+        let spec = workload.get(first_body + i as u64).clone();
         let slots = slots.clone();
         let progress = progress.clone();
         tasks.spawn(async move {
@@ -195,6 +226,7 @@ async fn open_loop(
             progress.inc(1);
             Record {
                 outcome,
+                kind: spec.kind,
                 latency_origin: intended,
             }
         });
@@ -221,6 +253,7 @@ async fn open_loop(
 async fn closed_loop(
     client: &Client,
     workload: &Arc<Workload>,
+    first_body: u64,
     concurrency: usize,
     limits: &RunLimits,
     progress: &ProgressBar,
@@ -245,12 +278,13 @@ async fn closed_loop(
                 if i >= max {
                     break;
                 }
-                let spec = workload.get(i);
+                let spec = workload.get(first_body + i);
                 let outcome = client.decide(spec.body.clone(), spec.questions).await;
                 progress.inc(1);
                 let latency_origin = outcome.sent_at;
                 records.push(Record {
                     outcome,
+                    kind: spec.kind,
                     latency_origin,
                 });
             }

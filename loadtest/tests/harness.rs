@@ -30,11 +30,7 @@ fn small_workload() -> Arc<instinct_loadtest::workload::Workload> {
         generate(&SyntheticConfig {
             seed: 1,
             count: 8,
-            prompt_tokens: None,
-            options: None,
-            questions: None,
-            goal_less: false,
-            model: "cua-s1-4b-0.2".into(),
+            ..SyntheticConfig::default()
         })
         .unwrap(),
     )
@@ -506,4 +502,137 @@ async fn dump_workload_writes_the_bodies_and_sends_nothing() {
             .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
+}
+
+/// Half text, half screenshots against the mock: every level is split by kind, the kinds add up
+/// to the totals, the slower screenshots show in their own percentiles, and no image is sent
+/// twice over the warm-ups and both levels (the bodies outnumber the sends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_load_is_reported_by_kind_and_never_repeats_a_screenshot() {
+    let server = start(MockConfig {
+        delay: Duration::from_millis(2),
+        screenshot_delay: Duration::from_millis(40),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let a = args(
+        &server.url,
+        &[
+            "--concurrency",
+            "2,4",
+            "--requests",
+            "24",
+            "--warmup",
+            "2",
+            "--synthetic-count",
+            "64",
+            "--screenshot-fraction",
+            "0.5",
+            "--screenshot-size",
+            "160x120",
+            "--screenshot-questions",
+            "1-3",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let text = app::run_and_render(&a).await.unwrap();
+    use std::sync::atomic::Ordering::SeqCst;
+    assert!(server.counters.screenshots.load(SeqCst) >= 10);
+    assert_eq!(server.counters.repeated_images.load(SeqCst), 0);
+    assert_eq!(server.counters.received.load(SeqCst), 2 * (2 + 24));
+
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let kinds = &v["workload"]["by_kind"];
+    assert_eq!(kinds["text"]["distinct_requests"], 32);
+    assert_eq!(kinds["screenshot"]["distinct_requests"], 32);
+    // 160×120 resizes to 288×224 (scaled up to 65,536 px): 63 image tokens per question.
+    assert!(
+        kinds["screenshot"]["prompt_tokens_per_question_min"]
+            .as_u64()
+            .unwrap()
+            > 63 + 118
+    );
+    for level in v["levels"].as_array().unwrap() {
+        assert_eq!(level["completed"], 24, "{level}");
+        let text = &level["by_kind"]["text"];
+        let shot = &level["by_kind"]["screenshot"];
+        let sum = |key: &str| text[key].as_f64().unwrap() + shot[key].as_f64().unwrap();
+        assert_eq!(sum("sent"), 24.0);
+        assert_eq!(sum("completed"), 24.0);
+        assert!(
+            (sum("decision_throughput") - level["decision_throughput"].as_f64().unwrap()).abs()
+                < 1e-9
+        );
+        for kind in [text, shot] {
+            assert!(kind["completed"].as_u64().unwrap() > 0, "{level}");
+            for key in ["mean", "p50", "p99"] {
+                assert!(kind["latency_ms"][key].is_number(), "{kind}");
+            }
+        }
+        assert!(shot["latency_ms"]["p50"].as_f64().unwrap() > 40.0);
+        assert!(text["latency_ms"]["p50"].as_f64().unwrap() < 40.0);
+        assert!(shot["server_timing_ms"]["infer"]["mean"].is_number());
+    }
+    assert!(text.contains("by kind"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("screenshot")), "{text}");
+    assert!(
+        text.contains("32 screenshot requests (160x120, 1-3 questions/request)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn screenshot_flags_are_checked() {
+    let url = "http://127.0.0.1:9";
+    for (flag, value, message) in [
+        ("--screenshot-size", "2048x1024", "1048576"),
+        ("--screenshot-size", "3000x100", "2048 px per side"),
+        ("--screenshot-size", "1000x4", "200:1"),
+        ("--screenshot-size", "1024", "WIDTHxHEIGHT"),
+        ("--screenshot-questions", "9", "1 to 8"),
+        ("--screenshot-questions", "3-1", "1 to 8"),
+    ] {
+        let err = Args::try_parse_from([
+            "instinct-loadtest",
+            "--target",
+            url,
+            "--concurrency",
+            "1",
+            flag,
+            value,
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(message), "{flag} {value}: {err}");
+    }
+    for fraction in ["-0.5", "1.01", "NaN"] {
+        let a = args(
+            url,
+            &["--concurrency", "1", "--screenshot-fraction", fraction],
+        );
+        let err = app::run(&a).await.unwrap_err().to_string();
+        assert!(
+            err.contains("--screenshot-fraction must be 0 to 1"),
+            "{err}"
+        );
+    }
+    let fixtures = args(
+        url,
+        &[
+            "--dump-workload",
+            "/dev/null",
+            "--fixtures",
+            "x.json",
+            "--screenshot-fraction",
+            "0.5",
+        ],
+    );
+    let err = app::run_and_render(&fixtures)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("synthetic workload only"), "{err}");
 }

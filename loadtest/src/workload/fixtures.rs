@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{RequestSpec, Workload};
+use super::{RequestKind, RequestSpec, Workload};
 
 /// How a fixture is put on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -138,6 +138,7 @@ fn build(f: &Fixture, format: FixtureFormat, questions: usize, model: &str) -> R
         questions,
         approx_prompt_tokens: per_question * questions,
         label: f.id.clone(),
+        kind: RequestKind::Text,
     })
 }
 

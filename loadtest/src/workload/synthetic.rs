@@ -5,18 +5,24 @@
 //! and short multi-question requests. Prompts span about 146 to 2,079 tokens and requests carry
 //! about 2.25 questions on average. Token counts are estimated from text length plus a fixed
 //! template overhead (the calibrated constants of [`super`]), so they are approximate.
+//!
+//! A fraction of the requests can be screenshot requests instead (System1-Omni's multimodal
+//! form): each carries its own seeded PNG, as agents send a new screenshot every step, and 1 to 8
+//! closed-candidate questions about it.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 use serde_json::{json, Map, Value};
 
+use super::screenshot::{self, QuestionRange, ScreenshotSize};
 use super::{
-    approx_tokens, RequestSpec, Workload, ESCAPED_JSON_CHARS_PER_TOKEN, JSON_CHARS_PER_TOKEN,
-    OPTION_LINE_TOKENS, PROSE_CHARS_PER_TOKEN, SHORT_LABEL_CHARS_PER_TOKEN, TEMPLATE_TOKENS,
-    TREE_CHARS_PER_TOKEN,
+    approx_tokens, RequestKind, RequestSpec, Workload, DEFAULT_MODEL, ESCAPED_JSON_CHARS_PER_TOKEN,
+    JSON_CHARS_PER_TOKEN, OPTION_LINE_TOKENS, PROSE_CHARS_PER_TOKEN, SCREENSHOT_TEMPLATE_TOKENS,
+    SHORT_LABEL_CHARS_PER_TOKEN, TEMPLATE_TOKENS, TREE_CHARS_PER_TOKEN,
 };
 
 /// Knobs of the synthetic generator; `None` keeps the slice's own distribution.
@@ -35,7 +41,50 @@ pub struct SyntheticConfig {
     /// questions over one state: the questions then share everything up to their options.
     pub goal_less: bool,
     pub model: String,
+    /// The screenshot requests of the mix.
+    pub screenshots: ScreenshotMix,
 }
+
+impl Default for SyntheticConfig {
+    fn default() -> Self {
+        Self {
+            seed: 78,
+            count: 64,
+            prompt_tokens: None,
+            options: None,
+            questions: None,
+            goal_less: false,
+            model: DEFAULT_MODEL.into(),
+            screenshots: ScreenshotMix::default(),
+        }
+    }
+}
+
+/// Which share of the synthetic requests are screenshot requests, and their shape.
+#[derive(Debug, Clone, Default)]
+pub struct ScreenshotMix {
+    /// 0 to 1: the share of the bodies that are screenshot requests (rounded; at least one of
+    /// each kind when strictly between 0 and 1).
+    pub fraction: f64,
+    pub size: ScreenshotSize,
+    /// Questions per screenshot request (drawn uniformly in the range).
+    pub questions: QuestionRange,
+}
+
+impl ScreenshotMix {
+    /// How many of `count` bodies are screenshot requests.
+    pub fn count_of(&self, count: usize) -> usize {
+        let n = (self.fraction * count as f64).round() as usize;
+        if self.fraction > 0.0 && self.fraction < 1.0 && count >= 2 {
+            n.clamp(1, count - 1)
+        } else {
+            n.min(count)
+        }
+    }
+}
+
+/// Options per screenshot question when `--options` does not fix them.
+const SCREENSHOT_OPTIONS: (usize, usize) = (2, 8);
 
 /// The four slices of the upstream mix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,11 +157,28 @@ const GOALS: &[&str] = &[
     "Delete the selected file and confirm the dialog.",
 ];
 
-/// Generates `config.count` request bodies, the slices in equal shares, shuffled by the seed.
+/// What one body of the mix is.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Text(Slice),
+    Screenshot,
+}
+
+/// Generates `config.count` request bodies, the text slices in equal shares and the screenshot
+/// requests in their fraction, shuffled by the seed. Screenshots are drawn in parallel.
 pub fn generate(config: &SyntheticConfig) -> Result<Workload> {
     if config.count == 0 {
         bail!("the synthetic workload needs at least one request");
     }
+    let shots = &config.screenshots;
+    if !(0.0..=1.0).contains(&shots.fraction) {
+        bail!(
+            "the screenshot fraction must be 0 to 1, got {}",
+            shots.fraction
+        );
+    }
+    shots.size.check()?;
+    shots.questions.check()?;
     if let Some(n) = config.options {
         if !(1..=26).contains(&n) {
             bail!("options per question must be 1 to 26, got {n}");
@@ -132,15 +198,39 @@ pub fn generate(config: &SyntheticConfig) -> Result<Workload> {
         }
     }
     let mut rng = StdRng::seed_from_u64(config.seed);
-    let mut slices: Vec<Slice> = (0..config.count).map(|i| Slice::ALL[i % 4]).collect();
-    slices.shuffle(&mut rng);
-    let requests = slices
+    // Without screenshots this draws exactly what the text-only generator drew.
+    let n_shots = shots.count_of(config.count);
+    let mut kinds: Vec<Kind> = (0..config.count - n_shots)
+        .map(|i| Kind::Text(Slice::ALL[i % 4]))
+        .chain(std::iter::repeat_n(Kind::Screenshot, n_shots))
+        .collect();
+    kinds.shuffle(&mut rng);
+    // Every draw from `rng` happens here, in order; the pixels come from per-image seeds.
+    let drafts = kinds
         .into_iter()
-        .map(|slice| build_request(slice, config, &mut rng))
+        .map(|kind| match kind {
+            Kind::Text(slice) => build_request(slice, config, &mut rng).map(Draft::Ready),
+            Kind::Screenshot => Ok(Draft::Screenshot(draw_screenshot(config, &mut rng))),
+        })
         .collect::<Result<Vec<_>>>()?;
+    let requests = drafts
+        .into_par_iter()
+        .map(|draft| match draft {
+            Draft::Ready(spec) => Ok(spec),
+            Draft::Screenshot(draft) => draft.finish(config),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let shot_text = if n_shots == 0 {
+        String::new()
+    } else {
+        format!(
+            ", {n_shots} screenshot requests ({}, {} questions/request)",
+            shots.size, shots.questions
+        )
+    };
     Ok(Workload {
         description: format!(
-            "{} synthetic requests (seed {}, upstream mix{}{}{})",
+            "{} synthetic requests (seed {}, upstream mix{}{}{}{shot_text})",
             config.count,
             config.seed,
             config
@@ -155,6 +245,85 @@ pub fn generate(config: &SyntheticConfig) -> Result<Workload> {
         ),
         requests,
     })
+}
+
+/// A body before its screenshot (if any) is drawn.
+enum Draft {
+    Ready(RequestSpec),
+    Screenshot(ScreenshotDraft),
+}
+
+/// A screenshot request with everything but the image: its questions and the image's seed.
+struct ScreenshotDraft {
+    image_seed: u64,
+    questions: Map<String, Value>,
+    /// Text tokens over all questions (the image's are added once its size is known).
+    text_tokens: usize,
+}
+
+fn draw_screenshot(config: &SyntheticConfig, rng: &mut StdRng) -> ScreenshotDraft {
+    let range = config.screenshots.questions;
+    let count = rng.gen_range(range.min..=range.max);
+    let (omin, omax) = SCREENSHOT_OPTIONS;
+    let mut questions = Map::new();
+    let mut text_tokens = 0;
+    for q in 0..count {
+        let options = config.options.unwrap_or_else(|| rng.gen_range(omin..=omax));
+        let goal = pick(rng, GOALS);
+        let mut criteria = Map::new();
+        let mut tokens = SCREENSHOT_TEMPLATE_TOKENS + options * OPTION_LINE_TOKENS;
+        for o in 0..options {
+            let text = label(rng);
+            tokens += approx_tokens(text.len(), SHORT_LABEL_CHARS_PER_TOKEN);
+            criteria.insert(format!("opt_{o}"), Value::String(text));
+        }
+        let instructions = if config.goal_less {
+            Value::Null
+        } else {
+            tokens += approx_tokens(goal.len(), PROSE_CHARS_PER_TOKEN);
+            Value::String(goal.to_string())
+        };
+        text_tokens += tokens;
+        questions.insert(
+            format!("q{q}"),
+            json!({"type": "choice", "instructions": instructions, "criteria": criteria}),
+        );
+    }
+    ScreenshotDraft {
+        image_seed: rng.gen(),
+        questions,
+        text_tokens,
+    }
+}
+
+impl ScreenshotDraft {
+    fn finish(self, config: &SyntheticConfig) -> Result<RequestSpec> {
+        let size = config.screenshots.size;
+        let png = screenshot::render_png(size, self.image_seed)?;
+        let questions = self.questions.len();
+        // Only `model`, `state` and `questions`: the screenshot contract refuses anything else.
+        let body = json!({
+            "model": config.model,
+            "state": {"image": screenshot::data_url(&png)},
+            "questions": self.questions,
+        });
+        let body = serde_json::to_vec(&body).context("serializing a screenshot request")?;
+        if body.len() > screenshot::MAX_BODY_BYTES {
+            bail!(
+                "a {size} screenshot request is {} bytes, over the server's {} byte screenshot body limit",
+                body.len(),
+                screenshot::MAX_BODY_BYTES
+            );
+        }
+        Ok(RequestSpec {
+            body: Bytes::from(body),
+            questions,
+            // Every question's prompt holds the image.
+            approx_prompt_tokens: self.text_tokens + questions * size.image_tokens(),
+            label: RequestKind::Screenshot.name().to_string(),
+            kind: RequestKind::Screenshot,
+        })
+    }
 }
 
 fn pick<'a>(rng: &mut StdRng, items: &[&'a str]) -> &'a str {
@@ -235,6 +404,7 @@ fn build_request(slice: Slice, config: &SyntheticConfig, rng: &mut StdRng) -> Re
         questions,
         approx_prompt_tokens: prompt_tokens,
         label: slice.name().to_string(),
+        kind: RequestKind::Text,
     })
 }
 
@@ -281,13 +451,8 @@ mod tests {
 
     fn config(count: usize) -> SyntheticConfig {
         SyntheticConfig {
-            seed: 78,
             count,
-            prompt_tokens: None,
-            options: None,
-            questions: None,
-            goal_less: false,
-            model: "cua-s1-4b-0.2".into(),
+            ..SyntheticConfig::default()
         }
     }
 
@@ -382,5 +547,210 @@ mod tests {
                 assert!(q["instructions"].is_null(), "{q}");
             }
         }
+    }
+
+    /// FNV-1a over every body, label and token estimate.
+    fn digest(w: &Workload) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for r in &w.requests {
+            let tokens = r.approx_prompt_tokens.to_le_bytes();
+            for b in r.body.iter().chain(r.label.as_bytes()).chain(&tokens) {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn without_screenshots_the_text_mix_is_unchanged() {
+        // Digests of the generator's output before screenshots existed: runs stay comparable.
+        assert_eq!(
+            digest(&generate(&config(64)).unwrap()),
+            0x309b_ddd0_92f2_5dac
+        );
+        let fixed = SyntheticConfig {
+            goal_less: true,
+            questions: Some(3),
+            prompt_tokens: Some(500),
+            ..config(64)
+        };
+        assert_eq!(digest(&generate(&fixed).unwrap()), 0xbd13_7a00_44fc_a4d0);
+    }
+
+    fn with_shots(count: usize, fraction: f64, size: &str, questions: &str) -> SyntheticConfig {
+        SyntheticConfig {
+            screenshots: ScreenshotMix {
+                fraction,
+                size: size.parse().unwrap(),
+                questions: questions.parse().unwrap(),
+            },
+            ..config(count)
+        }
+    }
+
+    fn shots(w: &Workload) -> usize {
+        w.requests
+            .iter()
+            .filter(|r| r.kind == RequestKind::Screenshot)
+            .count()
+    }
+
+    #[test]
+    fn the_screenshot_fraction_is_respected() {
+        for (count, fraction, expected) in [
+            (64, 0.5, 32),
+            (64, 0.25, 16),
+            (10, 0.33, 3),
+            (64, 0.001, 1),
+            (64, 0.999, 63),
+            (8, 1.0, 8),
+            (8, 0.0, 0),
+            (1, 0.5, 1),
+        ] {
+            let w = generate(&with_shots(count, fraction, "64x48", "1")).unwrap();
+            assert_eq!(shots(&w), expected, "{count} × {fraction}");
+            assert_eq!(w.requests.len(), count);
+        }
+        // The text requests keep the four slices in equal shares, and the kinds are mixed
+        // through the order (a cycled run sends the fraction whatever its length).
+        let w = generate(&with_shots(64, 0.5, "64x48", "1")).unwrap();
+        for slice in Slice::ALL {
+            let n = w
+                .requests
+                .iter()
+                .filter(|r| r.label == slice.name())
+                .count();
+            assert_eq!(n, 8, "{}", slice.name());
+        }
+        let first_half = w.requests[..32]
+            .iter()
+            .filter(|r| r.kind == RequestKind::Screenshot)
+            .count();
+        assert!((8..=24).contains(&first_half), "{first_half}");
+        let sent: Vec<_> = (0..640).map(|i| w.get(i).kind).collect();
+        let n = sent
+            .iter()
+            .filter(|k| **k == RequestKind::Screenshot)
+            .count();
+        assert_eq!(n, 320);
+    }
+
+    #[test]
+    fn screenshot_requests_follow_the_contract() {
+        use base64::Engine as _;
+        let w = generate(&with_shots(24, 0.5, "320x240", "1-8")).unwrap();
+        let mut images = std::collections::HashSet::new();
+        let mut question_counts = std::collections::BTreeSet::new();
+        for r in w
+            .requests
+            .iter()
+            .filter(|r| r.kind == RequestKind::Screenshot)
+        {
+            assert_eq!(r.label, "screenshot");
+            // The server's strict parser takes it.
+            instinct_model::pyjson::parse(&r.body).unwrap();
+            let body: Value = serde_json::from_slice(&r.body).unwrap();
+            let top: Vec<&String> = body.as_object().unwrap().keys().collect();
+            assert_eq!(top, ["model", "state", "questions"]);
+            assert_eq!(body["model"], "cua-s1-4b-0.2");
+            let state = body["state"].as_object().unwrap();
+            assert_eq!(state.len(), 1);
+            let url = state["image"].as_str().unwrap();
+            let payload = url.strip_prefix("data:image/png;base64,").unwrap();
+            let png = base64::engine::general_purpose::STANDARD
+                .decode(payload)
+                .unwrap();
+            let decoded =
+                image::load_from_memory_with_format(&png, image::ImageFormat::Png).unwrap();
+            assert_eq!((decoded.width(), decoded.height()), (320, 240));
+            assert!(
+                images.insert(png),
+                "every screenshot request has its own image"
+            );
+
+            let questions = body["questions"].as_object().unwrap();
+            assert_eq!(questions.len(), r.questions);
+            assert!((1..=8).contains(&questions.len()));
+            question_counts.insert(questions.len());
+            let mut text_tokens = 0;
+            for (name, q) in questions {
+                assert!((1..=256).contains(&name.chars().count()));
+                let fields: Vec<&String> = q.as_object().unwrap().keys().collect();
+                assert_eq!(fields, ["type", "instructions", "criteria"]);
+                assert_eq!(q["type"], "choice");
+                let goal = q["instructions"].as_str().unwrap();
+                let criteria = q["criteria"].as_object().unwrap();
+                assert!((2..=8).contains(&criteria.len()));
+                let labels: Vec<&str> = criteria.values().map(|v| v.as_str().unwrap()).collect();
+                // The text the prompt gets, beside the image's tokens.
+                let user = instinct_model::prompt::omni_screenshot_user_text(goal, &labels);
+                assert!(user.contains(instinct_model::prompt::SCREENSHOT_LINE));
+                text_tokens += SCREENSHOT_TEMPLATE_TOKENS
+                    + approx_tokens(goal.len(), PROSE_CHARS_PER_TOKEN)
+                    + labels
+                        .iter()
+                        .map(|l| {
+                            approx_tokens(l.len(), SHORT_LABEL_CHARS_PER_TOKEN) + OPTION_LINE_TOKENS
+                        })
+                        .sum::<usize>();
+            }
+            // 320×240 resizes to 320×256: 80 image tokens in every question's prompt.
+            assert_eq!(r.approx_prompt_tokens, text_tokens + 80 * r.questions);
+        }
+        assert_eq!(images.len(), 12);
+        assert!(question_counts.len() > 2, "{question_counts:?}");
+    }
+
+    #[test]
+    fn screenshots_are_deterministic_for_a_seed() {
+        let a = generate(&with_shots(8, 0.5, "128x96", "1-3")).unwrap();
+        let b = generate(&with_shots(8, 0.5, "128x96", "1-3")).unwrap();
+        assert_eq!(digest(&a), digest(&b));
+        let c = generate(&SyntheticConfig {
+            seed: 79,
+            ..with_shots(8, 0.5, "128x96", "1-3")
+        })
+        .unwrap();
+        assert_ne!(digest(&a), digest(&c));
+        assert!(a
+            .description
+            .contains("4 screenshot requests (128x96, 1-3 questions/request)"));
+    }
+
+    #[test]
+    fn screenshot_settings_are_checked() {
+        for fraction in [-0.1, 1.5, f64::NAN] {
+            let err = generate(&SyntheticConfig {
+                screenshots: ScreenshotMix {
+                    fraction,
+                    ..Default::default()
+                },
+                ..config(4)
+            })
+            .unwrap_err();
+            assert!(err.to_string().contains("0 to 1"), "{err}");
+        }
+        let too_big = SyntheticConfig {
+            screenshots: ScreenshotMix {
+                fraction: 0.5,
+                size: ScreenshotSize {
+                    width: 2048,
+                    height: 2048,
+                },
+                ..Default::default()
+            },
+            ..config(4)
+        };
+        assert!(generate(&too_big).is_err());
+        let too_many = SyntheticConfig {
+            screenshots: ScreenshotMix {
+                fraction: 0.5,
+                questions: QuestionRange { min: 1, max: 9 },
+                ..Default::default()
+            },
+            ..config(4)
+        };
+        assert!(generate(&too_many).is_err());
     }
 }

@@ -32,6 +32,8 @@ pub struct MockConfig {
     pub stall: Option<(u64, Duration)>,
     /// Answer `/metrics` with 404 instead of histograms.
     pub no_metrics: bool,
+    /// Extra time a screenshot request takes.
+    pub screenshot_delay: Duration,
 }
 
 /// What the mock saw.
@@ -41,6 +43,9 @@ pub struct MockCounters {
     pub answered: AtomicU64,
     pub infer_micros: AtomicU64,
     pub fast_infers: AtomicU64,
+    /// Screenshot requests received, and how many carried an image already seen.
+    pub screenshots: AtomicU64,
+    pub repeated_images: AtomicU64,
 }
 
 pub struct MockServer {
@@ -59,6 +64,7 @@ struct State {
     config: MockConfig,
     counters: Arc<MockCounters>,
     gate: Mutex<()>,
+    images: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 pub async fn start(config: MockConfig) -> MockServer {
@@ -69,6 +75,7 @@ pub async fn start(config: MockConfig) -> MockServer {
         config,
         counters: counters.clone(),
         gate: Mutex::new(()),
+        images: Default::default(),
     });
     let task = tokio::spawn(async move {
         loop {
@@ -139,7 +146,19 @@ async fn decide(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Byte
         );
     }
     let answers = match answers_for(&body) {
-        Ok(a) => a,
+        Ok((a, image)) => {
+            if let Some(image) = image {
+                state.counters.screenshots.fetch_add(1, Ordering::SeqCst);
+                if !state.images.lock().unwrap().insert(image) {
+                    state
+                        .counters
+                        .repeated_images
+                        .fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(c.screenshot_delay).await;
+            }
+            a
+        }
         Err(detail) => {
             return response(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -176,13 +195,41 @@ async fn decide(state: Arc<State>, req: Request<Incoming>) -> Response<Full<Byte
     r
 }
 
-/// Validates the request like the real contract (model, questions, 1–26 criteria) and makes
-/// one answer per question: the first option, uniform probabilities.
-fn answers_for(body: &[u8]) -> Result<Map<String, Value>, String> {
+/// Validates the request like the real contract (model, questions, 1–26 criteria; for a
+/// screenshot request its own rules) and makes one answer per question: the first option,
+/// uniform probabilities. Also returns the data URL of a screenshot request.
+fn answers_for(body: &[u8]) -> Result<(Map<String, Value>, Option<String>), String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
     if v["model"] != "cua-s1-4b-0.2" {
         return Err("'model' must be 'cua-s1-4b-0.2'".into());
     }
+    let image = match v["state"].as_object() {
+        Some(state) if state.len() == 1 && state.contains_key("image") => {
+            let url = state["image"].as_str().unwrap_or_default();
+            if !url.starts_with("data:image/png;base64,") {
+                return Err("'state.image' must be a data URL".into());
+            }
+            let top: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+            if top != ["model", "state", "questions"] {
+                return Err(format!("screenshot request with fields {top:?}"));
+            }
+            let questions = v["questions"].as_object().ok_or("no questions")?;
+            if !(1..=8).contains(&questions.len()) {
+                return Err("1 to 8 screenshot questions".into());
+            }
+            for q in questions.values() {
+                let fields = q.as_object().ok_or("question not an object")?;
+                if fields
+                    .keys()
+                    .any(|k| !["type", "instructions", "criteria"].contains(&k.as_str()))
+                {
+                    return Err("unknown field in a screenshot question".into());
+                }
+            }
+            Some(url.to_string())
+        }
+        _ => None,
+    };
     let state_ok = match &v["state"] {
         Value::String(s) => !s.is_empty(),
         Value::Object(o) => !o.is_empty(),
@@ -225,7 +272,7 @@ fn answers_for(body: &[u8]) -> Result<Map<String, Value>, String> {
             }),
         );
     }
-    Ok(answers)
+    Ok((answers, image))
 }
 
 fn metrics(c: &MockCounters) -> Response<Full<Bytes>> {
