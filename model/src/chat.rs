@@ -156,6 +156,27 @@ impl ChatTemplate {
         }
     }
 
+    /// The text that renderings of `[system, user]` start with whatever the user message: the
+    /// common start of two text renders whose user messages differ from their first character
+    /// and, where the template renders images, a screenshot render. A template could still
+    /// render some message differently; callers check that a chat starts with it.
+    pub fn fixed_prefix(&self, system: &str) -> Result<String> {
+        let mut renders = vec![
+            self.render(system, "Goal: x")?,
+            self.render(system, "App: x")?,
+        ];
+        renders.extend(self.render_with_image(system, "App: x").ok());
+        let first = &renders[0];
+        let len = renders[1..].iter().fold(first.len(), |len, other| {
+            first[..len]
+                .char_indices()
+                .zip(other.chars())
+                .find(|((_, a), b)| a != b)
+                .map_or(len.min(other.len()), |((at, _), _)| at)
+        });
+        Ok(first[..len].to_string())
+    }
+
     fn compile(
         source: String,
         special_tokens: serde_json::Map<String, serde_json::Value>,

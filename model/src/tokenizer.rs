@@ -7,6 +7,7 @@
 
 mod byte_level;
 mod fast_encode;
+mod piece_cache;
 mod qwen35;
 mod tiktoken;
 
@@ -34,6 +35,23 @@ pub struct MarkerIds {
     pub video_pad: Option<u32>,
     pub think: Option<u32>,
     pub think_end: Option<u32>,
+}
+
+/// A fixed leading text and its ids (see [`Tokenizer::encode_prefix`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EncodedPrefix {
+    text: String,
+    ids: Vec<u32>,
+}
+
+impl EncodedPrefix {
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
 }
 
 /// A loaded tokenizer with the option-letter ids resolved.
@@ -119,9 +137,50 @@ impl Tokenizer {
     /// For the Qwen3.5 pipeline this runs an exact fast path (see `fast_encode`: the same ids,
     /// some 30x faster on real prompts); other pipelines use Hugging Face `encode`.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match self.fast_path() {
+            Some((fast, bpe)) => {
+                let mut ids = Vec::new();
+                fast.encode_into(bpe, text, &mut ids)?;
+                Ok(ids)
+            }
+            None => encode_plain(&self.inner, text),
+        }
+    }
+
+    /// The leading part of `text` after which encoding restarts, with its ids, for
+    /// [`Tokenizer::encode_with_prefix`]: up to the end of the last added token in `text` that no
+    /// added token can extend (empty when there is none, or off the fast path, where the rule is
+    /// not checked). For a chat, the rendered system turn through the next `<|im_start|>`.
+    pub fn encode_prefix(&self, text: &str) -> Result<EncodedPrefix> {
+        let Some((fast, _)) = self.fast_path() else {
+            return Ok(EncodedPrefix::default());
+        };
+        let text = &text[..fast.restart_point(text)];
+        Ok(EncodedPrefix {
+            text: text.to_string(),
+            ids: self.encode(text)?,
+        })
+    }
+
+    /// The ids of `text`, equal to [`Tokenizer::encode`]'s: when `text` starts with `prefix`
+    /// (made by this tokenizer's [`Tokenizer::encode_prefix`]), its ids are taken as they are and
+    /// only the rest is encoded.
+    pub fn encode_with_prefix(&self, prefix: &EncodedPrefix, text: &str) -> Result<Vec<u32>> {
+        match (self.fast_path(), text.strip_prefix(prefix.text.as_str())) {
+            (Some((fast, bpe)), Some(rest)) if !prefix.text.is_empty() => {
+                let mut ids = Vec::with_capacity(prefix.ids.len() + rest.len() / 3 + 1);
+                ids.extend_from_slice(&prefix.ids);
+                fast.encode_into(bpe, rest, &mut ids)?;
+                Ok(ids)
+            }
+            _ => self.encode(text),
+        }
+    }
+
+    fn fast_path(&self) -> Option<(&fast_encode::FastEncoder, &tokenizers::models::bpe::BPE)> {
         match (&self.fast, self.inner.get_model()) {
-            (Some(fast), tokenizers::models::ModelWrapper::BPE(bpe)) => fast.encode(bpe, text),
-            _ => encode_plain(&self.inner, text),
+            (Some(fast), tokenizers::models::ModelWrapper::BPE(bpe)) => Some((fast, bpe)),
+            _ => None,
         }
     }
 

@@ -12,17 +12,21 @@
 //! 3. pre-tokenize with a hand-written scanner that matches onig's leftmost-first reading of
 //!    `QWEN35_PRETOKENIZER_PATTERN` (character classes come from onig itself, see `CharClasses`);
 //! 4. map each piece's bytes to the byte-level alphabet and run the tokenizer's own BPE model on
-//!    it, behind a cache of piece → ids.
+//!    it, behind a cache of piece → ids (`piece_cache`).
+//!
+//! Since segments between added tokens are encoded independently, a fixed leading text that ends
+//! with an added token (a chat's system turn) can be encoded once and its ids reused
+//! (`restart_point`, `Tokenizer::encode_with_prefix`).
 //!
 //! Measured with `cargo run -p instinct-model --release --example tokenizer_timing -- 30` over the
 //! 60 fixture chats (49,310 ids), median per 1,000 ids, on a 2-core machine shared with other
 //! builds: Hugging Face `encode` 0.72 ms, this encoder 0.025 ms with its piece cache warm and
-//! 0.060 ms on a fresh tokenizer's first pass.
+//! 0.060 ms on a fresh tokenizer's first pass. Request preparation as a whole (template, then this
+//! encoder with the system turn cached): `docs/benchmarks/prepare-cpu`.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
-use ahash::AHashMap;
 use aho_corasick::{AhoCorasick, MatchKind};
 use anyhow::{anyhow, Result};
 use onig::{Regex, SearchOptions};
@@ -34,18 +38,16 @@ use tokenizers::{Model, SplitDelimiterBehavior};
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 use super::byte_level::byte_to_char;
+use super::piece_cache::{PieceCache, PIECE_CACHE_CAPACITY};
 use super::qwen35::QWEN35_PRETOKENIZER_PATTERN;
-
-/// The cache stops growing at this many pieces (a prompt has a few hundred distinct ones).
-const WORD_CACHE_CAPACITY: usize = 200_000;
-/// Longer pieces are not cached (long runs of spaces or punctuation rarely repeat).
-const WORD_CACHE_MAX_PIECE_BYTES: usize = 64;
 
 /// The added tokens and the piece cache of one tokenizer whose pipeline is the Qwen3.5 one.
 pub(super) struct FastEncoder {
     added_tokens: AhoCorasick,
     added_token_ids: Vec<u32>,
-    word_cache: RwLock<AHashMap<Box<str>, Box<[u32]>>>,
+    /// The added tokens' texts, in `added_tokens`' pattern order.
+    added_token_contents: Vec<String>,
+    piece_cache: RwLock<PieceCache>,
 }
 
 impl FastEncoder {
@@ -84,19 +86,44 @@ impl FastEncoder {
         Ok(Self {
             added_tokens,
             added_token_ids: ids,
-            word_cache: RwLock::new(AHashMap::new()),
+            added_token_contents: contents,
+            piece_cache: RwLock::new(PieceCache::new(PIECE_CACHE_CAPACITY)),
         })
     }
 
-    /// The ids of `text`, equal to `tokenizer.encode(text, false)`'s. `bpe` is the tokenizer's
-    /// model (checked to be BPE when this encoder was made).
-    pub(super) fn encode(&self, bpe: &BPE, text: &str) -> Result<Vec<u32>> {
-        let mut ids = Vec::with_capacity(text.len() / 2 + 1);
-        let mut misses: Vec<(Box<str>, Box<[u32]>)> = Vec::new();
+    /// Byte length of the longest leading part of `text` that ends with an added token which no
+    /// added token can extend past its end. Encoding restarts there: added tokens are split out
+    /// first (leftmost-longest, each search resuming at the previous match's end) and the text
+    /// between them is normalized and pre-tokenized on its own, so for any `rest`,
+    /// `encode(head + rest)` is `encode(head)` followed by `encode(rest)`. 0 when there is none.
+    pub(super) fn restart_point(&self, text: &str) -> usize {
+        let mut point = 0;
+        for found in self.added_tokens.find_iter(text) {
+            if !self.may_cross(&text.as_bytes()[..found.end()]) {
+                point = found.end();
+            }
+        }
+        point
+    }
+
+    /// Whether an added token could match across the end of `head`: one that begins with a
+    /// non-empty end of `head` and is longer than it.
+    fn may_cross(&self, head: &[u8]) -> bool {
+        self.added_token_contents.iter().any(|token| {
+            let token = token.as_bytes();
+            (1..token.len()).any(|k| head.ends_with(&token[..k]))
+        })
+    }
+
+    /// Appends the ids of `text` to `ids`: those of `tokenizer.encode(text, false)`. `bpe` is the
+    /// tokenizer's model (checked to be BPE when this encoder was made).
+    pub(super) fn encode_into(&self, bpe: &BPE, text: &str, ids: &mut Vec<u32>) -> Result<()> {
+        ids.reserve(text.len() / 3 + 1);
+        let mut misses: Vec<(Box<[u8]>, _)> = Vec::new();
         let mut mapped = String::new();
         {
             let cache = self
-                .word_cache
+                .piece_cache
                 .read()
                 .unwrap_or_else(PoisonError::into_inner);
             let mut encode_segment = |segment: &str, ids: &mut Vec<u32>| -> Result<()> {
@@ -109,8 +136,12 @@ impl FastEncoder {
                     let end = piece_end(&normalized, start);
                     let piece = &normalized[start..end];
                     start = end;
-                    if let Some(hit) = cache.get(piece) {
-                        ids.extend_from_slice(hit);
+                    if let Some(hit) = cache.get(piece.as_bytes()) {
+                        // Most pieces are one token: a push, not a memcpy call.
+                        match *hit {
+                            [id] => ids.push(id),
+                            _ => ids.extend_from_slice(hit),
+                        }
                         continue;
                     }
                     mapped.clear();
@@ -122,33 +153,30 @@ impl FastEncoder {
                         .map(|token| token.id)
                         .collect();
                     ids.extend_from_slice(&piece_ids);
-                    if piece.len() <= WORD_CACHE_MAX_PIECE_BYTES {
-                        misses.push((piece.into(), piece_ids));
+                    if PieceCache::takes(piece.as_bytes()) {
+                        misses.push((piece.as_bytes().into(), piece_ids));
                     }
                 }
                 Ok(())
             };
             let mut segment_start = 0;
             for found in self.added_tokens.find_iter(text) {
-                encode_segment(&text[segment_start..found.start()], &mut ids)?;
+                encode_segment(&text[segment_start..found.start()], ids)?;
                 ids.push(self.added_token_ids[found.pattern().as_usize()]);
                 segment_start = found.end();
             }
-            encode_segment(&text[segment_start..], &mut ids)?;
+            encode_segment(&text[segment_start..], ids)?;
         }
         if !misses.is_empty() {
             let mut cache = self
-                .word_cache
+                .piece_cache
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
             for (piece, piece_ids) in misses {
-                if cache.len() >= WORD_CACHE_CAPACITY {
-                    break;
-                }
-                cache.insert(piece, piece_ids);
+                cache.insert(&piece, piece_ids);
             }
         }
-        Ok(ids)
+        Ok(())
     }
 }
 
@@ -240,6 +268,8 @@ struct CharClasses {
     /// The pattern's first alternative, for apostrophes followed by non-ASCII text (onig's case
     /// folding decides, e.g. whether `'ſ` is `'s`).
     contraction: Regex,
+    /// ASCII classes, filled when made: the common case without an atomic load.
+    ascii: [u8; 128],
     bmp: Box<[AtomicU8]>,
 }
 
@@ -250,14 +280,19 @@ impl CharClasses {
             let regex = |pattern: &str| {
                 Regex::new(pattern).expect("character-class patterns are valid onig regexes")
             };
-            Self {
+            let mut classes = Self {
                 letter: regex(r"\p{L}"),
                 mark: regex(r"\p{M}"),
                 number: regex(r"\p{N}"),
                 space: regex(r"\s"),
                 contraction: regex(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"),
+                ascii: [0; 128],
                 bmp: (0..0x10000).map(|_| AtomicU8::new(0)).collect(),
+            };
+            for byte in 0..128u8 {
+                classes.ascii[usize::from(byte)] = classes.look_up(char::from(byte)) | KNOWN;
             }
+            classes
         })
     }
 
@@ -300,7 +335,12 @@ impl CharClasses {
 }
 
 /// The character at byte `at` of `text` and its class.
+#[inline(always)]
 fn char_at(classes: &CharClasses, text: &str, at: usize) -> (char, u8) {
+    let byte = text.as_bytes()[at];
+    if byte.is_ascii() {
+        return (char::from(byte), classes.ascii[usize::from(byte)]);
+    }
     let c = text[at..].chars().next().expect("at is a char boundary");
     (c, classes.of(c))
 }
