@@ -21,9 +21,10 @@ use instinct_model::mrope::{expand_image_placeholders, rope_index};
 use instinct_model::prefix::{PrefixState, SnapshotCost};
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::source::{Device, ModelSource};
-use instinct_model::tokenizer::Tokenizer;
+use instinct_model::tokenizer::{EncodedPrefix, Tokenizer};
 use instinct_model::vision::{ImageInput, VisionTower};
 use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
+use rayon::prelude::*;
 
 use crate::image_cache::{key_of, EncodedImage, ImageCache, ImageKey};
 use crate::metrics as m;
@@ -35,6 +36,8 @@ use crate::screenshot::Screenshot;
 pub struct Preparer {
     tokenizer: Tokenizer,
     chat: ChatTemplate,
+    /// The ids of the system turn every chat starts with, encoded once.
+    prefix: EncodedPrefix,
     vision: Option<VisionSide>,
     /// What a prefix-state snapshot of the text model costs (the state a chunked question holds
     /// between its chunks); `None` for a preparer built without a model.
@@ -84,18 +87,38 @@ pub struct ScreenshotQuestions {
 impl Preparer {
     /// A preparer for text questions only (no vision tower), as a text-only server has.
     pub fn text_only(tokenizer: Tokenizer, chat: ChatTemplate) -> Self {
+        Self::new(tokenizer, chat, None, None, false)
+    }
+
+    fn new(
+        tokenizer: Tokenizer,
+        chat: ChatTemplate,
+        vision: Option<VisionSide>,
+        snapshot_cost: Option<SnapshotCost>,
+        states_on_device: bool,
+    ) -> Self {
+        // Without a prefix every chat is encoded whole: the same ids, a little slower.
+        let prefix = chat
+            .fixed_prefix(SYSTEM_PROMPT)
+            .and_then(|text| tokenizer.encode_prefix(&text))
+            .unwrap_or_else(|e| {
+                tracing::warn!("the system turn's ids are not cached: {e:#}");
+                EncodedPrefix::default()
+            });
         Self {
             tokenizer,
             chat,
-            vision: None,
-            snapshot_cost: None,
-            states_on_device: false,
+            prefix,
+            vision,
+            snapshot_cost,
+            states_on_device,
         }
     }
 
     /// Bytes the prefix states of `questions` may hold at once while they run as chunks of at
-    /// most `max_chunk` tokens: per chunked question, the state before its last chunk and the one
-    /// before that (an engine holds both while it runs a chunk). 0 without chunking.
+    /// most `max_chunk` tokens: per chunked question two states (an engine holds the one a chunk
+    /// resumes from and the one it leaves), each of at most all but its last token (chunks after
+    /// the first are elastic, so the last may be short). 0 without chunking.
     pub fn chunk_state_bytes(&self, questions: &[Question], max_chunk: Option<usize>) -> usize {
         let (Some(cost), Some(max_chunk)) = (self.snapshot_cost, max_chunk) else {
             return 0;
@@ -103,11 +126,7 @@ impl Preparer {
         questions
             .iter()
             .filter(|q| q.resumable && q.ids.len() > max_chunk)
-            .map(|q| {
-                // Tokens before the last chunk: whole chunks, at least one.
-                let before_last = (q.ids.len() - 1) / max_chunk * max_chunk;
-                cost.bytes(before_last) + cost.bytes(before_last - max_chunk)
-            })
+            .map(|q| 2 * cost.bytes(q.ids.len() - 1))
             .sum()
     }
 
@@ -155,32 +174,33 @@ impl Preparer {
             })
         })?;
         let grids = [encoded.grid_thw];
-        let mut questions = Vec::with_capacity(users.len());
-        for &(user, n_options) in users {
-            let chat = self
-                .chat
-                .render_with_image(SYSTEM_PROMPT, user)
-                .map_err(ScreenshotError::Internal)?;
-            let ids = self
-                .tokenizer
-                .encode(&chat)
-                .map_err(ScreenshotError::Internal)?;
-            let ids = expand_image_placeholders(&ids, vision.image_token_id, &grids, vision.merge)
-                .map_err(ScreenshotError::Internal)?;
-            let positions = rope_index(&ids, vision.image_token_id, &grids, vision.merge)
-                .map_err(ScreenshotError::Internal)?;
-            let context = ScreenshotContext {
-                image: ImagePrompt::new(vision.image_token_id, encoded.features.clone(), positions),
-                image_key: key,
-            };
-            questions.push(Question {
-                ids,
-                n_options,
-                context: Some(Arc::new(context)),
-                // Not chunked (prefix reuse resumes them after their image instead).
-                resumable: false,
-            });
-        }
+        // Each question is independent: in parallel, as text questions are.
+        let questions = users
+            .par_iter()
+            .map(|&(user, n_options)| {
+                let chat = self.chat.render_with_image(SYSTEM_PROMPT, user)?;
+                let ids = self.tokenize(&chat)?;
+                let ids =
+                    expand_image_placeholders(&ids, vision.image_token_id, &grids, vision.merge)?;
+                let positions = rope_index(&ids, vision.image_token_id, &grids, vision.merge)?;
+                let context = ScreenshotContext {
+                    image: ImagePrompt::new(
+                        vision.image_token_id,
+                        encoded.features.clone(),
+                        positions,
+                    ),
+                    image_key: key,
+                };
+                Ok(Question {
+                    ids,
+                    n_options,
+                    context: Some(Arc::new(context)),
+                    // Not chunked (prefix reuse resumes them after their image instead).
+                    resumable: false,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map_err(ScreenshotError::Internal)?;
         Ok(ScreenshotQuestions {
             questions,
             cache_hit: hit,
@@ -193,9 +213,10 @@ impl Preparer {
         self.chat.render(SYSTEM_PROMPT, user)
     }
 
-    /// Encodes a rendered chat string (special-token text becomes the special token; no BOS).
+    /// Encodes a rendered chat string (special-token text becomes the special token; no BOS),
+    /// the system turn's ids taken from the cache.
     pub fn tokenize(&self, chat: &str) -> anyhow::Result<Vec<u32>> {
-        self.tokenizer.encode(chat)
+        self.tokenizer.encode_with_prefix(&self.prefix, chat)
     }
 }
 
@@ -453,6 +474,9 @@ pub struct Loaded {
     /// Prefix reuse of each device's engines, in device order (off where the backend does not
     /// carry states).
     pub prefix_reuse: Vec<Arc<PrefixReuse>>,
+    /// Token boundaries where the engines resume a prompt exactly (the scheduler's
+    /// [`chunk_grid`](instinct_scheduler::Config::chunk_grid)).
+    pub resume_grid: usize,
 }
 
 /// Memory of one GPU an engine runs on, for metrics.
@@ -533,7 +557,7 @@ pub fn load(
             tracing::info!(
                 row_counts = ?warmed,
                 ms = t0.elapsed().as_secs_f64() * 1e3,
-                "warmed every batch size bucket"
+                "warm-up forwards run (the limit, and each row bucket without stored GEMM picks)"
             );
             let backend = parts.engines[0].decider.backend();
             let (weights_bytes, activations_bytes) = backend.allocated_bytes();
@@ -571,6 +595,8 @@ pub fn load_on(
                 all.weights_bytes += loaded.weights_bytes;
                 all.devices.extend(loaded.devices);
                 all.prefix_reuse.extend(loaded.prefix_reuse);
+                // Every grid is 1 or 64: the coarser one suits both.
+                all.resume_grid = all.resume_grid.max(loaded.resume_grid);
             }
         }
     }
@@ -679,7 +705,7 @@ struct EngineParts<B: Backend> {
 
 impl<B> EngineParts<B>
 where
-    B: Backend + Send + 'static,
+    B: ServingBackend,
     B::Buf: Send,
     B::Idx: Send,
 {
@@ -694,6 +720,7 @@ where
             weights_bytes,
             devices,
             prefix_reuse: vec![self.reuse],
+            resume_grid: B::RESUME_GRID,
         }
     }
 }
@@ -790,13 +817,15 @@ fn load_engines<B: ServingBackend>(
             }
         };
         // Every engine loads the same files; one preparer (tokenizer, template, tower) serves all.
-        preparer.get_or_insert(Preparer {
-            tokenizer: text.tokenizer,
-            chat: text.chat,
-            vision,
-            snapshot_cost: Some(text.decider.snapshot_cost()),
-            states_on_device: B::STATES_ON_DEVICE,
-        });
+        if preparer.is_none() {
+            preparer = Some(Preparer::new(
+                text.tokenizer,
+                text.chat,
+                vision,
+                Some(text.decider.snapshot_cost()),
+                B::STATES_ON_DEVICE,
+            ));
+        }
         engines.push(DeciderEngine {
             decider: text.decider,
             multimodal,
@@ -912,6 +941,57 @@ mod tests {
     fn the_cpu_loads_the_screenshot_path_when_asked() {
         assert!(demo_engine(true).preparer.serves_screenshots());
         assert!(!demo_engine(false).preparer.serves_screenshots());
+    }
+
+    /// Text and screenshot questions take the system turn's ids from the cache, and their ids
+    /// are those of encoding the whole chat (Hugging Face `encode`), image placeholders expanded.
+    #[test]
+    fn prepared_ids_equal_the_whole_chats_encoding() {
+        let loaded = demo_engine(true);
+        let preparer = &loaded.preparer;
+        assert!(preparer.tokenizer.uses_fast_path());
+        assert!(preparer.prefix.text().ends_with("<|im_start|>"));
+        assert!(!preparer.prefix.ids().is_empty());
+        let users = [
+            (
+                "Goal: x\n\nApp: Mail\n\nOptions:\nA. Button \"Send\" -> click",
+                1,
+            ),
+            (
+                "  \n\n<|im_start|>user\n<|im_end|> 1234567890 日本 e\u{301} 's  ",
+                2,
+            ),
+            ("<|vision_end|><|vision_start|>\u{301}x\t\n", 3),
+        ];
+        let whole = |chat: &str| preparer.tokenizer.encode_reference(chat).unwrap();
+        for (user, _) in users {
+            let chat = preparer.render(user).unwrap();
+            assert_eq!(preparer.tokenize(&chat).unwrap(), whole(&chat), "{user:?}");
+        }
+
+        let path = "../model/tests/data/images/png_rgb_320x240.png";
+        let image = Screenshot {
+            format: crate::screenshot::ImageFormat::Png,
+            bytes: std::fs::read(path).unwrap(),
+        };
+        let vision = preparer.vision.as_ref().unwrap();
+        let grids = [preprocess(&image.bytes, "image/png").unwrap().grid_thw];
+        let prepared = preparer.screenshot_questions(&image, &users).unwrap();
+        for (question, (user, n_options)) in prepared.questions.iter().zip(users) {
+            let chat = preparer
+                .chat
+                .render_with_image(SYSTEM_PROMPT, user)
+                .unwrap();
+            let expected = expand_image_placeholders(
+                &whole(&chat),
+                vision.image_token_id,
+                &grids,
+                vision.merge,
+            )
+            .unwrap();
+            assert_eq!(question.ids, expected, "{user:?}");
+            assert_eq!(question.n_options, n_options);
+        }
     }
 
     #[test]

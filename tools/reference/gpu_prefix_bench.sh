@@ -7,7 +7,9 @@
 #   chunked  reuse + --max-chunk-tokens $CHUNK      (and chunked prefill)
 # Each answers, one request at a time (answers_diff.py post), the 60 real fixtures, 8 requests of
 # 8 goal-less questions over a ~2,000-token tree and 2 questions of ~$LONG_TOKENS tokens; the
-# answers of reuse and chunked are compared with off's (answers_diff.py compare, tolerance 2e-3).
+# answers of reuse and chunked are compared with off's (answers_diff.py compare, tolerance 2e-3);
+# chunked also answers the fixtures and long questions while the mix runs beside them (its later
+# chunks then take the lengths the batch leaves them), compared with off's the same way.
 # Benchmarks (instinct-loadtest, raw reports in $OUT):
 #   goal_less_{off,reuse}.json   8 goal-less questions over a ~2,000-token tree per request,
 #                                64 distinct bodies, closed loop at 1 and 4 clients
@@ -68,6 +70,18 @@ answers() {  # answers NAME: every parity workload, one request at a time
   done
   stamp "answers $1 written"
 }
+answers_beside_load() {  # answers_beside_load NAME: the fixtures and long questions again while the mix runs
+  has parity || return 0
+  timeout 60 "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/load_during_answers_$1.json" > /dev/null 2>&1 &
+  local load=$!
+  sleep 2
+  for w in fixtures long; do
+    timeout 120 python3 tools/reference/answers_diff.py post "http://127.0.0.1:$PORT" "$W/$w.jsonl" "$OUT/answers_${1}_loaded_$w.jsonl" \
+      || echo "answers $1 loaded $w FAILED"
+  done
+  wait $load || echo "load during answers $1 FAILED"
+  stamp "answers $1 beside the mix written"
+}
 metric() {  # metric NAME: its value in a /metrics scrape (summed over label sets)
   curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
 }
@@ -111,6 +125,7 @@ stop_server
 
 serve_real chunked 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
 answers chunked
+answers_beside_load chunked
 long_pair chunked
 curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_chunked.txt" || true
 stop_server
@@ -123,6 +138,13 @@ if has parity; then
       python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_${name}_$w.jsonl" --tol 2e-3 \
         | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
     done
+  done
+  # Chunks after the first are sized by what shares their batch: beside the mix they take other
+  # lengths (on the 64-token grid) than alone, and must still answer as the whole question does.
+  for w in fixtures long; do
+    echo -n "chunked beside the mix $w: "
+    python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_chunked_loaded_$w.jsonl" --tol 2e-3 \
+      | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
   done
 fi
 if has bench; then
