@@ -5,10 +5,11 @@
 #      vision_tiny on the GPU, cuda_ops' scatter_rows (image features put in place on the device);
 #   2. the batch-invariant mode's cold warm-up after 5ca496e (first start, no tuning file, then a
 #      second start with it): `warmed every batch size bucket ms=` of each;
+#   2b. whole-model parity (`instinct check`, 84 questions) on the flash kernels as they are now;
 #   3. tools/reference/gpu_vl_check.sh: real-shape screenshot parity and 1024x1024 latency with the
 #      tower's attention on tensor cores and its kept position tables (the split of a miss into
 #      preprocess and encode comes from the server's histograms).
-# Results in $OUT: call.log, tests.log, vl.tgz. From the repository root, carrying .carry (bin:
+# Results in $OUT: call.log, tests.log, check.json, vl.tgz. From the repository root, carrying .carry (bin:
 # instinct, instinct-loadtest; tests: cuda_vision, vision_tiny), .cache/qwen-tokenizer and
 # .cache/fixtures (real_shapes.py needs the fixtures):
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call.sh
@@ -31,6 +32,11 @@ run vision_tiny-test 60
 run cuda_ops-test 60 scatter_rows
 grep -E "^## |test result|panicked|FAILED|attention 4096|worst" $R >> $L
 t wait-checkpoint; wait $CK; tail -1 /tmp/ckpt.log >> $L
+t parity
+timeout 90 .carry/bin/instinct check --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
+  --corpus docs/validation/real-shapes/corpus_ids.json --goldens docs/validation/real-shapes/real_goldens.json \
+  --out $OUT/check.json > /tmp/check.log 2>&1; t "check exit $?"
+grep -E "questions on|PASS|FAIL|Error" /tmp/check.log >> $L
 for start in cold warm; do
   .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
     --bind 127.0.0.1:8200 > /tmp/serve_$start.log 2>&1 &

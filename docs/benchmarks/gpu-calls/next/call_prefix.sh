@@ -9,6 +9,7 @@ export INSTINCT_CUDA_HOME=/usr/local/cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=
 L=$OUT/call.log
 T0=$(date +%s); t() { echo "=== [$(( $(date +%s) - T0 )) s] $*" >> $L; }
 t "old $OLD new $NEW; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
+cp .carry/bin/instinct-loadtest .carry/old/  # one loadtest for both builds
 OUT=/tmp/old BIN=$PWD/.carry/old REVISION=$OLD STAGES=bench timeout 250 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
 t "old exit $?"
 OUT=/tmp/new BIN=$PWD/.carry/bin REVISION=$NEW STAGES=parity,bench timeout 300 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
