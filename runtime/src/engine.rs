@@ -116,9 +116,8 @@ impl Preparer {
     }
 
     /// Bytes the prefix states of `questions` may hold at once while they run as chunks of at
-    /// most `max_chunk` tokens: per chunked question two states (an engine holds the one a chunk
-    /// resumes from and the one it leaves), each of at most all but its last token (chunks after
-    /// the first are elastic, so the last may be short). 0 without chunking.
+    /// most `max_chunk` tokens: per chunked question, the state before its last chunk and the one
+    /// before that (an engine holds both while it runs a chunk). 0 without chunking.
     pub fn chunk_state_bytes(&self, questions: &[Question], max_chunk: Option<usize>) -> usize {
         let (Some(cost), Some(max_chunk)) = (self.snapshot_cost, max_chunk) else {
             return 0;
@@ -126,7 +125,11 @@ impl Preparer {
         questions
             .iter()
             .filter(|q| q.resumable && q.ids.len() > max_chunk)
-            .map(|q| 2 * cost.bytes(q.ids.len() - 1))
+            .map(|q| {
+                // Tokens before the last chunk: whole chunks, at least one.
+                let before_last = (q.ids.len() - 1) / max_chunk * max_chunk;
+                cost.bytes(before_last) + cost.bytes(before_last - max_chunk)
+            })
             .sum()
     }
 
@@ -474,9 +477,6 @@ pub struct Loaded {
     /// Prefix reuse of each device's engines, in device order (off where the backend does not
     /// carry states).
     pub prefix_reuse: Vec<Arc<PrefixReuse>>,
-    /// Token boundaries where the engines resume a prompt exactly (the scheduler's
-    /// [`chunk_grid`](instinct_scheduler::Config::chunk_grid)).
-    pub resume_grid: usize,
 }
 
 /// Memory of one GPU an engine runs on, for metrics.
@@ -595,8 +595,6 @@ pub fn load_on(
                 all.weights_bytes += loaded.weights_bytes;
                 all.devices.extend(loaded.devices);
                 all.prefix_reuse.extend(loaded.prefix_reuse);
-                // Every grid is 1 or 64: the coarser one suits both.
-                all.resume_grid = all.resume_grid.max(loaded.resume_grid);
             }
         }
     }
@@ -705,7 +703,7 @@ struct EngineParts<B: Backend> {
 
 impl<B> EngineParts<B>
 where
-    B: ServingBackend,
+    B: Backend + Send + 'static,
     B::Buf: Send,
     B::Idx: Send,
 {
@@ -720,7 +718,6 @@ where
             weights_bytes,
             devices,
             prefix_reuse: vec![self.reuse],
-            resume_grid: B::RESUME_GRID,
         }
     }
 }

@@ -136,10 +136,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let loaded = engine::load_on(&devices, &source, limits, options)?;
         metrics::gauge!(crate::metrics::WEIGHTS_BYTES).set(loaded.weights_bytes as f64);
         crate::metrics::register_devices(&loaded.devices);
-        let config = Config {
-            chunk_grid: loaded.resume_grid,
-            ..config
-        };
         let scheduler = Scheduler::start(config, loaded.engines)?;
         let load = t0.elapsed();
         let t1 = Instant::now();

@@ -54,17 +54,6 @@ pub struct Config {
     /// questions queued behind a long one run beside its chunks. `None`: every question runs
     /// whole (and none may exceed the largest bucket).
     pub max_chunk_tokens: Option<usize>,
-    /// Where a chunk may end (besides its question's end): at multiples of this many tokens,
-    /// where a resumed prompt computes what the whole one does (the backend's resume grid: 1 on
-    /// the CPU, the delta rule's 64-token chunk on a GPU). `max_chunk_tokens` must be a multiple.
-    ///
-    /// A chunk after a question's first is elastic: a batch that runs chunks holds at most
-    /// `max_chunk_tokens` tokens in all (or what its whole questions need, if more), whole
-    /// questions first, and its chunks share what is left, fewest remaining tokens first, each
-    /// at least one grid step. So short questions beside a long one wait for batches of bounded
-    /// cost, and the long one still moves every batch. A first chunk keeps its full length: it
-    /// may resume from a cached prefix that long.
-    pub chunk_grid: usize,
     /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
     pub drain_rate_window: Duration,
     /// `Retry-After` given before any batch has completed.
@@ -87,7 +76,6 @@ impl Default for Config {
             max_scan: 1_024,
             heartbeat_interval: Duration::from_millis(100),
             max_chunk_tokens: None,
-            chunk_grid: 1,
             drain_rate_window: Duration::from_secs(10),
             retry_after_default: Duration::from_secs(1),
             retry_after_min: Duration::from_secs(1),
@@ -165,21 +153,12 @@ impl Config {
             buckets.iter().map(|b| b.tokens).max().unwrap_or(0),
             buckets.iter().map(|b| b.seqs).max().unwrap_or(0),
         );
-        if self.chunk_grid == 0 {
-            return bad("chunk_grid must be positive".into());
-        }
         if let Some(chunk) = self.max_chunk_tokens {
             if chunk == 0 || chunk > capacity.tokens {
                 return bad(format!(
                     "max_chunk_tokens {chunk} must be positive and fit the largest bucket ({} \
                      tokens)",
                     capacity.tokens
-                ));
-            }
-            if !chunk.is_multiple_of(self.chunk_grid) {
-                return bad(format!(
-                    "max_chunk_tokens {chunk} is not a multiple of chunk_grid {}",
-                    self.chunk_grid
                 ));
             }
         }

@@ -27,9 +27,7 @@
 //! batches and engines; answers are reassembled in order. With `max_chunk_tokens`, a resumable
 //! question longer than it is queued as consecutive chunks: the next chunk is queued, in the
 //! question's place, only when the one before it has completed, and the engine carries its state
-//! between them ([`ChunkInput`]). Chunks after the first are sized when taken: a batch running
-//! them keeps to `max_chunk_tokens` in all, its whole questions first (see
-//! [`Config::chunk_grid`]).
+//! between them ([`ChunkInput`]).
 //!
 //! **Failures**: a deadline passing while any question of the request is queued fails it with
 //! `DeadlineExceeded` (its queued questions never run); an engine error or panic fails exactly

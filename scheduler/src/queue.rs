@@ -60,16 +60,6 @@ impl QueuedSeq {
             .is_none_or(|c| c.end == self.question.ids.len())
     }
 
-    /// The fewest tokens this entry may run in a batch: a whole question or a first chunk all of
-    /// theirs; a later chunk `least_chunk` (or what is left of its question, if less), which
-    /// [`QueueState::grow_chunks`] may lengthen.
-    fn least_len(&self, least_chunk: usize) -> usize {
-        match &self.chunk {
-            Some(c) if c.start > 0 => (c.end - c.start).min(least_chunk),
-            _ => self.ids().len(),
-        }
-    }
-
     /// The entry for the chunk after this one (which must not be the last).
     fn next_chunk(self, max_chunk: usize) -> Self {
         let chunk = self.chunk.expect("only a chunk has a next one");
@@ -355,9 +345,8 @@ impl QueueState {
         let Some(oldest) = self.pending.front().map(|s| s.enqueued) else {
             return Next::Idle;
         };
-        let least_chunk = self.least_chunk();
         let Some(plan) = batching::plan(
-            self.pending.iter().map(|s| s.least_len(least_chunk)),
+            self.pending.iter().map(|s| s.ids().len()),
             &self.cfg.buckets,
             self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
@@ -399,9 +388,6 @@ impl QueueState {
         for seq in skipped.into_iter().rev() {
             self.pending.push_front(seq);
         }
-        let bucket = self
-            .grow_chunks(&mut seqs, plan.tokens)
-            .unwrap_or(plan.bucket);
 
         for seq in &seqs {
             let len = seq.ids().len();
@@ -433,72 +419,14 @@ impl QueueState {
         }
         histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
         histogram!(names::BATCH_TOKENS).record(tokens as f64);
-        histogram!(names::BATCH_FILL_RATIO).record(tokens as f64 / bucket.tokens as f64);
+        histogram!(names::BATCH_FILL_RATIO).record(tokens as f64 / plan.bucket.tokens as f64);
         self.running_batches += 1;
         self.publish_gauges();
         TakenBatch {
             seqs,
-            bucket,
+            bucket: plan.bucket,
             tokens,
         }
-    }
-
-    /// The shortest a chunk after its question's first may be: a quarter of `max_chunk_tokens`
-    /// on the grid, at least one grid step, so a long question moves at least that far per batch
-    /// and each chunk's pass is worth its cost.
-    fn least_chunk(&self) -> usize {
-        let c = &self.cfg.config;
-        let grid = c.chunk_grid;
-        c.max_chunk_tokens
-            .map_or(usize::MAX, |m| (m / 4 / grid * grid).max(grid))
-    }
-
-    /// Lengthens the picked chunks (planned at [`QueuedSeq::least_len`], `planned` tokens in all)
-    /// toward their full length while the batch stays within `max_chunk_tokens` (or `planned`, if
-    /// more) and some bucket: fewest remaining tokens first, by whole grid steps. Sets each chunk's
-    /// end and returns the smallest bucket holding the batch; `None` when nothing was lengthened.
-    fn grow_chunks(&self, seqs: &mut [QueuedSeq], planned: usize) -> Option<Bucket> {
-        let (Some(max_chunk), grid) =
-            (self.cfg.config.max_chunk_tokens, self.cfg.config.chunk_grid)
-        else {
-            return None;
-        };
-        let n = seqs.len();
-        let fits = |tokens: usize| self.cfg.buckets.iter().any(|b| b.holds(tokens, n));
-        let budget = max_chunk.max(planned);
-        let least_chunk = self.least_chunk();
-        let mut order: Vec<usize> = (0..seqs.len())
-            .filter(|&i| seqs[i].chunk.as_ref().is_some_and(|c| c.start > 0))
-            .collect();
-        if order.is_empty() {
-            return None;
-        }
-        order.sort_by_key(|&i| {
-            seqs[i].question.ids.len() - seqs[i].chunk.as_ref().map_or(0, |c| c.start)
-        });
-        let mut tokens = planned;
-        for i in order {
-            let seq = &mut seqs[i];
-            let least = seq.least_len(least_chunk);
-            let chunk = seq.chunk.as_mut().expect("filtered to chunks");
-            let full = chunk.end - chunk.start;
-            // Whole grid steps beyond the least, up to the full chunk (which ends on the grid or at
-            // the question's end).
-            let mut extra = (full - least).min(budget.saturating_sub(tokens)) / grid * grid;
-            if least + extra < full && budget.saturating_sub(tokens) >= full - least {
-                extra = full - least;
-            }
-            while extra > 0 && !fits(tokens + extra) {
-                extra = (extra - 1) / grid * grid;
-            }
-            chunk.end = chunk.start + least + extra;
-            tokens += extra;
-        }
-        self.cfg
-            .buckets
-            .iter()
-            .find(|b| b.holds(tokens, n))
-            .copied()
     }
 
     /// Hands the engine's outcome for `batch` to its requests. Results of requests that already

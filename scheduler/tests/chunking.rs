@@ -97,13 +97,8 @@ fn short_questions_run_beside_a_long_questions_chunks() {
             "nothing is lost"
         );
     }
-    // Chunks after the first shrink (to a quarter of 16 at least) while short questions share
-    // their batches, so there are more than the 4 of a lone question.
     let chunks = chunks_of(&h, &long);
-    assert!(chunks.len() > 4, "{chunks:?}");
-    assert!(chunks[1..]
-        .iter()
-        .all(|c| c.2.len() >= 4 || c.1 + c.2.len() == 64));
+    assert_eq!(chunks.len(), 4);
     let last_chunk_batch = chunks.last().unwrap().0;
     for q in &shorts {
         let b = h.batch_of(q.ids[0]).unwrap();
@@ -119,83 +114,6 @@ fn short_questions_run_beside_a_long_questions_chunks() {
         assert_eq!(c.0, i, "chunk {i} in batch {}", c.0);
     }
     assert_settled(&h);
-}
-
-#[test]
-fn a_batch_running_a_later_chunk_keeps_to_the_chunk_budget_on_the_grid() {
-    // Chunks of at most 16 tokens ending on a grid of 4 (or at the question's end, 70).
-    let cfg = Config {
-        chunk_grid: 4,
-        ..config(64, Some(16))
-    };
-    let h = Harness::new(cfg, 1, Duration::ZERO);
-    let blocker = h.block_engine();
-    let long = question(1, 70, 2);
-    let shorts: Vec<Question> = (10..16).map(|t| question(t, 5, 2)).collect();
-    let mut requests = vec![vec![long.clone()]];
-    requests.extend(shorts.iter().map(|q| vec![q.clone()]));
-    let tickets = h.submit_all(&requests);
-    h.gate.open();
-    wait(blocker, LONG).unwrap();
-    for (q, t) in requests.iter().zip(tickets) {
-        assert_eq!(
-            wait(t, LONG).unwrap(),
-            expected_answer(q),
-            "nothing is lost"
-        );
-    }
-    let chunks = chunks_of(&h, &long);
-    let joined: Vec<u32> = chunks.iter().flat_map(|c| c.2.clone()).collect();
-    assert_eq!(
-        joined, long.ids,
-        "the chunks are the question, once, in order"
-    );
-    assert_eq!(chunks[0].2.len(), 16, "a first chunk keeps its full length");
-    for (batch, start, ids) in &chunks[1..] {
-        let end = start + ids.len();
-        assert!(
-            start % 4 == 0 && (end % 4 == 0 || end == 70),
-            "{start}..{end}"
-        );
-        assert!(
-            ids.len() >= 4 || end == 70,
-            "at least a quarter of 16: {start}..{end}"
-        );
-        let record = &h.batches()[*batch];
-        let whole: usize = record
-            .seqs
-            .iter()
-            .zip(&record.chunk_starts)
-            .filter(|(_, s)| s.is_none())
-            .map(|(ids, _)| ids.len())
-            .sum();
-        assert!(
-            record.tokens <= 16.max(whole + 4),
-            "batch {batch} holds {} tokens beside {whole} of whole questions",
-            record.tokens
-        );
-    }
-    assert!(
-        chunks
-            .iter()
-            .any(|c| c.1 > 0 && c.2.len() < 16 && c.1 + c.2.len() < 70),
-        "a later chunk made room for the short questions: {chunks:?}"
-    );
-    assert!(
-        chunks.iter().any(|c| c.1 > 0 && c.2.len() == 16),
-        "alone, a later chunk runs at its full length: {chunks:?}"
-    );
-    assert_settled(&h);
-}
-
-#[test]
-fn a_chunk_size_off_the_grid_is_refused_at_start() {
-    let cfg = Config {
-        chunk_grid: 64,
-        ..config(4096, Some(1000))
-    };
-    let err = cfg.batch_capacity().unwrap_err().to_string();
-    assert!(err.contains("not a multiple of chunk_grid 64"), "{err}");
 }
 
 #[test]
