@@ -75,20 +75,45 @@ extern "C" __global__ void add_in_place(float* __restrict__ x, const float* __re
 }
 
 // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), PyTorch's gelu(approximate="tanh").
-extern "C" __global__ void gelu_tanh(float* __restrict__ x, i64 n) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float v = x[i];
+__device__ __forceinline__ float gelu_tanh_of(float v) {
     const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-    x[i] = 0.5f * v * (1.0f + tanhf(inner));
+    return 0.5f * v * (1.0f + tanhf(inner));
 }
 
 // 0.5·x·(1 + erf(x/√2)), the exact GELU.
+__device__ __forceinline__ float gelu_erf_of(float v) { return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f)); }
+
+extern "C" __global__ void gelu_tanh(float* __restrict__ x, i64 n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = gelu_tanh_of(x[i]);
+}
+
 extern "C" __global__ void gelu_erf(float* __restrict__ x, i64 n) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float v = x[i];
-    x[i] = 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+    if (i < n) x[i] = gelu_erf_of(x[i]);
+}
+
+// out[t][c] = gelu(x[t][c] + bias[c]) over n = rows · dim values: add_bias then gelu in one pass,
+// the same f32 operations. A bf16 out is the next GEMM's input, rounded to nearest even as the GEMM
+// rounds an f32 input, so the tower computes the same bits with one pass instead of three.
+__device__ __forceinline__ void store_gelu(float* out, i64 i, float v) { out[i] = v; }
+__device__ __forceinline__ void store_gelu(__nv_bfloat16* out, i64 i, float v) { out[i] = __float2bfloat16_rn(v); }
+#define BIAS_GELU_KERNEL(NAME, GELU, T)                                                                     \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const __nv_bfloat16* __restrict__ bias,    \
+                                    T* __restrict__ out, i64 n, int dim) {                                  \
+        const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;                                           \
+        if (i < n) store_gelu(out, i, GELU(x[i] + load_bf16(bias, i % dim)));                               \
+    }
+BIAS_GELU_KERNEL(bias_gelu_tanh_f32, gelu_tanh_of, float)
+BIAS_GELU_KERNEL(bias_gelu_tanh_bf16, gelu_tanh_of, __nv_bfloat16)
+BIAS_GELU_KERNEL(bias_gelu_erf_f32, gelu_erf_of, float)
+BIAS_GELU_KERNEL(bias_gelu_erf_bf16, gelu_erf_of, __nv_bfloat16)
+
+// residual[t][c] += x[t][c] + bias[c]: add_bias then add_in_place in one pass, the same f32 adds.
+extern "C" __global__ void add_bias_residual(float* __restrict__ residual, const float* __restrict__ x,
+                                             const __nv_bfloat16* __restrict__ bias, i64 n, int dim) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) residual[i] += x[i] + load_bf16(bias, i % dim);
 }
 
 // ---- 2-D axial rotary embedding in place.

@@ -221,6 +221,78 @@ fn gelu_matches_cpu() {
     }
 }
 
+/// The fused bias ops (one pass each on a GPU) against the separate ops on the same backend, bit
+/// for bit: `bias_gelu` into an f32 and into a bf16 GEMM input (the separate ops' result rounded
+/// to nearest even, as the GEMM rounds an f32 input, where `gemm_input_is_bf16`),
+/// `add_bias_residual`.
+fn fused_bias_ops_match_the_separate_ones<B: VisionBackend>(be: &B, gemm_input_is_bf16: bool) {
+    let mut rng = StdRng::seed_from_u64(21);
+    for (rows, dim) in [(1, 4), (37, MLP), (5, 1000), (64, HIDDEN)] {
+        let len = rows * dim;
+        let x = rand_vec(&mut rng, len, 4.0);
+        let bias = bf16_weight(&mut rng, dim, 1.0);
+        let bias_d = be.upload(&bias).unwrap();
+        for kind in [Gelu::Tanh, Gelu::Erf] {
+            let mut x_d = padded(be, &x);
+            be.add_bias(&mut x_d, &bias_d, rows, dim).unwrap();
+            be.gelu(&mut x_d, len, kind).unwrap();
+            let want = read_all(be, &x_d, len);
+            let mut x_d = padded(be, &x);
+            let mut out = padded(be, &vec![0.0; len]);
+            be.bias_gelu(&mut x_d, &bias_d, (rows, dim), kind, &mut out)
+                .unwrap();
+            let got = read_all(be, &out, len);
+            let what = format!("bias_gelu {kind:?} {rows}x{dim}");
+            assert_eq!(
+                got[..len].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want[..len].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{what}"
+            );
+            assert!(got[len..].iter().all(|v| v.is_nan()), "{what}: wrote past");
+            let mut x_d = padded(be, &x);
+            let mut gemm_in = be.alloc_gemm_input(len).unwrap();
+            be.bias_gelu(&mut x_d, &bias_d, (rows, dim), kind, &mut gemm_in)
+                .unwrap();
+            let got = be.read(&gemm_in, len).unwrap();
+            let rounded: Vec<f32> = want[..len]
+                .iter()
+                .map(|&v| match gemm_input_is_bf16 {
+                    true => half::bf16::from_f32(v).to_f32(),
+                    false => v,
+                })
+                .collect();
+            assert_eq!(got, rounded, "{what} into a GEMM input");
+        }
+        let residual = rand_vec(&mut rng, len, 2.0);
+        let mut r_d = padded(be, &residual);
+        let mut x_d = padded(be, &x);
+        be.add_bias(&mut x_d, &bias_d, rows, dim).unwrap();
+        be.add_in_place(&mut r_d, &x_d, len).unwrap();
+        let want = read_all(be, &r_d, len);
+        let mut r_d = padded(be, &residual);
+        let mut x_d = padded(be, &x);
+        be.add_bias_residual(&mut r_d, &mut x_d, &bias_d, (rows, dim))
+            .unwrap();
+        let got = read_all(be, &r_d, len);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "add_bias_residual {rows}x{dim}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn fused_bias_ops_equal_the_separate_ops_on_the_gpu() {
+    fused_bias_ops_match_the_separate_ones(&gpu(), true);
+}
+
+#[test]
+fn fused_bias_ops_equal_the_separate_ops_on_the_cpu() {
+    fused_bias_ops_match_the_separate_ones(&CpuBackend::new(), false);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn rope_axial_matches_cpu() {

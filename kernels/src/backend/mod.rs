@@ -519,6 +519,37 @@ pub trait VisionBackend: Backend {
     /// GELU in place over the first `len` values.
     fn gelu(&self, x: &mut Self::Buf, len: usize, kind: Gelu) -> KernelResult<()>;
 
+    /// `out = gelu(x + bias)` for every row `t < rows` of `dim`, `out` in its own precision (from
+    /// [`Backend::alloc_gemm_input`] when a GEMM reads it next: rounded as that GEMM would round
+    /// `x`). `x` may be left with the bias added. The default is [`Self::add_bias`], then
+    /// [`Self::gelu`], then a copy; a backend may do it in one pass with the same arithmetic.
+    fn bias_gelu(
+        &self,
+        x: &mut Self::Buf,
+        bias: &Self::Buf,
+        (rows, dim): (usize, usize),
+        kind: Gelu,
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        self.add_bias(x, bias, rows, dim)?;
+        self.gelu(x, rows * dim, kind)?;
+        self.copy(x, 0, out, 0, rows * dim)
+    }
+
+    /// `residual += x + bias` for every row `t < rows` of `dim` (`x` may be left with the bias
+    /// added). The default is [`Self::add_bias`] then [`Self::add_in_place`]; a backend may do it
+    /// in one pass with the same adds.
+    fn add_bias_residual(
+        &self,
+        residual: &mut Self::Buf,
+        x: &mut Self::Buf,
+        bias: &Self::Buf,
+        (rows, dim): (usize, usize),
+    ) -> KernelResult<()> {
+        self.add_bias(x, bias, rows, dim)?;
+        self.add_in_place(residual, x, rows * dim)
+    }
+
     /// 2-D axial rotary embedding in place on every head, rotating the whole head (`head_dim`
     /// divisible by 4). `positions` is `[rows, 2]` (patch row, patch column). With `D = head_dim`,
     /// `inv_freq_i = theta^(−2i/(D/2))` for `i < D/4`; the angles are `[row·inv_freq, col·inv_freq]`

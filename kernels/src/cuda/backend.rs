@@ -698,6 +698,29 @@ impl VisionBackend for CudaBackend {
         vision::gelu(&self.gpu, x, len, kind)
     }
 
+    /// One pass, `x` left as it was.
+    fn bias_gelu(
+        &self,
+        x: &mut CudaBuf,
+        bias: &CudaBuf,
+        shape: (usize, usize),
+        kind: Gelu,
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        vision::bias_gelu(&self.gpu, (x, bias), shape, kind, out)
+    }
+
+    /// One pass, `x` left as it was.
+    fn add_bias_residual(
+        &self,
+        residual: &mut CudaBuf,
+        x: &mut CudaBuf,
+        bias: &CudaBuf,
+        shape: (usize, usize),
+    ) -> KernelResult<()> {
+        vision::add_bias_residual(&self.gpu, residual, (x, bias), shape)
+    }
+
     fn rope_axial(
         &self,
         x: &mut CudaBuf,

@@ -127,10 +127,16 @@ impl<B: VisionBackend> VisionTower<B> {
     }
 
     fn linear(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
-        let be = &self.backend;
-        be.gemm(x, &l.weight, GemmShape::new(rows, l.in_dim, l.out_dim), y)
-            .map_err(|e| anyhow!(e))?;
-        be.add_bias(y, &l.bias, rows, l.out_dim)
+        self.product(x, l, rows, y)?;
+        self.backend
+            .add_bias(y, &l.bias, rows, l.out_dim)
+            .map_err(|e| anyhow!(e))
+    }
+
+    /// `x Wᵀ` of a Linear without its bias (the op after it adds the bias in its own pass).
+    fn product(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
+        self.backend
+            .gemm(x, &l.weight, GemmShape::new(rows, l.in_dim, l.out_dim), y)
             .map_err(|e| anyhow!(e))
     }
 
@@ -221,6 +227,8 @@ impl<B: VisionBackend> VisionTower<B> {
         let mut attn = be.alloc(n * h).map_err(e)?;
         let mut out = be.alloc(n * h).map_err(e)?;
         let mut mlp = be.alloc(n * cfg.intermediate_size).map_err(e)?;
+        // fc2's input: GELU(fc1 + bias) in the GEMM's operand precision.
+        let mut mlp_in = be.alloc_gemm_input(n * cfg.intermediate_size).map_err(e)?;
         let q_layout = HeadLayout {
             heads,
             head_dim: d,
@@ -259,18 +267,22 @@ impl<B: VisionBackend> VisionTower<B> {
             };
             be.attention_bidirectional(&qkv, batch, heads, d, scale, &mut attn)
                 .map_err(e)?;
-            self.linear(&attn, &block.proj, n, &mut out)
+            // Each bias goes in with the op after its product: the same f32 adds, fewer passes.
+            self.product(&attn, &block.proj, n, &mut out)
                 .with_context(ctx)?;
-            be.add_in_place(&mut hidden, &out, n * h).map_err(e)?;
+            be.add_bias_residual(&mut hidden, &mut out, &block.proj.bias, (n, h))
+                .map_err(e)?;
 
             layer_norm(&hidden, &block.norm2, &mut normed)?;
-            self.linear(&normed, &block.fc1, n, &mut mlp)
+            self.product(&normed, &block.fc1, n, &mut mlp)
                 .with_context(ctx)?;
-            be.gelu(&mut mlp, n * cfg.intermediate_size, Gelu::Tanh)
+            let fc1 = (n, cfg.intermediate_size);
+            be.bias_gelu(&mut mlp, &block.fc1.bias, fc1, Gelu::Tanh, &mut mlp_in)
                 .map_err(e)?;
-            self.linear(&mlp, &block.fc2, n, &mut out)
+            self.product(&mlp_in, &block.fc2, n, &mut out)
                 .with_context(ctx)?;
-            be.add_in_place(&mut hidden, &out, n * h).map_err(e)?;
+            be.add_bias_residual(&mut hidden, &mut out, &block.fc2.bias, (n, h))
+                .map_err(e)?;
         }
 
         // Merger: LayerNorm per patch; the merge² patches of a block are consecutive rows, so the
@@ -279,10 +291,18 @@ impl<B: VisionBackend> VisionTower<B> {
         let m = cfg.merged_width();
         layer_norm(&hidden, &self.merger_norm, &mut normed)?;
         let mut merged = be.alloc(tokens * m).map_err(e)?;
-        self.linear(&normed, &self.merger_fc1, tokens, &mut merged)?;
-        be.gelu(&mut merged, tokens * m, Gelu::Erf).map_err(e)?;
+        let mut merged_in = be.alloc_gemm_input(tokens * m).map_err(e)?;
+        self.product(&normed, &self.merger_fc1, tokens, &mut merged)?;
+        be.bias_gelu(
+            &mut merged,
+            &self.merger_fc1.bias,
+            (tokens, m),
+            Gelu::Erf,
+            &mut merged_in,
+        )
+        .map_err(e)?;
         let mut features = be.alloc(tokens * cfg.out_hidden_size).map_err(e)?;
-        self.linear(&merged, &self.merger_fc2, tokens, &mut features)?;
+        self.linear(&merged_in, &self.merger_fc2, tokens, &mut features)?;
         be.read(&features, tokens * cfg.out_hidden_size).map_err(e)
     }
 }

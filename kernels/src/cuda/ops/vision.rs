@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::super::buffers::{act, act_mut, idx, weight, CudaBuf};
+use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf};
 use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
 use super::flash_attention::{flash_bidirectional, flash_variant};
 use super::shared::{check_batch, opt_in_smem};
@@ -137,6 +137,66 @@ pub(crate) fn add_in_place(
     unsafe {
         gpu.launch(OP, "add_in_place", linear(OP, len, BLOCK)?, |launch| {
             launch.arg(x).arg(delta).arg(&n_a);
+        })
+    }
+}
+
+/// `out = gelu(x + bias)` over `rows` rows of `dim`, `out` f32 or bf16 (a GEMM input).
+pub(crate) fn bias_gelu(
+    gpu: &Gpu,
+    (x, bias): (&CudaBuf, &CudaBuf),
+    (rows, dim): (usize, usize),
+    kind: Gelu,
+    out: &mut CudaBuf,
+) -> KernelResult<()> {
+    const OP: &str = "bias_gelu";
+    let n = rows * dim;
+    let x = act(OP, "x", x, n)?;
+    let bias = weight(OP, "bias", bias, dim)?;
+    let mut out = out_buf(OP, "out", out, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = match (kind, out.is_bf16()) {
+        (Gelu::Tanh, false) => "bias_gelu_tanh_f32",
+        (Gelu::Tanh, true) => "bias_gelu_tanh_bf16",
+        (Gelu::Erf, false) => "bias_gelu_erf_f32",
+        (Gelu::Erf, true) => "bias_gelu_erf_bf16",
+    };
+    let n_a = values(OP, n)?;
+    let dim_a = to_i32(OP, "dim", dim)?;
+    // SAFETY: argument types match the kernel (out's element type picks it); x and out hold n
+    // values, bias dim.
+    unsafe {
+        gpu.launch(OP, kernel, linear(OP, n, BLOCK)?, |launch| {
+            launch.arg(x).arg(bias);
+            out.push(launch);
+            launch.arg(&n_a).arg(&dim_a);
+        })
+    }
+}
+
+/// `residual += x + bias` over `rows` rows of `dim`.
+pub(crate) fn add_bias_residual(
+    gpu: &Gpu,
+    residual: &mut CudaBuf,
+    (x, bias): (&CudaBuf, &CudaBuf),
+    (rows, dim): (usize, usize),
+) -> KernelResult<()> {
+    const OP: &str = "add_bias_residual";
+    let n = rows * dim;
+    let residual = act_mut(OP, "residual", residual, n)?;
+    let x = act(OP, "x", x, n)?;
+    let bias = weight(OP, "bias", bias, dim)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let n_a = values(OP, n)?;
+    let dim_a = to_i32(OP, "dim", dim)?;
+    // SAFETY: argument types match the kernel; residual and x hold n values, bias dim.
+    unsafe {
+        gpu.launch(OP, "add_bias_residual", linear(OP, n, BLOCK)?, |launch| {
+            launch.arg(residual).arg(x).arg(bias).arg(&n_a).arg(&dim_a);
         })
     }
 }
