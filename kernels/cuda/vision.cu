@@ -1,15 +1,20 @@
 // The vision tower's ops: LayerNorm, bias and residual adds, GELU, 2-D axial rotary and bidirectional
 // attention within each segment (image frame) of a packed batch. Activations f32, weights bf16.
 
+// An f32 activation, or a bf16 one that only a GEMM reads (rounded to nearest even, as the GEMM
+// rounds an f32 input): the same bits reach the GEMM either way.
+__device__ __forceinline__ void store_value(float* out, i64 i, float v) { out[i] = v; }
+__device__ __forceinline__ void store_value(__nv_bfloat16* out, i64 i, float v) { out[i] = __float2bfloat16_rn(v); }
+
 // ---- LayerNorm: one block of 256 threads per row.
 
 // out = (x − mean) / sqrt(var + eps) · w + b with the biased variance, two passes over the row (the
 // mean first, then the squared deviations from it: no cancellation, unlike E[x²] − mean²). The row is
 // held in registers when HELD values per thread hold it; longer rows (in the largest variant) reread
 // it.
-template <int HELD>
+template <int HELD, typename T>
 __device__ void layer_norm_row(const float* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                               const __nv_bfloat16* __restrict__ b, float* __restrict__ out, int dim, float eps) {
+                               const __nv_bfloat16* __restrict__ b, T* __restrict__ out, int dim, float eps) {
     const i64 base = (i64)blockIdx.x * dim;
     if (dim <= HELD * (int)blockDim.x) {
         float v[HELD];
@@ -31,7 +36,7 @@ __device__ void layer_norm_row(const float* __restrict__ x, const __nv_bfloat16*
 #pragma unroll
         for (int e = 0; e < HELD; ++e) {
             const int i = threadIdx.x + e * blockDim.x;
-            if (i < dim) out[base + i] = (v[e] - mean) * inv * load_bf16(w, i) + load_bf16(b, i);
+            if (i < dim) store_value(out, base + i, (v[e] - mean) * inv * load_bf16(w, i) + load_bf16(b, i));
         }
         return;
     }
@@ -45,20 +50,23 @@ __device__ void layer_norm_row(const float* __restrict__ x, const __nv_bfloat16*
     }
     const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        out[base + i] = (x[base + i] - mean) * inv * load_bf16(w, i) + load_bf16(b, i);
+        store_value(out, base + i, (x[base + i] - mean) * inv * load_bf16(w, i) + load_bf16(b, i));
     }
 }
 
-#define LAYER_NORM_KERNEL(H)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) layer_norm_h##H(                                       \
+#define LAYER_NORM_KERNEL(NAME, H, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                                  \
         const float* __restrict__ x, const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b, \
-        float* __restrict__ out, int dim, float eps) {                                                       \
+        T* __restrict__ out, int dim, float eps) {                                                           \
         layer_norm_row<H>(x, w, b, out, dim, eps);                                                           \
     }
 
-LAYER_NORM_KERNEL(4)
-LAYER_NORM_KERNEL(8)
-LAYER_NORM_KERNEL(16)
+LAYER_NORM_KERNEL(layer_norm_h4, 4, float)
+LAYER_NORM_KERNEL(layer_norm_h8, 8, float)
+LAYER_NORM_KERNEL(layer_norm_h16, 16, float)
+LAYER_NORM_KERNEL(layer_norm_bf16_h4, 4, __nv_bfloat16)
+LAYER_NORM_KERNEL(layer_norm_bf16_h8, 8, __nv_bfloat16)
+LAYER_NORM_KERNEL(layer_norm_bf16_h16, 16, __nv_bfloat16)
 
 // ---- Element-wise: one thread per value.
 
@@ -94,15 +102,13 @@ extern "C" __global__ void gelu_erf(float* __restrict__ x, i64 n) {
 }
 
 // out[t][c] = gelu(x[t][c] + bias[c]) over n = rows · dim values: add_bias then gelu in one pass,
-// the same f32 operations. A bf16 out is the next GEMM's input, rounded to nearest even as the GEMM
-// rounds an f32 input, so the tower computes the same bits with one pass instead of three.
-__device__ __forceinline__ void store_gelu(float* out, i64 i, float v) { out[i] = v; }
-__device__ __forceinline__ void store_gelu(__nv_bfloat16* out, i64 i, float v) { out[i] = __float2bfloat16_rn(v); }
+// the same f32 operations; a bf16 out is the next GEMM's input (store_value), so the tower computes
+// the same bits with one pass instead of three.
 #define BIAS_GELU_KERNEL(NAME, GELU, T)                                                                     \
     extern "C" __global__ void NAME(const float* __restrict__ x, const __nv_bfloat16* __restrict__ bias,    \
                                     T* __restrict__ out, i64 n, int dim) {                                  \
         const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;                                           \
-        if (i < n) store_gelu(out, i, GELU(x[i] + load_bf16(bias, i % dim)));                               \
+        if (i < n) store_value(out, i, GELU(x[i] + load_bf16(bias, i % dim)));                               \
     }
 BIAS_GELU_KERNEL(bias_gelu_tanh_f32, gelu_tanh_of, float)
 BIAS_GELU_KERNEL(bias_gelu_tanh_bf16, gelu_tanh_of, __nv_bfloat16)

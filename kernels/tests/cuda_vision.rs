@@ -222,11 +222,20 @@ fn gelu_matches_cpu() {
 }
 
 /// The fused bias ops (one pass each on a GPU) against the separate ops on the same backend, bit
-/// for bit: `bias_gelu` into an f32 and into a bf16 GEMM input (the separate ops' result rounded
+/// for bit, and the LayerNorm into a GEMM input against its f32 output rounded: `bias_gelu` into an f32 and into a bf16 GEMM input (the separate ops' result rounded
 /// to nearest even, as the GEMM rounds an f32 input, where `gemm_input_is_bf16`),
 /// `add_bias_residual`.
 fn fused_bias_ops_match_the_separate_ones<B: VisionBackend>(be: &B, gemm_input_is_bf16: bool) {
     let mut rng = StdRng::seed_from_u64(21);
+    let rounded = |values: &[f32]| -> Vec<f32> {
+        values
+            .iter()
+            .map(|&v| match gemm_input_is_bf16 {
+                true => half::bf16::from_f32(v).to_f32(),
+                false => v,
+            })
+            .collect()
+    };
     for (rows, dim) in [(1, 4), (37, MLP), (5, 1000), (64, HIDDEN)] {
         let len = rows * dim;
         let x = rand_vec(&mut rng, len, 4.0);
@@ -254,15 +263,21 @@ fn fused_bias_ops_match_the_separate_ones<B: VisionBackend>(be: &B, gemm_input_i
             be.bias_gelu(&mut x_d, &bias_d, (rows, dim), kind, &mut gemm_in)
                 .unwrap();
             let got = be.read(&gemm_in, len).unwrap();
-            let rounded: Vec<f32> = want[..len]
-                .iter()
-                .map(|&v| match gemm_input_is_bf16 {
-                    true => half::bf16::from_f32(v).to_f32(),
-                    false => v,
-                })
-                .collect();
-            assert_eq!(got, rounded, "{what} into a GEMM input");
+            assert_eq!(got, rounded(&want[..len]), "{what} into a GEMM input");
         }
+        // A LayerNorm into a GEMM input: its f32 output, rounded the same way.
+        let w = bf16_weight(&mut rng, dim, 1.0);
+        let want = layer_norm_on(be, &x, &w, &bias, rows);
+        let (x_d, w_d) = (padded(be, &x), be.upload(&w).unwrap());
+        let mut gemm_in = be.alloc_gemm_input(len).unwrap();
+        be.layer_norm(&x_d, row_norm(&w_d, rows, dim), &bias_d, &mut gemm_in)
+            .unwrap();
+        assert_eq!(
+            be.read(&gemm_in, len).unwrap(),
+            rounded(&want[..len]),
+            "layer_norm {rows}x{dim} into a GEMM input"
+        );
+
         let residual = rand_vec(&mut rng, len, 2.0);
         let mut r_d = padded(be, &residual);
         let mut x_d = padded(be, &x);

@@ -495,7 +495,8 @@ pub enum Gelu {
 /// a backend can serve text before it has them.
 pub trait VisionBackend: Backend {
     /// LayerNorm with weight and bias per row of `dim`: `out = (x − mean) / sqrt(var + eps) · w + b`
-    /// (biased variance).
+    /// (biased variance), in `out`'s precision (from [`Backend::alloc_gemm_input`] when only a GEMM
+    /// reads it: rounded as that GEMM would round it).
     fn layer_norm(
         &self,
         x: &Self::Buf,

@@ -222,7 +222,8 @@ impl<B: VisionBackend> VisionTower<B> {
         let mut cu_seqlens = be.alloc_idx(t + 1).map_err(e)?;
         be.write_idx(&mut cu_seqlens, &cu).map_err(e)?;
 
-        let mut normed = be.alloc(n * h).map_err(e)?;
+        // Only GEMMs read the LayerNorms' output: in their operand precision.
+        let mut normed = be.alloc_gemm_input(n * h).map_err(e)?;
         let mut qkv = be.alloc(n * 3 * h).map_err(e)?;
         let mut attn = be.alloc(n * h).map_err(e)?;
         let mut out = be.alloc(n * h).map_err(e)?;

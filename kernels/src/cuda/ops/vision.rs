@@ -12,12 +12,12 @@ use super::shared::{check_batch, opt_in_smem};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
 
-/// Values per thread of the LayerNorm variants (256 threads per row); the last also runs longer
-/// rows.
-const LAYER_NORM: [(usize, &str); 3] = [
-    (4, "layer_norm_h4"),
-    (8, "layer_norm_h8"),
-    (16, "layer_norm_h16"),
+/// Values per thread of the LayerNorm variants (256 threads per row), with an f32 and a bf16
+/// output; the last also runs longer rows.
+const LAYER_NORM: [(usize, &str, &str); 3] = [
+    (4, "layer_norm_h4", "layer_norm_bf16_h4"),
+    (8, "layer_norm_h8", "layer_norm_bf16_h8"),
+    (16, "layer_norm_h16", "layer_norm_bf16_h16"),
 ];
 
 /// Frequencies the rotary kernel's by-value table holds (`AXIAL_MAX_FREQS` in vision.cu): `head_dim
@@ -49,10 +49,16 @@ struct AxialFreqs {
 // SAFETY: plain `repr(C)` data with the same layout as the CUDA struct.
 unsafe impl DeviceRepr for AxialFreqs {}
 
-/// The LayerNorm kernel for rows of `dim`: the smallest variant holding the row in registers.
-fn layer_norm_kernel(dim: usize) -> &'static str {
-    let held = LAYER_NORM.iter().find(|(h, _)| h * BLOCK as usize >= dim);
-    held.unwrap_or(&LAYER_NORM[LAYER_NORM.len() - 1]).1
+/// The LayerNorm kernel for rows of `dim`: the smallest variant holding the row in registers,
+/// writing bf16 or f32.
+fn layer_norm_kernel(dim: usize, bf16_out: bool) -> &'static str {
+    let held = LAYER_NORM.iter().find(|(h, ..)| h * BLOCK as usize >= dim);
+    let (_, f32_out, bf16) = held.unwrap_or(&LAYER_NORM[LAYER_NORM.len() - 1]);
+    if bf16_out {
+        bf16
+    } else {
+        f32_out
+    }
 }
 
 /// The attention kernel for heads of `head_dim` (`None` above 256).
@@ -84,15 +90,19 @@ pub(crate) fn layer_norm(
     let x = act(OP, "x", x, rows * dim)?;
     let w = weight(OP, "weight", norm.weight, dim)?;
     let b = weight(OP, "bias", bias, dim)?;
-    let out = act_mut(OP, "out", out, rows * dim)?;
+    let mut out = out_buf(OP, "out", out, rows * dim)?;
     if rows == 0 {
         return Ok(());
     }
     let dim_a = to_i32(OP, "dim", dim)?;
-    // SAFETY: argument types match the kernel; x and out hold rows·dim values, w and b dim.
+    let kernel = layer_norm_kernel(dim, out.is_bf16());
+    // SAFETY: argument types match the kernel (out's element type picks it); x and out hold
+    // rows·dim values, w and b dim.
     unsafe {
-        gpu.launch(OP, layer_norm_kernel(dim), per_row(OP, rows)?, |launch| {
-            launch.arg(x).arg(w).arg(b).arg(out).arg(&dim_a).arg(&eps);
+        gpu.launch(OP, kernel, per_row(OP, rows)?, |launch| {
+            launch.arg(x).arg(w).arg(b);
+            out.push(launch);
+            launch.arg(&dim_a).arg(&eps);
         })
     }
 }
@@ -389,13 +399,18 @@ mod tests {
             .expect("vision.cu is registered");
         let picked = LAYER_NORM
             .iter()
-            .chain(&BIDIR)
-            .map(|(_, name)| *name)
+            .flat_map(|(_, f32_out, bf16_out)| [*f32_out, *bf16_out])
+            .chain(BIDIR.iter().map(|(_, name)| *name))
             .chain([
                 "add_bias",
                 "add_in_place",
                 "gelu_tanh",
                 "gelu_erf",
+                "bias_gelu_tanh_f32",
+                "bias_gelu_tanh_bf16",
+                "bias_gelu_erf_f32",
+                "bias_gelu_erf_bf16",
+                "add_bias_residual",
                 "rope_axial",
             ]);
         for name in picked {
@@ -405,10 +420,12 @@ mod tests {
 
     #[test]
     fn variants_are_picked_by_size() {
-        assert_eq!(layer_norm_kernel(1), "layer_norm_h4");
-        assert_eq!(layer_norm_kernel(1024), "layer_norm_h4");
-        assert_eq!(layer_norm_kernel(1025), "layer_norm_h8");
-        assert_eq!(layer_norm_kernel(5000), "layer_norm_h16");
+        assert_eq!(layer_norm_kernel(1, false), "layer_norm_h4");
+        assert_eq!(layer_norm_kernel(1024, false), "layer_norm_h4");
+        assert_eq!(layer_norm_kernel(1025, false), "layer_norm_h8");
+        assert_eq!(layer_norm_kernel(5000, false), "layer_norm_h16");
+        assert_eq!(layer_norm_kernel(1024, true), "layer_norm_bf16_h4");
+        assert_eq!(layer_norm_kernel(5000, true), "layer_norm_bf16_h16");
         assert_eq!(bidir_kernel(16), Some("attention_bidirectional_e2"));
         assert_eq!(bidir_kernel(64), Some("attention_bidirectional_e2"));
         assert_eq!(bidir_kernel(72), Some("attention_bidirectional_e4"));
