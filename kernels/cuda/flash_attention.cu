@@ -557,6 +557,26 @@ FA_BIDIR_ENTRY(flash_attention_bidir_d64, 64)
 FA_BIDIR_ENTRY(flash_attention_bidir_d128, 128)
 FA_BIDIR_ENTRY(flash_attention_bidir_d256, 256)
 
+// The bidirectional form in the wide layout (8 warps, 128 query rows per block, grid (query tiles,
+// heads)), for long segments such as a whole screenshot: each K/V tile a block loads serves twice
+// the query rows. A row's keys are summed in the same tile order as in the narrow layout, so both
+// give the same bits.
+#define FA_BIDIR_WIDE_ENTRY(NAME, D, MIN_BLOCKS)                                                  \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME(                           \
+        const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,               \
+        const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg, i64 qg_stride,        \
+        int gate_in_out, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,              \
+        void* __restrict__ out, int out_bf16, int q_heads, int kv_heads, int head_dim,            \
+        int tiles_per_split, float* __restrict__ partial) {                                       \
+        flash_attention_impl<D, 8, false, false, false, false, true>(                             \
+            qb, kb, vb, qg, qg_stride, gate_in_out, cu_seqlens, num_seqs, rows, out, out_bf16,    \
+            q_heads, kv_heads, head_dim, tiles_per_split, partial);                               \
+    }
+
+FA_BIDIR_WIDE_ENTRY(flash_attention_bidir_wide_d64, 64, 2)
+FA_BIDIR_WIDE_ENTRY(flash_attention_bidir_wide_d128, 128, 2)
+FA_BIDIR_WIDE_ENTRY(flash_attention_bidir_wide_d256, 256, 1)
+
 // The vision tower's stacked qkv (f32 [rows][q | k | v][heads][head_dim]) as the bidirectional
 // kernel's bf16 inputs [rows][heads][d]: q times scale·log2(e), columns at or beyond head_dim zero
 // (head_dim a multiple of 16: a part of 8 is wholly in or out). One thread per 8 values.

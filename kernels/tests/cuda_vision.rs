@@ -15,6 +15,7 @@ mod common;
 use common::{bf16_round, cu_of, gpu, rand_vec};
 
 use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{Backend, CpuBackend, HeadLayout, KernelError, RowNorm, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -386,19 +387,37 @@ fn attention_bidirectional_matches_cpu() {
             (qkv, 1e-3)
         };
         let want = attention_on(&cpu, &qkv, lens, (heads, head_dim), rows * width);
+        let what = format!("attention {heads}x{head_dim} {lens:?}");
+        // Each flash layout (the narrow one of short segments, the wide one of long images),
+        // forced: both sum a row's keys in one order, so they agree bit for bit.
+        let mut layouts = Vec::new();
+        for rows_per_block in [Some(64), Some(128)] {
+            CudaBackend::force_flash_query_rows(rows_per_block);
+            layouts.push(attention_on(
+                &gpu,
+                &qkv,
+                lens,
+                (heads, head_dim),
+                rows * width,
+            ));
+        }
+        CudaBackend::force_flash_query_rows(None);
         let got = attention_on(&gpu, &qkv, lens, (heads, head_dim), rows * width);
-        assert_close(
-            &got,
-            &want,
-            tol,
-            &format!("attention {heads}x{head_dim} {lens:?}"),
-        );
+        assert_close(&got, &want, tol, &what);
+        for layout in &layouts {
+            assert_eq!(
+                layout.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{what}: a forced layout differs"
+            );
+        }
     }
 }
 
 /// The tower's attention on one 1024×1024 screenshot (4,096 patches, 16 heads of 64): time per
-/// call and the tensor-core rate it reaches (QKᵀ and PV: 4·n²·heads·head_dim FLOP), printed
-/// (`attention_bidirectional_matches_cpu` checks the values, up to 1,024-patch segments).
+/// call and the tensor-core rate it reaches (QKᵀ and PV: 4·n²·heads·head_dim FLOP) in each
+/// layout, printed (`attention_bidirectional_matches_cpu` checks the values, up to 1,024-patch
+/// segments, in both layouts).
 #[test]
 #[ignore = "needs a GPU"]
 fn attention_bidirectional_speed_on_a_full_screenshot() {
@@ -416,16 +435,21 @@ fn attention_bidirectional_speed_on_a_full_screenshot() {
         rows: n,
     };
     let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
-    let seconds = common::mean_seconds(&gpu, 20, || {
-        gpu.attention_bidirectional(&qkv_d, batch, HEADS, HEAD_DIM, scale, &mut out)
-            .unwrap()
-    });
     let flops = 4.0 * (n * n) as f64 * (HEADS * HEAD_DIM) as f64;
-    eprintln!(
-        "attention {n} patches, {HEADS}x{HEAD_DIM}: {:.3} ms, {:.0} TFLOP/s",
-        seconds * 1e3,
-        flops / seconds / 1e12
-    );
+    // Each layout forced, then the one the op picks (the wide one for a whole screenshot).
+    for (layout, rows_per_block) in [("narrow", Some(64)), ("wide", Some(128)), ("picked", None)] {
+        CudaBackend::force_flash_query_rows(rows_per_block);
+        let seconds = common::mean_seconds(&gpu, 20, || {
+            gpu.attention_bidirectional(&qkv_d, batch, HEADS, HEAD_DIM, scale, &mut out)
+                .unwrap()
+        });
+        eprintln!(
+            "attention {n} patches, {HEADS}x{HEAD_DIM}, {layout}: {:.3} ms, {:.0} TFLOP/s",
+            seconds * 1e3,
+            flops / seconds / 1e12
+        );
+    }
+    CudaBackend::force_flash_query_rows(None);
     // The rows, not the NaN padding `padded` puts after them.
     let got = read_all(&gpu, &out, n * width);
     assert!(

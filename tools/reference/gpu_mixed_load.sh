@@ -32,6 +32,7 @@ LEVEL_S=${LEVEL_S:-15}
 SIZE=${SIZE:-1024x1024}
 SHOT_QUESTIONS=${SHOT_QUESTIONS:-1-4}
 BODIES=${BODIES:-1500}
+RUNS=${RUNS:-text_closed,mixed_closed,mixed_open}   # which of the three runs
 exec > >(tee -a "$OUT/gpu_mixed_load.log") 2>&1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NO_COLOR=1
 export INSTINCT_CUDA_HOME=${INSTINCT_CUDA_HOME:-/usr/local/cuda}
@@ -54,15 +55,22 @@ serve_real mixed 180 --multimodal-adapter "$REAL/adapter-multimodal" || exit 1
 LT=("$BIN/instinct-loadtest" --target "http://127.0.0.1:$PORT" --quiet)
 common=(--synthetic-count "$BODIES" --requests "$BODIES" --duration "$LEVEL_S" --slo-ms 100 --warmup 3)
 shots=(--screenshot-fraction 0.5 --screenshot-size "$SIZE" --screenshot-questions "$SHOT_QUESTIONS")
-stamp "text mix alone, clients $CLIENTS"
-timeout 150 "${LT[@]}" "${common[@]}" --seed 78 --concurrency "$CLIENTS" --json "$OUT/text_closed.json" \
-  || echo "text closed FAILED"
-stamp "half screenshots, clients $CLIENTS"
-timeout 200 "${LT[@]}" "${common[@]}" "${shots[@]}" --seed 80 --concurrency "$CLIENTS" --json "$OUT/mixed_closed.json" \
-  || echo "mixed closed FAILED"
-stamp "half screenshots, Poisson $RATES req/s"
-timeout 200 "${LT[@]}" "${common[@]}" "${shots[@]}" --seed 81 --rate "$RATES" --arrival poisson --json "$OUT/mixed_open.json" \
-  || echo "mixed open FAILED"
+runs() { [[ ,$RUNS, == *,$1,* ]]; }
+if runs text_closed; then
+  stamp "text mix alone, clients $CLIENTS"
+  timeout 150 "${LT[@]}" "${common[@]}" --seed 78 --concurrency "$CLIENTS" --json "$OUT/text_closed.json" \
+    || echo "text closed FAILED"
+fi
+if runs mixed_closed; then
+  stamp "half screenshots, clients $CLIENTS"
+  timeout 200 "${LT[@]}" "${common[@]}" "${shots[@]}" --seed 80 --concurrency "$CLIENTS" --json "$OUT/mixed_closed.json" \
+    || echo "mixed closed FAILED"
+fi
+if runs mixed_open; then
+  stamp "half screenshots, Poisson $RATES req/s"
+  timeout 200 "${LT[@]}" "${common[@]}" "${shots[@]}" --seed 81 --rate "$RATES" --arrival poisson --json "$OUT/mixed_open.json" \
+    || echo "mixed open FAILED"
+fi
 curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics.txt" || true
 stop_server
 

@@ -156,14 +156,23 @@ pub(crate) const BIDIR: FlashShape = FlashShape {
     ..NARROW
 };
 
+/// The wide layout, bidirectional within each segment: for long segments (a whole screenshot).
+pub(crate) const BIDIR_WIDE: FlashShape = FlashShape {
+    bidir: true,
+    ..WIDE
+};
+
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
         if self.bidir {
-            return match d {
-                64 => "flash_attention_bidir_d64",
-                128 => "flash_attention_bidir_d128",
-                _ => "flash_attention_bidir_d256",
+            return match (self.tiles_on_y, d) {
+                (true, 64) => "flash_attention_bidir_d64",
+                (true, 128) => "flash_attention_bidir_d128",
+                (true, _) => "flash_attention_bidir_d256",
+                (false, 64) => "flash_attention_bidir_wide_d64",
+                (false, 128) => "flash_attention_bidir_wide_d128",
+                (false, _) => "flash_attention_bidir_wide_d256",
             };
         }
         if self.prefix {
@@ -231,6 +240,19 @@ pub(crate) fn flash_shape(rows: usize, num_seqs: usize) -> FlashShape {
         BM => WIDE,
         _ if narrow_fits && rows < num_seqs.saturating_mul(NARROW_BELOW_MEAN_LEN) => NARROW,
         _ => WIDE,
+    }
+}
+
+/// The bidirectional layout for a batch: the wide one unless its segments are short (mean length
+/// below `NARROW_BELOW_MEAN_LEN`, as for causal attention) and the narrow grid fits; or the forced
+/// one (see [`force_query_rows`]). Both sum each row's keys in the same order.
+pub(crate) fn bidir_shape(rows: usize, num_seqs: usize) -> FlashShape {
+    let narrow_fits = BIDIR.tiles(rows, num_seqs) <= GRID_Y_MAX;
+    match FORCE_ROWS.load(Ordering::Relaxed) {
+        BM_NARROW if narrow_fits => BIDIR,
+        BM => BIDIR_WIDE,
+        _ if narrow_fits && rows < num_seqs.saturating_mul(NARROW_BELOW_MEAN_LEN) => BIDIR,
+        _ => BIDIR_WIDE,
     }
 }
 
@@ -582,8 +604,9 @@ pub(crate) fn flash_bidirectional(
             format!("flash attention does not take head_dim {head_dim}"),
         ));
     };
-    let shape = BIDIR;
-    if shape.tiles(batch.rows, batch.num_seqs) > GRID_Y_MAX {
+    let shape = bidir_shape(batch.rows, batch.num_seqs);
+    let tiles = shape.tiles(batch.rows, batch.num_seqs);
+    if shape.tiles_on_y && tiles > GRID_Y_MAX {
         return Err(KernelError::invalid(
             OP,
             format!("{} rows exceed the kernel's grid", batch.rows),
@@ -616,12 +639,16 @@ pub(crate) fn flash_bidirectional(
     let kernel = shape.kernel(d);
     let smem = shape.smem_bytes(d);
     opt_in(gpu, OP, kernel, shape, smem)?;
+    let (heads_g, tiles_g) = (
+        to_u32(OP, "heads", heads)?,
+        to_u32(OP, "query tiles", tiles)?,
+    );
     let cfg = LaunchConfig {
-        grid_dim: (
-            to_u32(OP, "heads", heads)?,
-            to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?,
-            1,
-        ),
+        grid_dim: if shape.tiles_on_y {
+            (heads_g, tiles_g, 1)
+        } else {
+            (tiles_g, heads_g, 1)
+        },
         block_dim: (shape.threads(), 1, 1),
         shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
     };
@@ -753,6 +780,10 @@ mod tests {
                 format!("flash_attention_prefix_last_split_d{d}")
             );
             assert_eq!(BIDIR.kernel(d), format!("flash_attention_bidir_d{d}"));
+            assert_eq!(
+                BIDIR_WIDE.kernel(d),
+                format!("flash_attention_bidir_wide_d{d}")
+            );
         }
         // Every entry point is compiled from its source.
         let listed = crate::cuda::sources::KERNEL_SOURCES
@@ -768,12 +799,22 @@ mod tests {
             PREFIX_LAST,
             PREFIX_LAST_SPLIT,
             BIDIR,
+            BIDIR_WIDE,
         ] {
             for d in [64, 128, 256] {
                 assert!(listed.contains(&shape.kernel(d)), "{}", shape.kernel(d));
             }
         }
         assert!(listed.contains(&"flash_prefix_rows"));
+    }
+
+    #[test]
+    fn long_images_take_the_wide_bidirectional_layout() {
+        // One 1024x1024 screenshot: 4,096 patches in one segment.
+        assert_eq!(bidir_shape(4096, 1), BIDIR_WIDE);
+        // Small images (the tiny model's, thumbnails) stay narrow.
+        assert_eq!(bidir_shape(64, 1), BIDIR);
+        assert_eq!(bidir_shape(3000, 4), BIDIR);
     }
 
     #[test]
