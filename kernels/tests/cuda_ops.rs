@@ -1648,7 +1648,10 @@ fn gemm_matches_cpu_on_odd_sizes() {
         gpu.gemm(&x_d, &w_d, GemmShape::new(rows, in_dim, out_dim), &mut y)
             .unwrap();
         let what = format!("gemm {rows}x{in_dim}x{out_dim}");
-        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, 1e-4, &what);
+        // f32 sums of in_dim products in another order than the CPU's (the batch-invariant
+        // reference algorithm's): their error grows with √in_dim.
+        let tol = 1e-4 * (in_dim as f32 / 1024.0).sqrt().max(1.0);
+        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &want, tol, &what);
 
         // Added to a residual-like y, twice (the second time the shape's plan and tuning exist):
         // y0 + 2·x Wᵀ, the adds done by the GEMM in place.
@@ -1666,7 +1669,7 @@ fn gemm_matches_cpu_on_odd_sizes() {
         }
         let twice: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + 2.0 * b).collect();
         let what = format!("gemm += twice {rows}x{in_dim}x{out_dim}");
-        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &twice, 1e-4, &what);
+        assert_close(&gpu.read(&y, rows * out_dim).unwrap(), &twice, tol, &what);
     }
     // Only an f32 output can be added to.
     let x_d = activation(&gpu, &bf16_round(&rand_vec(&mut rng, 4 * 64, 1.0)), 0);

@@ -489,15 +489,22 @@ fn ops_refuse_buffers_of_the_wrong_type() {
     assert_refused(res, "layer_norm", "bias must be Bf16");
     let res = gpu.add_bias(&mut out, &not_a_weight, rows, dim);
     assert_refused(res, "add_bias", "bias must be Bf16");
-    // Activations are f32 (the tower allocates every one with alloc).
-    let res = gpu.layer_norm(&x, norm(&w), &w, &mut gemm_input);
-    assert_refused(res, "layer_norm", "out must be F32");
+    // Activations are f32, but for the outputs only a GEMM reads (a LayerNorm's, GELU(x + b)'s),
+    // which may be bf16.
     let res = gpu.add_bias(&mut gemm_input, &w, rows, dim);
     assert_refused(res, "add_bias", "x must be F32");
     let res = gpu.add_in_place(&mut out, &gemm_input, rows * dim);
     assert_refused(res, "add_in_place", "delta must be F32");
     let res = gpu.gelu(&mut gemm_input, rows * dim, Gelu::Tanh);
     assert_refused(res, "gelu", "x must be F32");
+    let (mut out2, mut gemm_input2) = (
+        gpu.alloc(rows * dim).unwrap(),
+        gpu.alloc_gemm_input(rows * dim).unwrap(),
+    );
+    let res = gpu.bias_gelu(&mut gemm_input2, &w, (rows, dim), Gelu::Tanh, &mut out2);
+    assert_refused(res, "bias_gelu", "x must be F32");
+    let res = gpu.add_bias_residual(&mut gemm_input2, &mut out2, &w, (rows, dim));
+    assert_refused(res, "add_bias_residual", "residual must be F32");
     let cu = indices(&gpu, &cu_of(&[rows]));
     let batch = Varlen {
         cu_seqlens: &cu,
