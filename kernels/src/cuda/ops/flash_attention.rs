@@ -234,25 +234,26 @@ impl FlashShape {
 /// `NARROW_BELOW_MEAN_LEN`) unless its grid would exceed the grid-y cap, wide otherwise; or the
 /// forced one (see [`force_query_rows`]).
 pub(crate) fn flash_shape(rows: usize, num_seqs: usize) -> FlashShape {
-    let narrow_fits = NARROW.tiles(rows, num_seqs) <= GRID_Y_MAX;
-    match FORCE_ROWS.load(Ordering::Relaxed) {
-        BM_NARROW if narrow_fits => NARROW,
-        BM => WIDE,
-        _ if narrow_fits && rows < num_seqs.saturating_mul(NARROW_BELOW_MEAN_LEN) => NARROW,
-        _ => WIDE,
-    }
+    narrow_or_wide((NARROW, WIDE), rows, num_seqs)
 }
 
-/// The bidirectional layout for a batch: the wide one unless its segments are short (mean length
-/// below `NARROW_BELOW_MEAN_LEN`, as for causal attention) and the narrow grid fits; or the forced
-/// one (see [`force_query_rows`]). Both sum each row's keys in the same order.
+/// The bidirectional layout for a batch, by the same rule as [`flash_shape`]: a whole screenshot
+/// takes the wide one. Both sum each row's keys in the same order.
 pub(crate) fn bidir_shape(rows: usize, num_seqs: usize) -> FlashShape {
-    let narrow_fits = BIDIR.tiles(rows, num_seqs) <= GRID_Y_MAX;
+    narrow_or_wide((BIDIR, BIDIR_WIDE), rows, num_seqs)
+}
+
+fn narrow_or_wide(
+    (narrow, wide): (FlashShape, FlashShape),
+    rows: usize,
+    num_seqs: usize,
+) -> FlashShape {
+    let narrow_fits = narrow.tiles(rows, num_seqs) <= GRID_Y_MAX;
     match FORCE_ROWS.load(Ordering::Relaxed) {
-        BM_NARROW if narrow_fits => BIDIR,
-        BM => BIDIR_WIDE,
-        _ if narrow_fits && rows < num_seqs.saturating_mul(NARROW_BELOW_MEAN_LEN) => BIDIR,
-        _ => BIDIR_WIDE,
+        BM_NARROW if narrow_fits => narrow,
+        BM => wide,
+        _ if narrow_fits && rows < num_seqs.saturating_mul(NARROW_BELOW_MEAN_LEN) => narrow,
+        _ => wide,
     }
 }
 
