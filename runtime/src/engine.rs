@@ -26,7 +26,7 @@ use instinct_model::vision::{ImageInput, VisionTower};
 use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
 use rayon::prelude::*;
 
-use crate::image_cache::{key_of, EncodedImage, ImageCache, ImageKey};
+use crate::image_cache::{key_of, EncodedImage, ImageCache};
 use crate::metrics as m;
 use crate::prefix_reuse::{self, Planned, PrefixReuse, TEXT_NAMESPACE};
 use crate::screenshot::Screenshot;
@@ -177,6 +177,8 @@ impl Preparer {
             })
         })?;
         let grids = [encoded.grid_thw];
+        // Named once per request, not per question per batch.
+        let namespace: Arc<str> = prefix_reuse::screenshot_namespace(&key).into();
         // Each question is independent: in parallel, as text questions are.
         let questions = users
             .par_iter()
@@ -192,7 +194,7 @@ impl Preparer {
                         encoded.features.clone(),
                         positions,
                     ),
-                    image_key: key,
+                    namespace: namespace.clone(),
                 };
                 Ok(Question {
                     ids,
@@ -331,15 +333,10 @@ impl<B: Backend> DeciderEngine<B> {
             let prompts: Vec<Prompt> = shots.iter().map(|(_, p, _)| *p).collect();
             // Snapshots over a screenshot are kept per image; the system turn and the image
             // are every question's anchor.
-            let namespaces: Vec<String> = shots
-                .iter()
-                .map(|(_, _, shot)| prefix_reuse::screenshot_namespace(&shot.image_key))
-                .collect();
             let planned: Vec<Planned> = shots
                 .iter()
-                .zip(&namespaces)
-                .map(|((_, p, shot), namespace)| Planned {
-                    namespace,
+                .map(|(_, p, shot)| Planned {
+                    namespace: &shot.namespace,
                     ids: p.ids,
                     anchor: prefix_reuse::image_anchor(
                         p.ids,
@@ -423,12 +420,12 @@ impl<B: Backend> DeciderEngine<B> {
     }
 }
 
-/// What a screenshot question carries to its engine: its image prompt, and the key of the image
-/// (its bytes' SHA-256), which names where the snapshots taken over it are kept.
+/// What a screenshot question carries to its engine: its image prompt, and where the snapshots
+/// taken over its image are kept ([`prefix_reuse::screenshot_namespace`] of the image's SHA-256).
 #[derive(Debug)]
 pub struct ScreenshotContext {
     pub image: ImagePrompt,
-    pub image_key: ImageKey,
+    pub namespace: Arc<str>,
 }
 
 /// Bytes the prepared questions of one request hold until answered: their token ids, and for

@@ -403,8 +403,13 @@ fn by_namespace(questions: &[Planned<'_>]) -> Vec<Vec<usize>> {
 /// The namespace of snapshots taken over a screenshot: the multimodal weights and the image's
 /// bytes (its SHA-256), since prompts about different images of one size have the same ids.
 pub fn screenshot_namespace(image_key: &[u8; 32]) -> String {
-    let hex: String = image_key.iter().map(|b| format!("{b:02x}")).collect();
-    format!("screenshot:{hex}")
+    use std::fmt::Write as _;
+    let mut namespace = String::from("screenshot:");
+    for b in image_key {
+        // Writing to a String cannot fail.
+        let _ = write!(namespace, "{b:02x}");
+    }
+    namespace
 }
 
 /// A screenshot prompt's anchor: its ids through its last image token, cut down to `grid` (the
@@ -665,12 +670,11 @@ pub fn execute_mixed<B: Backend>(
     prompts: &[Prompt<'_>],
     plan: &Plan,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
+    reuse.count_lookups(&plan.cached);
     if plan.is_whole() {
         reuse.count_computed(prompts.iter().map(|p| p.ids.len()).sum());
-        reuse.count_lookups(&plan.cached);
         return decider.decide(prompts);
     }
-    reuse.count_lookups(&plan.cached);
     // The first pass: group prefixes (and anchors), snapshots cached.
     let mut made: Vec<Arc<PrefixState>> = Vec::with_capacity(plan.prefixes.len());
     if !plan.prefixes.is_empty() {
