@@ -4,6 +4,7 @@ The real-shape checkpoint has the exact Qwen3.5-4B configuration and random weig
 to make_tiny.py's small sizes with the real vocabulary and ids, so every script runs the same code on a CPU.
 """
 
+import gc
 import importlib.machinery
 import importlib.util
 import json
@@ -29,6 +30,30 @@ def _allow_tiny_modules_without_tokenizer_packages() -> None:
 
 
 _allow_tiny_modules_without_tokenizer_packages()
+
+
+def with_adapter(base, adapter_dir: Path, dtype: torch.dtype):
+    """`base` under the PEFT adapter in `adapter_dir`, unmerged, in eval mode, checked: the adapter added
+    LoRA parameters and every base parameter is still `dtype`. Returns the model, the LoRA parameters'
+    names and their dtype (as "float32")."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=False).eval()
+    lora = [(n, p) for n, p in model.named_parameters() if ".lora_" in n]
+    if not lora:
+        raise RuntimeError(f"the adapter in {adapter_dir} added no LoRA parameters")
+    base_dtypes = {p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
+    if base_dtypes != {dtype}:
+        raise RuntimeError(f"base parameters are {base_dtypes}, expected {dtype}")
+    return model, [n for n, _ in lora], str(lora[0][1].dtype).removeprefix("torch.")
+
+
+def release_gpu(device: torch.device) -> None:
+    """After a pass's model is dropped: its memory back, and the peak counter reset for the next pass."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def require_torch_fallbacks() -> None:

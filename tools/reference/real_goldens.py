@@ -11,7 +11,6 @@ with the text adapter through PEFT, unmerged. Only the last position's logits ar
 """
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -25,8 +24,10 @@ from real_common import (
     letter_probabilities,
     load_fixtures,
     prompt_of_length,
+    release_gpu,
     require_torch_fallbacks,
     top_two_margin,
+    with_adapter,
 )
 
 require_torch_fallbacks()  # before anything imports transformers
@@ -66,20 +67,13 @@ def build_corpus(fixtures: dict, small: bool) -> tuple[dict[str, list[int]], lis
 
 
 def load_reference(model_dir: Path, dtype: torch.dtype, device: torch.device):
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager", device_map=device)
     if type(base).__name__ != "Qwen3_5ForCausalLM" or base.config._attn_implementation != "eager":
         raise RuntimeError(f"unexpected model {type(base).__name__} / {base.config._attn_implementation}")
-    model = PeftModel.from_pretrained(base, model_dir / "adapter-text", is_trainable=False).eval()
-    lora = [p for n, p in model.named_parameters() if ".lora_" in n]
-    if not lora:
-        raise RuntimeError("the text adapter added no LoRA parameters")
-    base_dtypes = {p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
-    if base_dtypes != {dtype}:
-        raise RuntimeError(f"base parameters are {base_dtypes}, expected {dtype}")
-    return model, str(lora[0].dtype).removeprefix("torch.")
+    model, _, lora_dtype = with_adapter(base, model_dir / "adapter-text", dtype)
+    return model, lora_dtype
 
 
 def run_pass(model_dir: Path, dtype: torch.dtype, device: torch.device, prompts: dict) -> dict:
@@ -94,10 +88,7 @@ def run_pass(model_dir: Path, dtype: torch.dtype, device: torch.device, prompts:
         print(f"[real_goldens] {dtype} {name} ({len(ids)} ids): {seconds[name]} s", flush=True)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
     del model
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    release_gpu(device)
     return {
         "letter_logits": letter_logits,
         "load_seconds": round(load_seconds, 2),

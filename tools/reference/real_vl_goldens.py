@@ -45,8 +45,10 @@ from real_common import (
     cuda_sync,
     delta_rule_implementations,
     letter_probabilities,
+    release_gpu,
     require_torch_fallbacks,
     top_two_margin,
+    with_adapter,
 )
 
 require_torch_fallbacks()  # before anything imports transformers
@@ -271,7 +273,6 @@ def check_multimodal_adapter(model_dir: Path) -> dict:
 
 
 def load_reference(model_dir: Path, dtype: torch.dtype, device: torch.device):
-    from peft import PeftModel
     from transformers import Qwen3_5ForConditionalGeneration
 
     base = Qwen3_5ForConditionalGeneration.from_pretrained(
@@ -280,14 +281,10 @@ def load_reference(model_dir: Path, dtype: torch.dtype, device: torch.device):
     attention = {base.config._attn_implementation, base.config.vision_config._attn_implementation}
     if attention != {"eager"}:
         raise RuntimeError(f"attention implementations {attention}, expected eager")
-    model = PeftModel.from_pretrained(base, model_dir / "adapter-multimodal", is_trainable=False).eval()
-    lora = [p for n, p in model.named_parameters() if ".lora_" in n]
-    if not any(".visual." in n for n, _ in model.named_parameters() if ".lora_" in n):
+    model, lora_names, lora_dtype = with_adapter(base, model_dir / "adapter-multimodal", dtype)
+    if not any(".visual." in n for n in lora_names):
         raise RuntimeError("the multimodal adapter adapted nothing in the vision tower")
-    base_dtypes = {p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
-    if base_dtypes != {dtype}:
-        raise RuntimeError(f"base parameters are {base_dtypes}, expected {dtype}")
-    return model, str(lora[0].dtype).removeprefix("torch.")
+    return model, lora_dtype
 
 
 @torch.no_grad()
@@ -327,10 +324,7 @@ def run_pass(model_dir, dtype, device, prompts: dict, pixels: dict, base_too: se
                 base_logits[name] = letter_logits(model, ids, pixel_values, grid, device)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
     del model
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    release_gpu(device)
     return {
         "letter_logits": logits,
         "base_letter_logits": base_logits,
