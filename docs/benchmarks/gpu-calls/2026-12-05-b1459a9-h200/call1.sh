@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Seventh session, first device call: main as the sixth session left it (b1459a9), on an H200
+# (the issues' hardware; every figure of the sixth session was taken on an H100):
+#   1. GPU tests of what landed without a GPU run (cuda_attention: the shared flash shape rule;
+#      cuda_vision, cuda_ops, cuda_carried, vision_tiny);
+#   2. whole-model parity (84 questions);
+#   3. tools/reference/gpu_vl_check.sh (screenshot parity and 1024x1024 latency);
+#   4. tools/reference/gpu_prefix_bench.sh, bench stage (issue 19's three benchmarks).
+# Carries .carry (bin: instinct, instinct-loadtest; tests above), .cache/qwen-tokenizer,
+# .cache/fixtures. Results in $OUT: call.log, tests.log, check.json, vl.tgz, prefix.tgz.
+#   REV=<sha> bash docs/benchmarks/gpu-calls/2026-12-05-b1459a9-h200/call1.sh
+export INSTINCT_CUDA_HOME=/usr/local/cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+L=$OUT/call.log
+R=$OUT/tests.log
+T0=$(date +%s); t() { echo "=== [$(( $(date +%s) - T0 )) s] $*" >> $L; }
+t "rev $REV; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
+( .carry/bin/instinct build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json > /tmp/ckpt.log 2>&1
+  cd tools/reference && timeout 150 python3 real_shapes.py --out /tmp/real --tokenizer-json /tmp/tokenizer.json >> /tmp/ckpt.log 2>&1
+  echo "ckpt exit $?" >> /tmp/ckpt.log ) &
+CK=$!
+run() {  # run TEST-EXECUTABLE SECONDS [FILTER/SKIP ARGS]
+  local T=.carry/tests/$1 s=$2; shift 2
+  echo "## $T $*" >> $R
+  timeout $s $T --ignored --test-threads=1 --nocapture "$@" >> $R 2>&1; t "$1 exit $?"
+}
+run cuda_attention-test 90
+run cuda_vision-test 90
+run cuda_carried-test 90
+run cuda_ops-test 90
+run vision_tiny-test 60
+grep -E "^## |test result|panicked|FAILED" $R >> $L
+t wait-checkpoint; wait $CK; tail -1 /tmp/ckpt.log >> $L
+t parity
+timeout 90 .carry/bin/instinct check --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
+  --corpus docs/validation/real-shapes/corpus_ids.json --goldens docs/validation/real-shapes/real_goldens.json \
+  --out $OUT/check.json > /tmp/check.log 2>&1; t "check exit $?"
+grep -E "questions on|PASS|FAIL|Error" /tmp/check.log >> $L
+OUT=/tmp/vl timeout 200 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+t "vl exit $?"
+grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
+tar czf $OUT/vl.tgz -C /tmp vl
+OUT=/tmp/prefix REVISION=$REV STAGES=bench timeout 260 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
+t "prefix exit $?"
+grep -vE "^\[|^ *$" /tmp/prefix/gpu_prefix_bench.log | tail -14 >> $L
+tar czf $OUT/prefix.tgz --exclude=workloads -C /tmp prefix
+t done
