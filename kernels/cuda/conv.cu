@@ -254,12 +254,14 @@ __device__ __forceinline__ void conv1d_silu_tile(const X* __restrict__ x, int x_
 CONV_ENTRY(conv1d_silu, float)
 CONV_ENTRY(conv1d_silu_bf16x, __nv_bfloat16)
 
-// window_out[s][i][c] = pre-conv input at local time len - hist + i (the window to resume from).
+// window_out[s][i][c] = pre-conv input at local time len - hist + i (the window to resume from),
+// where len is the sequence's length or, with has_output_at, output_at[s] (at most the length).
 // A sequence that ends beyond the `rows_cap` rows of x gets a NaN window instead of an out-of-bounds read.
 template <typename X>
 __device__ __forceinline__ void conv1d_window_out_at(const X* __restrict__ x, int x_stride, int x_offset,
                                                      const u32* __restrict__ cu_seqlens, int num_seqs,
                                                      const float* __restrict__ window_in, int has_window,
+                                                     const u32* __restrict__ output_at, int has_output_at,
                                                      float* __restrict__ window_out, int channels, int kernel,
                                                      u32 rows_cap) {
     const int hist = kernel - 1;
@@ -275,7 +277,7 @@ __device__ __forceinline__ void conv1d_window_out_at(const X* __restrict__ x, in
         window_out[i] = F32_NAN;
         return;
     }
-    const int len = (int)(end - start);
+    const int len = (int)(has_output_at ? min(output_at[s], end - start) : end - start);
     window_out[i] = conv_input(x, x_stride, x_offset, window_in, has_window, start, s, len - hist + k, c, channels,
                                hist);
 }
@@ -284,9 +286,10 @@ __device__ __forceinline__ void conv1d_window_out_at(const X* __restrict__ x, in
     extern "C" __global__ void NAME(const X* __restrict__ x, int x_stride, int x_offset,                      \
                                     const u32* __restrict__ cu_seqlens, int num_seqs,                          \
                                     const float* __restrict__ window_in, int has_window,                       \
+                                    const u32* __restrict__ output_at, int has_output_at,                      \
                                     float* __restrict__ window_out, int channels, int kernel, u32 rows_cap) {  \
-        conv1d_window_out_at(x, x_stride, x_offset, cu_seqlens, num_seqs, window_in, has_window, window_out,   \
-                             channels, kernel, rows_cap);                                                      \
+        conv1d_window_out_at(x, x_stride, x_offset, cu_seqlens, num_seqs, window_in, has_window, output_at,    \
+                             has_output_at, window_out, channels, kernel, rows_cap);                           \
     }
 
 WINDOW_ENTRY(conv1d_window_out, float)

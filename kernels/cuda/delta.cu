@@ -10,7 +10,8 @@ extern "C" __global__ void __launch_bounds__(DELTA_MAX_THREADS)
 gated_delta_rule_recurrent(const float* __restrict__ qkv, const float* __restrict__ beta,
                            const float* __restrict__ g, const u32* __restrict__ cu_seqlens,
                            const float* __restrict__ initial, int has_initial, float* __restrict__ final_state,
-                           int has_final, float* __restrict__ out, int k_heads, int v_heads, int k_dim,
+                           int has_final, const u32* __restrict__ final_at, int has_final_at,
+                           float* __restrict__ out, int k_heads, int v_heads, int k_dim,
                            int v_dim, float scale, u32 rows_cap) {
     __shared__ float qs[DELTA_MAX_K];
     __shared__ float ks[DELTA_MAX_K];
@@ -25,11 +26,23 @@ gated_delta_rule_recurrent(const float* __restrict__ qkv, const float* __restric
     const u32 end = max(start, min(cu_seqlens[s + 1], rows_cap));
     const i64 state_at = ((i64)s * v_heads + h) * k_dim * v_dim + j;
 
+    // The state is written once the rows before `snap` are done (each sequence's end unless told).
+    const u32 snap = has_final_at ? min(start + final_at[s], end) : end;
+
     float S[DELTA_MAX_K];
 #pragma unroll
     for (int i = 0; i < DELTA_MAX_K; ++i) {
         S[i] = (has_initial && active && i < k_dim) ? initial[state_at + (i64)i * v_dim] : 0.0f;
     }
+    auto write_final = [&]() {
+        if (has_final && active) {
+#pragma unroll
+            for (int i = 0; i < DELTA_MAX_K; ++i) {
+                if (i < k_dim) final_state[state_at + (i64)i * v_dim] = S[i];
+            }
+        }
+    };
+    if (snap == start) write_final();
     for (u32 t = start; t < end; ++t) {
         const float* row = qkv + (i64)t * width;
         for (int i = threadIdx.x; i < k_dim; i += blockDim.x) {
@@ -60,13 +73,8 @@ gated_delta_rule_recurrent(const float* __restrict__ qkv, const float* __restric
             }
             out[(i64)t * v_heads * v_dim + (i64)h * v_dim + j] = o;
         }
+        if (t + 1 == snap) write_final();
         // The next token overwrites qs/ks.
         __syncthreads();
-    }
-    if (has_final && active) {
-#pragma unroll
-        for (int i = 0; i < DELTA_MAX_K; ++i) {
-            if (i < k_dim) final_state[state_at + (i64)i * v_dim] = S[i];
-        }
     }
 }

@@ -653,8 +653,8 @@ __device__ __forceinline__ void gdr_state_pass(
     const __nv_bfloat16* __restrict__ w, const float* __restrict__ u, const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ p, const float* __restrict__ gam,
     const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,
-    float* __restrict__ final_state, int has_final, float* __restrict__ out, int v_heads, int k_dim,
-    int v_dim, u32 rows_cap) {
+    float* __restrict__ final_state, int has_final, const u32* __restrict__ final_at, int has_final_at,
+    float* __restrict__ out, int v_heads, int k_dim, int v_dim, u32 rows_cap) {
     constexpr int THREADS = SV * 4;  // 4 warps per 32 columns
     constexpr int SLD = SV + 8;      // bf16 row stride of the state and V' copies
     using L = GsStage<SV>;
@@ -710,6 +710,26 @@ __device__ __forceinline__ void gdr_state_pass(
         }
     };
     store_state();
+    // The state is written once the rows before `snap` are done: after the chunk ending there
+    // (each sequence's end unless told). A count between chunk ends writes nothing; the model asks
+    // for none (TextModel::forward_segments refuses them, Backend::snapshot_grid).
+    const u32 snap = has_final_at ? min(start + final_at[s], end) : end;
+    auto write_final = [&]() {
+        if (!has_final) return;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = st_row(m, e);
+                    const int col = st_col(nt, e);
+                    if (row < k_dim && col < vcols) final_state[state_at + (i64)row * v_dim + col] = st[m][nt][e];
+                }
+            }
+        }
+    };
+    if (snap == start) write_final();
 
     // ldmatrix lane addresses (see flash_attention.cu): A from a row-major tile, lanes 0-15 rows
     // 0-15 at column 0, 16-31 at column 8; B from a row-major [k][n] tile (transposed), the same
@@ -853,24 +873,10 @@ __device__ __forceinline__ void gdr_state_pass(
         // Every warp read V' and the state copy before this chunk's barrier; the next chunk reads
         // the new copy after its barrier.
         store_state();
+        if (c_next == snap) write_final();
         n = n_next;
     }
     cp_async_wait<0>();
-
-    if (has_final) {
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = st_row(m, e);
-                    const int col = st_col(nt, e);
-                    if (row < k_dim && col < vcols) final_state[state_at + (i64)row * v_dim + col] = st[m][nt][e];
-                }
-            }
-        }
-    }
 }
 
 // Grid (num_seqs, v_heads, ceil(v_dim / SV)), 4·SV threads, dynamic shared memory
@@ -881,10 +887,10 @@ __device__ __forceinline__ void gdr_state_pass(
              const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,                     \
              const __nv_bfloat16* __restrict__ p, const float* __restrict__ gam,                           \
              const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,        \
-             float* __restrict__ final_state, int has_final, float* __restrict__ out, int v_heads,         \
-             int k_dim, int v_dim, u32 rows_cap) {                                                          \
+             float* __restrict__ final_state, int has_final, const u32* __restrict__ final_at,             \
+             int has_final_at, float* __restrict__ out, int v_heads, int k_dim, int v_dim, u32 rows_cap) {  \
         gdr_state_pass<SV>(w, u, q, k, p, gam, cu_seqlens, initial, has_initial, final_state, has_final,    \
-                           out, v_heads, k_dim, v_dim, rows_cap);                                           \
+                           final_at, has_final_at, out, v_heads, k_dim, v_dim, rows_cap);                   \
     }
 
 GS_KERNEL(gdr_state_pass_v32, 32)

@@ -148,7 +148,7 @@ impl Backend for Plain {
         &self,
         conv: Conv1d<'_, V>,
         batch: Varlen<'_, I>,
-        window: ConvWindow<'_, V>,
+        window: ConvWindow<'_, V, I>,
         out: &mut V,
     ) -> KernelResult<()> {
         self.0.conv1d_silu(conv, batch, window, out)
@@ -218,6 +218,7 @@ fn on_cpu<'a>(state: DeltaState<'a, Plain>) -> DeltaState<'a, CpuBackend> {
     DeltaState {
         initial: state.initial,
         final_out: state.final_out,
+        final_at: None,
     }
 }
 
@@ -353,10 +354,12 @@ fn a_backend_without_carried_delta_net_refuses_a_window() {
         state: DeltaState {
             initial: None,
             final_out: None,
+            final_at: None,
         },
         window: ConvWindow {
             input: Some(&window),
             output: None,
+            output_at: None,
         },
     };
     let scratch = DeltaNetScratch {

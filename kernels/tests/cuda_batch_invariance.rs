@@ -481,6 +481,7 @@ fn delta_core(gpu: &CudaBackend, wts: &DeltaWeights, seqs: &[&[f32]]) -> (Vec<f3
         DeltaState {
             initial: None,
             final_out: Some(&mut final_state),
+            final_at: None,
         },
         DeltaNetScratch {
             conv: &mut conv,

@@ -264,6 +264,18 @@ impl DeltaCase {
     /// says which entry point: the carried op (with the window and state in, or from zeros), or
     /// plain `delta_net_core` with no window (the whole prompt's path; no window out).
     fn run<B: Backend>(&self, be: &B, run: DeltaRun, bf16_x: bool) -> [Vec<f32>; 3] {
+        self.run_at(be, run, bf16_x, None)
+    }
+
+    /// [`Self::run`], the window and state taken after `at[s]` tokens of each sequence `s`
+    /// (`DeltaState::final_at`, `ConvWindow::output_at`) where given.
+    fn run_at<B: Backend>(
+        &self,
+        be: &B,
+        run: DeltaRun,
+        bf16_x: bool,
+        at: Option<&[u32]>,
+    ) -> [Vec<f32>; 3] {
         let carried_in = run == DeltaRun::Resumed;
         let (dims, rows) = (self.dims, self.rows());
         let (channels, heads) = (self.dims.qkv_width(), dims.v_heads);
@@ -287,6 +299,11 @@ impl DeltaCase {
         let (window_in, state_in) = (act(&self.window, false), act(&self.state, false));
         let mut window_out = be.alloc(self.window_len()).unwrap();
         let mut state_out = be.alloc(self.state_len()).unwrap();
+        let at = at.map(|at| {
+            let mut idx = be.alloc_idx(at.len()).unwrap();
+            be.write_idx(&mut idx, at).unwrap();
+            idx
+        });
         let (mut conv, mut beta, mut g) = (
             be.alloc(rows * channels).unwrap(),
             be.alloc(rows * heads).unwrap(),
@@ -324,6 +341,7 @@ impl DeltaCase {
         let state = DeltaState {
             initial: carried_in.then_some(&state_in),
             final_out: Some(&mut state_out),
+            final_at: at.as_ref(),
         };
         if run == DeltaRun::Whole {
             be.delta_net_core(input, batch, dims, state, scratch, &mut out)
@@ -339,6 +357,7 @@ impl DeltaCase {
             window: ConvWindow {
                 input: carried_in.then_some(&window_in),
                 output: Some(&mut window_out),
+                output_at: at.as_ref(),
             },
         };
         be.delta_net_core_carried(input, batch, dims, carry, scratch, &mut out)
@@ -525,6 +544,132 @@ fn a_resumed_delta_net_layer_runs_as_its_whole_prompt_on_the_gpu() {
             );
         }
     }
+}
+
+/// A snapshot taken inside a pass (`final_at` / `output_at`: the state and window after the
+/// first `p` tokens of each sequence, the pass running on to its end) is the snapshot a pass of the
+/// prefixes alone leaves, and the rows of the pass are those of the prefix then the tail resumed
+/// from it. On the CPU the rule restarts its chunks at the cut, so both hold at any cut, bit for
+/// bit; on the GPU at cuts on the 64-token chunk grid (or a sequence's end), bit for bit, and the
+/// pass's rows are also those of the same pass without the snapshot. Cuts at 0, at the end, and
+/// lengths of 1; sequences resumed from a window and state and fresh ones.
+fn a_snapshot_inside_a_pass_is_the_prefixs_own<B: Backend>(be: &B, cuts: &[(usize, usize)]) {
+    let mut rng = StdRng::seed_from_u64(73);
+    let dims = DeltaDims {
+        k_heads: 2,
+        v_heads: 4,
+        k_dim: 64,
+        v_dim: 96,
+    };
+    let (taps, heads, channels) = (4, dims.v_heads, dims.qkv_width());
+    let width = channels + 2 * heads;
+    let whole_lens: Vec<usize> = cuts.iter().map(|&(p, t)| p + t).collect();
+    let rows: usize = whole_lens.iter().sum();
+    let case = |own: Vec<usize>, stacked: Vec<f32>, window: Vec<f32>, state: Vec<f32>| DeltaCase {
+        dims,
+        taps,
+        own,
+        stacked,
+        width,
+        conv_w: bf16_round(&rand_vec(
+            &mut StdRng::seed_from_u64(5),
+            channels * taps,
+            0.7,
+        )),
+        a_log: bf16_round(&rand_vec(&mut StdRng::seed_from_u64(6), heads, 1.0)),
+        dt_bias: bf16_round(&rand_vec(&mut StdRng::seed_from_u64(7), heads, 2.0)),
+        window,
+        state,
+    };
+    let mut whole = case(
+        whole_lens.clone(),
+        bf16_round(&rand_vec(&mut rng, rows * width, 1.5)),
+        Vec::new(),
+        Vec::new(),
+    );
+    whole.window = bf16_round(&rand_vec(&mut rng, whole.window_len(), 1.5));
+    whole.state = (0..whole.state_len())
+        .map(|_| rng.gen_range(-0.3..0.3))
+        .collect();
+    let at: Vec<u32> = cuts.iter().map(|&(p, _)| p as u32).collect();
+    let pick = |values: &[f32], w: usize, spans: &[(usize, usize)]| {
+        pick_rows(values, w, &whole_lens, spans)
+    };
+    let prefix_spans: Vec<(usize, usize)> = cuts.iter().map(|&(p, _)| (0, p)).collect();
+    let tail_spans: Vec<(usize, usize)> = cuts.iter().map(|&(p, t)| (p, t)).collect();
+    let out_w = heads * dims.v_dim;
+    for run in [DeltaRun::Resumed, DeltaRun::Snapshotting] {
+        let what = format!(
+            "{}, cuts {cuts:?}, resumed {}",
+            be.name(),
+            run == DeltaRun::Resumed
+        );
+        let [out, window, state] = whole.run_at(be, run, true, Some(&at));
+        let prefix = case(
+            cuts.iter().map(|&(p, _)| p).collect(),
+            pick(&whole.stacked, width, &prefix_spans),
+            whole.window.clone(),
+            whole.state.clone(),
+        );
+        let [prefix_out, want_window, want_state] = prefix.run(be, run, true);
+        assert_eq!(window, want_window, "{what}: the window");
+        assert_eq!(state, want_state, "{what}: the state");
+        assert_eq!(
+            pick(&out, out_w, &prefix_spans),
+            prefix_out,
+            "{what}: the prefix rows"
+        );
+        let tail = case(
+            cuts.iter().map(|&(_, t)| t).collect(),
+            pick(&whole.stacked, width, &tail_spans),
+            want_window,
+            want_state,
+        );
+        let [tail_out, _, _] = tail.run(be, DeltaRun::Resumed, true);
+        if be.snapshot_grid() == 1 {
+            assert_eq!(
+                pick(&out, out_w, &tail_spans),
+                tail_out,
+                "{what}: the tail rows"
+            );
+        } else {
+            let [plain_out, _, plain_state] = whole.run(be, run, true);
+            assert_eq!(out, plain_out, "{what}: the rows, as without the snapshot");
+            let [_, _, end_state] = tail.run(be, DeltaRun::Resumed, true);
+            assert_eq!(
+                end_state, plain_state,
+                "{what}: the state at the end, resumed"
+            );
+            assert_close(
+                &pick(&out, out_w, &tail_spans),
+                &tail_out,
+                1e-5,
+                &format!("{what}: the tail rows"),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_cpu() {
+    let cuts = [(0, 5), (3, 1), (1, 0), (70, 9), (64, 64), (0, 1)];
+    a_snapshot_inside_a_pass_is_the_prefixs_own(&CpuBackend::new(), &cuts);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_gpu() {
+    // On the grid, or at a sequence's end (1 of 1, 70 of 70); at 0 the state in is the snapshot.
+    let cuts = [
+        (0, 5),
+        (64, 1),
+        (1, 0),
+        (128, 9),
+        (64, 64),
+        (70, 0),
+        (192, 70),
+    ];
+    a_snapshot_inside_a_pass_is_the_prefixs_own(&gpu(), &cuts);
 }
 
 /// `copy` moves a range between offsets exactly (states move between a batch's packed buffers and

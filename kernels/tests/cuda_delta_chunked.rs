@@ -110,6 +110,7 @@ impl Inputs {
         let state = DeltaState {
             initial: with_initial.then_some(&self.initial),
             final_out: Some(&mut fin),
+            final_at: None,
         };
         cpu.gated_delta_rule_recurrent(
             DeltaInputs {
@@ -153,6 +154,7 @@ impl Inputs {
         let state = DeltaState {
             initial: with_initial.then_some(&initial),
             final_out: Some(&mut fin),
+            final_at: None,
         };
         gpu.gated_delta_rule_chunked(
             DeltaInputs {
@@ -300,6 +302,7 @@ fn chunked_clamps_corrupt_cu_seqlens_to_the_batch_rows() {
     let state = DeltaState {
         initial: None,
         final_out: Some(&mut fin),
+        final_at: None,
     };
     gpu.gated_delta_rule_chunked(
         DeltaInputs {
@@ -367,6 +370,7 @@ fn timing_chunked_vs_recurrent() {
                 let state = DeltaState {
                     initial: None,
                     final_out: Some(&mut fin),
+                    final_at: None,
                 };
                 if chunked {
                     gpu.gated_delta_rule_chunked(

@@ -149,6 +149,7 @@ fn profile(gpu: &CudaBackend, lens: &[usize]) -> Vec<Row> {
         let state = DeltaState {
             initial: None,
             final_out: None,
+            final_at: None,
         };
         gpu.delta_net_core(
             DeltaNetInput {

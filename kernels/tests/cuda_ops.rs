@@ -723,6 +723,7 @@ fn conv1d_case(
                 ConvWindow {
                     input: with_window.then_some(&window),
                     output: Some(&mut want_window),
+                    output_at: None,
                 },
                 &mut want,
             )
@@ -747,6 +748,7 @@ fn conv1d_case(
                 ConvWindow {
                     input: with_window.then_some(&window_d),
                     output: Some(&mut window_out),
+                    output_at: None,
                 },
                 &mut out,
             )
@@ -1046,6 +1048,7 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
             let no_state = || DeltaState {
                 initial: None,
                 final_out: None,
+                final_at: None,
             };
             let out_len = rows * heads * dims.v_dim;
             let (mut conv, mut beta, mut g) = scratch(&gpu);
@@ -1154,6 +1157,7 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
                     DeltaState {
                         initial: None,
                         final_out: None,
+                        final_at: None,
                     },
                     DeltaNetScratch {
                         conv: &mut c1,
@@ -1208,6 +1212,7 @@ fn delta_net_core_on_the_projection_is_the_conv_then_the_rule_bit_for_bit() {
             DeltaState {
                 initial: None,
                 final_out: None,
+                final_at: None,
             },
             DeltaNetScratch {
                 conv: &mut gpu.alloc(10 * dims.qkv_width()).unwrap(),
@@ -1775,6 +1780,7 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
             let cpu_state = DeltaState {
                 initial: with_initial.then_some(&initial),
                 final_out: Some(&mut want_final),
+                final_at: None,
             };
             cpu.gated_delta_rule_recurrent(
                 DeltaInputs {
@@ -1799,6 +1805,7 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
                 let gpu_state = DeltaState {
                     initial: with_initial.then_some(&initial_d),
                     final_out: Some(&mut final_d),
+                    final_at: None,
                 };
                 if chunked {
                     gpu.gated_delta_rule_chunked(

@@ -76,6 +76,7 @@ fn run(inp: &Inputs, chunked: bool, initial: Option<&Vec<f32>>) -> (Vec<f32>, Ve
     let state = DeltaState {
         initial,
         final_out: Some(&mut fin),
+        final_at: None,
     };
     let inputs = DeltaInputs {
         qkv: &inp.qkv,
@@ -291,6 +292,7 @@ fn rejects_bad_shapes() {
         DeltaState {
             initial: None,
             final_out: None,
+            final_at: None,
         },
         &mut out,
     );
@@ -314,6 +316,7 @@ fn rejects_bad_shapes() {
         DeltaState {
             initial: None,
             final_out: None,
+            final_at: None,
         },
         &mut out,
     );

@@ -654,6 +654,7 @@ fn conv_with_carried_window_equals_conv_over_concatenation() {
             ConvWindow {
                 input: win,
                 output: Some(&mut win_out),
+                output_at: None,
             },
             &mut out,
         )
@@ -991,6 +992,7 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
             ConvWindow {
                 input: Some(&window),
                 output: Some(&mut win_out),
+                output_at: None,
             },
             &mut out,
         )
@@ -1102,7 +1104,8 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
             batch,
             ConvWindow {
                 input: None,
-                output: None
+                output: None,
+                output_at: None,
             },
             &mut out
         )

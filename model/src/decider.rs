@@ -112,6 +112,9 @@ pub struct QuestionSegment<'a> {
     pub resume: Option<&'a PrefixState>,
     /// Whether to return the state at the segment's end.
     pub snapshot: bool,
+    /// With `snapshot`: the state after this many of the segment's own tokens instead, taken in
+    /// the same pass (see [`Segment::snapshot_at`]).
+    pub snapshot_at: Option<usize>,
     /// Whether to read out `prompt.n_options` letters at the end: a prefix or a middle chunk has
     /// no answer.
     pub answer: bool,
@@ -124,6 +127,7 @@ impl<'a> QuestionSegment<'a> {
             prompt,
             resume,
             snapshot: false,
+            snapshot_at: None,
             answer: true,
         }
     }
@@ -134,6 +138,7 @@ impl<'a> QuestionSegment<'a> {
             prompt: Prompt::text(ids, 0),
             resume,
             snapshot: true,
+            snapshot_at: None,
             answer: false,
         }
     }
@@ -144,7 +149,7 @@ impl<'a> QuestionSegment<'a> {
 pub struct SegmentAnswer {
     /// The letter probabilities, when the segment asked for its answer.
     pub probabilities: Option<Vec<f32>>,
-    /// The snapshot at the segment's end, when asked for.
+    /// The snapshot at the segment's end (or its `snapshot_at`), when asked for.
     pub snapshot: Option<PrefixState>,
 }
 
@@ -252,6 +257,7 @@ impl<B: Backend> Decider<B> {
                 },
                 resume: s.resume,
                 snapshot: s.snapshot,
+                snapshot_at: s.snapshot_at,
             })
             .collect();
         let overrides = self.overrides(segments.iter().map(|s| &s.prompt))?;

@@ -99,6 +99,10 @@ pub struct Segment<'a> {
     pub resume: Option<&'a PrefixState>,
     /// Whether to return the state at the segment's end (prefix included).
     pub snapshot: bool,
+    /// With `snapshot`: the state after this many of the segment's own tokens instead of after
+    /// all of them, taken in the same pass (the segment still runs to its end). On a backend with
+    /// a resume grid ([`TextModel::snapshot_grid`]) a multiple of it.
+    pub snapshot_at: Option<usize>,
 }
 
 /// What [`TextModel::forward_segments`] returns for one segment.
@@ -318,6 +322,9 @@ struct Carry<B: Buffers> {
     /// Each sequence's prefix rows in the attention layers' `k` and `v` (`num_seqs + 1`
     /// offsets) and their total; `None` when no sequence resumes.
     cu_prefix: Option<(B::Idx, usize)>,
+    /// Per sequence, after how many of its own tokens its snapshot is taken; `None` when every
+    /// snapshot is taken at its segment's end.
+    snapshot_at: Option<B::Idx>,
 }
 
 enum LayerCarry<B: Buffers> {
@@ -335,10 +342,12 @@ enum LayerCarry<B: Buffers> {
     },
 }
 
-/// One layer's part of a [`Carry`], with the batch's prefix offsets (`Carry::cu_prefix`).
+/// One layer's part of a [`Carry`], with the batch's prefix offsets (`Carry::cu_prefix`) and
+/// snapshot points (`Carry::snapshot_at`).
 type CarriedLayer<'a, B> = (
     &'a mut LayerCarry<B>,
     &'a Option<(<B as Buffers>::Idx, usize)>,
+    Option<&'a <B as Buffers>::Idx>,
 );
 
 /// The Qwen3.5 text model on a backend.
@@ -624,6 +633,19 @@ impl<B: Backend> TextModel<B> {
         segs: &[Segment<'_>],
         overrides: &[Option<EmbeddingOverride<'_>>],
     ) -> Result<Vec<SegmentOutput>> {
+        let grid = self.backend.snapshot_grid().max(1);
+        for (i, seg) in segs.iter().enumerate() {
+            if let Some(at) = seg.snapshot_at {
+                let len = seg.input.token_ids.len();
+                ensure!(
+                    seg.snapshot && at <= len && (at == len || at.is_multiple_of(grid)),
+                    "sequence {i}: a snapshot after {at} of {len} tokens (snapshot asked: {}; \
+                     {} takes one at a multiple of {grid} or at the end)",
+                    seg.snapshot,
+                    self.backend.name()
+                );
+            }
+        }
         let seqs: Vec<SequenceInput> = segs.iter().map(|s| s.input).collect();
         let any_resume = segs.iter().any(|s| s.resume.is_some());
         let any_snapshot = segs.iter().any(|s| s.snapshot);
@@ -749,7 +771,19 @@ impl<B: Backend> TextModel<B> {
         } else {
             None
         };
-        Ok(Carry { layers, cu_prefix })
+        let snapshot_at = if segs.iter().any(|s| s.snapshot_at.is_some()) {
+            let at: Vec<u32> = segs.iter().map(|s| snapshot_tokens(s) as u32).collect();
+            let mut idx = be.alloc_idx(at.len()).map_err(e)?;
+            be.write_idx(&mut idx, &at).map_err(e)?;
+            Some(idx)
+        } else {
+            None
+        };
+        Ok(Carry {
+            layers,
+            cu_prefix,
+            snapshot_at,
+        })
     }
 
     /// Copies `values` into `dst` from `at`: on the device when this backend holds them, through
@@ -859,6 +893,8 @@ impl<B: Backend> TextModel<B> {
                     let mut start = 0;
                     for (s, out) in per_seq.iter_mut().enumerate() {
                         let own = segs[s].input.token_ids.len() * kv_w;
+                        // The rows up to the snapshot's point (the segment's own, past it, not).
+                        let kept = snapshot_tokens(&segs[s]) * kv_w;
                         if segs[s].snapshot {
                             // The prefix's keys first, then the segment's own.
                             let prefix = segs[s].resume.map(|state| &state.layers()[i]);
@@ -867,12 +903,12 @@ impl<B: Backend> TextModel<B> {
                              -> Result<Values> {
                                 let before = prefix.and_then(part);
                                 let held = before.map_or(0, Values::len);
-                                let mut buf = be.alloc((held + own).max(1)).map_err(e)?;
+                                let mut buf = be.alloc((held + kept).max(1)).map_err(e)?;
                                 if let Some(before) = before {
                                     self.copy_values(before, &mut buf, 0)?;
                                 }
-                                be.copy(rows_out, start, &mut buf, held, own).map_err(e)?;
-                                Ok(Values::in_buffer(held + own, buf))
+                                be.copy(rows_out, start, &mut buf, held, kept).map_err(e)?;
+                                Ok(Values::in_buffer(held + kept, buf))
                             };
                             let k = joined(keys, k_out)?;
                             let v = joined(values, v_out)?;
@@ -890,13 +926,17 @@ impl<B: Backend> TextModel<B> {
             .zip(starts)
             .map(|((seg, layers), &start)| {
                 seg.snapshot.then(|| {
-                    let len = seg.input.token_ids.len();
+                    let len = snapshot_tokens(seg);
                     let prefix = seg.resume.map_or(0, PrefixState::tokens);
                     // Text continues position by position; after M-RoPE positions, one past the
                     // largest (as Qwen's text after an image does).
                     let next = match seg.input.positions {
                         None => start + len as u32,
-                        Some(p) => p.iter().flatten().map(|&x| x + 1).fold(start, u32::max),
+                        Some(p) => p[..len]
+                            .iter()
+                            .flatten()
+                            .map(|&x| x + 1)
+                            .fold(start, u32::max),
                     };
                     PrefixState::new(prefix + len, next, layers)
                 })
@@ -974,8 +1014,12 @@ impl<B: Backend> TextModel<B> {
                 gather_last(ws).map_err(e)?;
             }
             let layer_carry = carry.as_deref_mut().map(|c| {
-                let Carry { layers, cu_prefix } = c;
-                (&mut layers[i], &*cu_prefix)
+                let Carry {
+                    layers,
+                    cu_prefix,
+                    snapshot_at,
+                } = c;
+                (&mut layers[i], &*cu_prefix, snapshot_at.as_ref())
             });
             match &layer.mixer {
                 MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, (n, rows), layer_carry),
@@ -1181,6 +1225,7 @@ impl<B: Backend> TextModel<B> {
                 let state = DeltaState {
                     initial: None,
                     final_out: None,
+                    final_at: None,
                 };
                 be.delta_net_core(input, batch, d.delta, state, scratch, &mut ws.core)
             }
@@ -1192,15 +1237,18 @@ impl<B: Backend> TextModel<B> {
                     window_out,
                 },
                 _,
+                snapshot_at,
             )) => {
                 let carry = DeltaCarry {
                     state: DeltaState {
                         initial: state_in.as_ref(),
                         final_out: state_out.as_mut(),
+                        final_at: snapshot_at,
                     },
                     window: ConvWindow {
                         input: window_in.as_ref(),
                         output: window_out.as_mut(),
+                        output_at: snapshot_at,
                     },
                 };
                 be.delta_net_core_carried(input, batch, d.delta, carry, scratch, &mut ws.core)
@@ -1268,7 +1316,7 @@ impl<B: Backend> TextModel<B> {
                 last_only,
                 &mut ws.mixer_mid,
             ),
-            Some((LayerCarry::Attention { prefix, kv_out }, cu_prefix)) => {
+            Some((LayerCarry::Attention { prefix, kv_out }, cu_prefix, _)) => {
                 let prefix = match (prefix, cu_prefix) {
                     (Some((k, v)), Some((cu_prefix, rows))) => Some(PrefixKv {
                         k: &*k,
@@ -1303,6 +1351,12 @@ impl<B: Backend> TextModel<B> {
         .map_err(e)?;
         Ok(())
     }
+}
+
+/// How many of `seg`'s own tokens its snapshot covers.
+fn snapshot_tokens(seg: &Segment<'_>) -> usize {
+    let len = seg.input.token_ids.len();
+    seg.snapshot_at.map_or(len, |at| at.min(len))
 }
 
 fn delta_state(layer: &LayerState) -> Option<&Values> {

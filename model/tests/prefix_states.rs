@@ -185,6 +185,86 @@ fn tail_resumed_from_its_prefix<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
 }
 
 #[test]
+fn a_question_leaves_a_prefix_snapshot_on_its_way() {
+    snapshot_on_the_way(fixture(), CPU);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way() {
+    snapshot_on_the_way(gpu_fixture(), GPU);
+}
+
+/// A question answered in one pass that also snapshots a prefix of itself (`snapshot_at`): the
+/// answer is the whole prompt's, the snapshot the one a pass of the prefix alone leaves (the same
+/// bits on the CPU), and a tail resumed from it answers as the whole prompt. Beside it in the pass,
+/// a fresh question and a second one snapshotting elsewhere. Cuts the backend does not take, or
+/// past the end, or without a snapshot asked for, are refused.
+fn snapshot_on_the_way<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
+    let prompt = f.text[..140].to_vec();
+    let other = f.text[150..290].to_vec();
+    let fresh = f.text[40..90].to_vec();
+    let whole = f.whole(&prompt);
+    let (other_whole, fresh_whole) = (f.whole(&other), f.whole(&fresh));
+    let on_the_way = |ids, at| QuestionSegment {
+        snapshot: true,
+        snapshot_at: Some(at),
+        ..QuestionSegment::answer(Prompt::text(ids, LETTERS), None)
+    };
+    let other_cut = 128;
+    for cut in [1, 3, 63, 64, 65, 128, 139, 140] {
+        if !tol.takes(cut) && cut != prompt.len() {
+            continue;
+        }
+        let out = f
+            .decider
+            .decide_segments(&[
+                on_the_way(&prompt, cut),
+                QuestionSegment::answer(Prompt::text(&fresh, LETTERS), None),
+                on_the_way(&other, other_cut),
+            ])
+            .unwrap();
+        let what = format!("cut at {cut}");
+        for (got, want) in [(0, &whole), (1, &fresh_whole), (2, &other_whole)] {
+            let diff = max_diff(out[got].probabilities.as_ref().unwrap(), want);
+            assert!(diff <= tol.p, "{what}: sequence {got}: |Δp| {diff}");
+        }
+        assert!(
+            out[1].snapshot.is_none(),
+            "{what}: none asked of the fresh question"
+        );
+        let snap = out[0].snapshot.clone().expect("the snapshot asked for");
+        assert_eq!((snap.tokens(), snap.next_position()), (cut, cut as u32));
+        let alone = f.snapshot(&prompt[..cut], None);
+        let diff = snapshot_diff(&f.host(&snap), &f.host(&alone));
+        assert!(diff <= tol.state, "{what}: snapshot differs by {diff}");
+        let other_snap = out[2].snapshot.clone().unwrap();
+        let other_alone = f.snapshot(&other[..other_cut], None);
+        assert!(snapshot_diff(&f.host(&other_snap), &f.host(&other_alone)) <= tol.state);
+        if cut < prompt.len() {
+            let resumed = f.tail(&prompt[cut..], &snap);
+            let diff = max_diff(&resumed, &whole);
+            assert!(diff <= tol.p, "{what}: resumed tail |Δp| {diff}");
+        }
+    }
+    let refused = |f: &mut Fixture<B>, seg: QuestionSegment<'_>| {
+        f.decider.decide_segments(&[seg]).unwrap_err().to_string()
+    };
+    let err = refused(&mut f, on_the_way(&prompt, prompt.len() + 1));
+    assert!(err.contains("141 of 140 tokens"), "{err}");
+    let unasked = QuestionSegment {
+        snapshot: false,
+        ..on_the_way(&prompt, 64)
+    };
+    let err = refused(&mut f, unasked);
+    assert!(err.contains("snapshot asked: false"), "{err}");
+    if tol.grid > 1 {
+        let err = refused(&mut f, on_the_way(&prompt, tol.grid + 1));
+        assert!(err.contains(&format!("multiple of {}", tol.grid)), "{err}");
+    }
+}
+
+#[test]
 fn one_batch_mixes_resumed_fresh_and_snapshotting_sequences() {
     mixed_batch(fixture(), CPU);
 }

@@ -463,6 +463,7 @@ fn a_screenshot_prompt_resumed_inside_or_after_its_image_answers_as_whole() {
                 prompt: prompt(&ids, 0..cut, n, &head),
                 resume: None,
                 snapshot: true,
+                snapshot_at: None,
                 answer: false,
             }])
             .unwrap()

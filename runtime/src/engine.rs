@@ -621,6 +621,9 @@ trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
     const RESUME_GRID: usize;
     /// Whether its prefix states live in device memory (not the host's).
     const STATES_ON_DEVICE: bool;
+    /// Whether a question's own segment takes the snapshot of an anchor only it resumes from
+    /// ([`PrefixReuse::snapshots_within`]) instead of a pass of its own.
+    const SNAPSHOTS_WITHIN: bool;
     /// The prefix cache's budget when none is asked for, once the model is loaded on `backend`.
     fn default_prefix_cache_bytes(backend: &Self) -> usize;
 }
@@ -635,6 +638,7 @@ impl ServingBackend for CpuBackend {
     // f32 throughout, one token at a time: exact at any boundary.
     const RESUME_GRID: usize = 1;
     const STATES_ON_DEVICE: bool = false;
+    const SNAPSHOTS_WITHIN: bool = true;
     fn default_prefix_cache_bytes(_: &Self) -> usize {
         CPU_PREFIX_CACHE_BYTES
     }
@@ -647,6 +651,10 @@ impl ServingBackend for CudaBackend {
     // on the seeded real-shape checkpoint (docs/benchmarks/prefix-reuse-gpu/).
     const RESUME_GRID: usize = instinct_kernels::cuda::DELTA_CHUNK_TOKENS;
     const STATES_ON_DEVICE: bool = true;
+    // The kernels take a snapshot inside a pass (`DeltaState::final_at`, `ConvWindow::output_at`)
+    // and their GPU tests are written (kernels/tests/cuda_carried.rs, model/tests/prefix_states.rs),
+    // but they have not run on a GPU yet: off until they have.
+    const SNAPSHOTS_WITHIN: bool = false;
     /// A quarter of the device memory free once the model and its activations are loaded, at
     /// most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB.
     fn default_prefix_cache_bytes(backend: &Self) -> usize {
@@ -733,11 +741,14 @@ fn prefix_reuse_for<B: ServingBackend>(
         return Ok(PrefixReuse::off());
     }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
-    let reuse = PrefixReuse::new(budget, system).on_grid(B::RESUME_GRID);
+    let reuse = PrefixReuse::new(budget, system)
+        .on_grid(B::RESUME_GRID)
+        .snapshots_within(B::SNAPSHOTS_WITHIN);
     tracing::info!(
         %device,
         budget_mib = budget >> 20,
         grid = B::RESUME_GRID,
+        snapshots_within = B::SNAPSHOTS_WITHIN,
         system_tokens = reuse.system_ids().len(),
         "prefix reuse on"
     );

@@ -17,11 +17,13 @@
 //!
 //! Anchors carry reuse across requests. For text it is the end of the system turn
 //! (`…<|im_start|>user\n`), the same ids for every Cua-S1 text prompt; for a screenshot, the system
-//! turn and the image ([`image_anchor`]). When the cache lacks one it is computed in the first pass
-//! and the questions resume from it, or, where that costs less than a second pass
-//! ([`PASS_COST_TOKENS`]: the system turn under one question), beside the questions in their only
-//! pass. With nothing to reuse and the anchors cached, a batch runs exactly as without reuse: one
-//! [`Decider::decide`] call.
+//! turn and the image ([`image_anchor`]). When the cache lacks one and only one question of the
+//! batch would resume from it, that question's own segment leaves the anchor's snapshot on its
+//! way past it (no token computed twice, no extra pass: the one question on a new screenshot).
+//! Otherwise it is computed in the first pass and the questions resume from it, or, where that
+//! costs less than a second pass ([`PASS_COST_TOKENS`]: the system turn under one question),
+//! beside the questions in their only pass. With nothing to reuse and the anchors cached, a batch
+//! runs exactly as without reuse: one [`Decider::decide`] call.
 //!
 //! Boundaries sit on the backend's resume grid ([`PrefixReuse::on_grid`]): on CUDA, multiples of
 //! the delta rule's 64-token chunk, where a resumed sequence computes what the whole prompt does
@@ -92,6 +94,8 @@ pub struct ReuseStats {
     pub hit_tokens: u64,
     pub evictions: u64,
     pub computed_tokens: u64,
+    /// Forward passes run (a batch with a first pass runs two).
+    pub passes: u64,
 }
 
 #[derive(Default)]
@@ -101,6 +105,7 @@ struct Counters {
     hit_tokens: AtomicU64,
     evictions: AtomicU64,
     computed_tokens: AtomicU64,
+    passes: AtomicU64,
 }
 
 /// The prefix cache of one device's engines and how they plan with it. Shared (`Arc`) by the
@@ -112,6 +117,8 @@ pub struct PrefixReuse {
     min_shared: usize,
     /// Boundaries are multiples of it ([`Self::on_grid`]).
     grid: usize,
+    /// Whether a question's own segment may take a prefix's snapshot ([`Self::snapshots_within`]).
+    within: bool,
     /// Set once the system snapshot turned out larger than the budget: not taken again.
     system_too_large: AtomicBool,
     counters: Counters,
@@ -132,6 +139,7 @@ impl PrefixReuse {
             system_ids,
             min_shared: min_shared.max(1),
             grid: 1,
+            within: true,
             system_too_large: AtomicBool::new(false),
             counters: Counters::default(),
         }
@@ -145,6 +153,14 @@ impl PrefixReuse {
         self.grid = grid.max(1);
         let keep = on_grid(self.system_ids.len(), self.grid);
         self.system_ids.truncate(keep);
+        self
+    }
+
+    /// The same reuse where an anchor that one question alone resumes from is snapshotted by
+    /// that question's own segment (`true`, the default) or, as before, in a pass of its own or
+    /// beside the questions (`false`).
+    pub fn snapshots_within(mut self, within: bool) -> Self {
+        self.within = within;
         self
     }
 
@@ -205,11 +221,13 @@ impl PrefixReuse {
             hit_tokens: get(&c.hit_tokens),
             evictions: get(&c.evictions),
             computed_tokens: get(&c.computed_tokens),
+            passes: get(&c.passes),
         }
     }
 
-    /// Counts tokens run through the model.
+    /// Counts one forward pass and the tokens it ran through the model.
     pub fn count_computed(&self, tokens: usize) {
+        self.counters.passes.fetch_add(1, Ordering::Relaxed);
         self.counters
             .computed_tokens
             .fetch_add(tokens as u64, Ordering::Relaxed);
@@ -367,10 +385,12 @@ impl PrefixReuse {
             prefixes,
             bases,
             side: None,
+            within: Vec::new(),
             cached,
         };
+        let within_grid = self.within.then_some(self.grid);
         for job in anchors {
-            plan.add_anchor_job(job, questions, limits);
+            plan.add_anchor_job(job, questions, limits, within_grid);
         }
         plan
     }
@@ -486,6 +506,9 @@ pub struct Plan {
     /// A prefix run beside the questions, in their pass, only to be cached (the system turn when
     /// there is no first pass).
     pub side: Option<PrefixJob>,
+    /// Prefixes snapshotted by their question's own segment in the questions' pass, on its way
+    /// past them (`question` takes the snapshot; at most one per question).
+    pub within: Vec<PrefixJob>,
     /// Per question: tokens of the cached snapshot its lookup found (0: a miss).
     pub cached: Vec<usize>,
 }
@@ -496,6 +519,7 @@ impl Plan {
             prefixes: Vec::new(),
             bases: vec![Base::Whole; n],
             side: None,
+            within: Vec::new(),
             cached: Vec::new(),
         }
     }
@@ -504,6 +528,7 @@ impl Plan {
     pub fn is_whole(&self) -> bool {
         self.prefixes.is_empty()
             && self.side.is_none()
+            && self.within.is_empty()
             && self.bases.iter().all(|b| matches!(b, Base::Whole))
     }
 
@@ -523,11 +548,20 @@ impl Plan {
         [first, (own_tokens + side.0, questions.len() + side.1)]
     }
 
-    /// Adds an anchor's job to the first pass, where the questions of its namespace with less
-    /// resume from it; or, when there is no first pass and computing the anchor once more costs
-    /// less than one ([`PASS_COST_TOKENS`]: the system turn under one question), beside the
-    /// questions. Left out if a pass would not fit `limits`.
-    fn add_anchor_job(&mut self, job: PrefixJob, questions: &[Planned<'_>], limits: BatchLimits) {
+    /// Adds an anchor's job: when one question alone would resume from it, to that question's
+    /// own segment (its snapshot taken on the way, where `within_grid` allows: `None` never);
+    /// else to the first pass,
+    /// where the questions of its namespace with less resume from it; or, when there is no first
+    /// pass and computing the anchor once more costs less than one ([`PASS_COST_TOKENS`]: the
+    /// system turn under one question), beside the questions. Left out if a pass would not fit
+    /// `limits`.
+    fn add_anchor_job(
+        &mut self,
+        job: PrefixJob,
+        questions: &[Planned<'_>],
+        limits: BatchLimits,
+        within_grid: Option<usize>,
+    ) {
         let before = self.clone();
         let p = job.tokens;
         let q = questions[job.question];
@@ -541,6 +575,18 @@ impl Plan {
                     && other.ids.starts_with(anchor)
             })
             .collect();
+        if let ([only], Some(grid)) = (&resumers[..], within_grid) {
+            let only = *only;
+            let from = self.bases[only].tokens();
+            let taken = self.within.iter().any(|j| j.question == only);
+            if !taken && (p - from).is_multiple_of(grid.max(1)) {
+                self.within.push(PrefixJob {
+                    question: only,
+                    ..job
+                });
+                return;
+            }
+        }
         let beside = resumers.len() * p + p <= PASS_COST_TOKENS;
         if self.prefixes.is_empty() && self.side.is_none() && beside {
             self.side = Some(job);
@@ -722,6 +768,11 @@ pub fn execute_mixed<B: Backend>(
             QuestionSegment::answer(tail.prompt(), resume)
         })
         .collect();
+    for job in &plan.within {
+        let segment = &mut segments[job.question];
+        segment.snapshot = true;
+        segment.snapshot_at = Some(job.tokens - plan.bases[job.question].tokens());
+    }
     if let (Some(part), Some(job)) = (&side, &plan.side) {
         segments.push(prefix_segment(part, job));
     }
@@ -732,6 +783,14 @@ pub fn execute_mixed<B: Backend>(
         let state = out
             .snapshot
             .context("a prefix segment without its snapshot")?;
+        let ids = &prompts[job.question].ids[..job.tokens];
+        reuse.store(namespaces[job.question], ids, Arc::new(state))?;
+    }
+    for job in &plan.within {
+        let state = outputs[job.question]
+            .snapshot
+            .take()
+            .context("a segment without the snapshot it was asked for")?;
         let ids = &prompts[job.question].ids[..job.tokens];
         reuse.store(namespaces[job.question], ids, Arc::new(state))?;
     }
@@ -782,6 +841,7 @@ fn prefix_segment<'a>(part: &'a Part<'_>, job: &'a PrefixJob) -> QuestionSegment
         prompt: part.prompt(),
         resume: job.resume.as_ref().map(|h| &*h.state),
         snapshot: true,
+        snapshot_at: None,
         answer: false,
     }
 }
@@ -920,10 +980,9 @@ mod tests {
         let reuse = PrefixReuse::new(1 << 30, ids(70, 5)).on_grid(64);
         let q = [ids(70, 5), ids(100, 7)].concat();
         let plan = reuse.plan("text", &[&q], BatchLimits::new(4096, 8));
-        let side = plan
-            .side
-            .expect("the system turn is snapshot beside the question");
-        assert_eq!(side.tokens, 64);
+        assert!(plan.side.is_none() && plan.prefixes.is_empty(), "{plan:?}");
+        assert_eq!(plan.within.len(), 1, "taken by the question's own segment");
+        assert_eq!(plan.within[0].tokens, 64);
     }
 
     #[test]
@@ -943,12 +1002,27 @@ mod tests {
     fn the_system_snapshot_is_left_out_when_its_segment_would_not_fit() {
         let system = ids(70, 3);
         let q = [&system[..], &ids(30, 4)].concat();
-        let reuse = PrefixReuse::new(1 << 20, system.clone());
-        let plan = reuse.plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(100, 4));
+        let r = [&system[..], &ids(30, 9)].concat();
+        // Shared prefixes too short for a group: the system turn is the only reuse.
+        let reuse = PrefixReuse::with_min_shared(1 << 20, system.clone(), 100);
+        // Beside two questions (70 · 3 ≤ PASS_COST_TOKENS), if the pass holds 200 + 70 tokens.
+        let plan = reuse.plan(TEXT_NAMESPACE, &[&q, &r], BatchLimits::new(250, 4));
         assert!(plan.is_whole(), "{plan:?}");
-        let plan = reuse.plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(170, 4));
+        let plan = reuse.plan(TEXT_NAMESPACE, &[&q, &r], BatchLimits::new(270, 4));
         let side = plan.side.as_ref().expect("a side job");
         assert_eq!((side.question, side.tokens), (0, 70));
+        // One question takes it in its own segment, which costs no token: it always fits.
+        let plan = reuse.plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(100, 4));
+        assert_eq!(plan.within.len(), 1, "{plan:?}");
+        assert_eq!((plan.within[0].question, plan.within[0].tokens), (0, 70));
+        // Without snapshots within a segment: beside it, when the pass holds both.
+        let apart = PrefixReuse::new(1 << 20, system.clone()).snapshots_within(false);
+        assert!(apart
+            .plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(100, 4))
+            .is_whole());
+        let plan = apart.plan(TEXT_NAMESPACE, &[&q], BatchLimits::new(170, 4));
+        let side = plan.side.as_ref().expect("a side job");
+        assert_eq!((side.question, side.tokens, plan.within.len()), (0, 70, 0));
         // Not for prompts that do not start with it.
         let other = ids(100, 5);
         let plan = reuse.plan(TEXT_NAMESPACE, &[&other], BatchLimits::new(1000, 4));
@@ -1054,8 +1128,16 @@ mod tests {
             TEXT_NAMESPACE,
             &[Prompt::text(&first, 2)],
         );
-        assert_close(&got.unwrap(), &whole, "beside the system segment");
-        assert_eq!(reuse.stats().computed_tokens, 100 + 70);
+        assert_close(
+            &got.unwrap(),
+            &whole,
+            "the system turn snapshotted on the way",
+        );
+        assert_eq!(
+            reuse.stats().computed_tokens,
+            100,
+            "no token computed twice"
+        );
         assert_eq!(reuse.entries(), 1);
         let next = [system.clone(), ids(40, 5)].concat();
         let whole = decider.decide(&[Prompt::text(&next, 2)]).unwrap();
@@ -1067,7 +1149,7 @@ mod tests {
         );
         assert_close(&got.unwrap(), &whole, "resumed from the system snapshot");
         let s = reuse.stats();
-        assert_eq!(s.computed_tokens, 170 + 40);
+        assert_eq!(s.computed_tokens, 100 + 40);
         assert_eq!((s.hits, s.hit_tokens), (1, 70));
     }
 

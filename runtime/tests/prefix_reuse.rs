@@ -167,6 +167,40 @@ async fn questions_about_one_screenshot_run_the_image_once_and_answer_as_without
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_question_on_a_new_screenshot_runs_once_and_leaves_the_image_for_the_next() {
+    let (on, reuse_on) = server(1, 256 << 20).await;
+    let (off, _) = server(1, 0).await;
+    let png = image_file("png_rgb_320x240.png");
+    let one = |goal: &str| {
+        screenshot_request(
+            "image/png",
+            &png,
+            &questions_json(&LABELS[..1], &[&format!(r#""{goal}""#)]),
+        )
+    };
+    let body = one("Open it");
+    let (without, tokens) = answers(&post(off, &body).await);
+    let (with, _) = answers(&post(on, &body).await);
+    assert_close(&with, &without, "one question, reuse on vs off");
+    // One pass, every token once: the question's own segment leaves the image's snapshot.
+    let s = reuse_on.stats();
+    assert_eq!((s.hits, s.misses, s.passes), (0, 1, 1), "{s:?}");
+    assert_eq!(s.computed_tokens, tokens);
+    // The next question about the image resumes after it, in one pass.
+    let body = one("Save now");
+    let (without, tokens) = answers(&post(off, &body).await);
+    let (with, _) = answers(&post(on, &body).await);
+    assert_close(&with, &without, "the same image, resumed");
+    let s2 = reuse_on.stats();
+    assert_eq!((s2.hits - s.hits, s2.passes - s.passes), (1, 1), "{s2:?}");
+    assert!(
+        tokens - (s2.computed_tokens - s.computed_tokens) >= 200,
+        "computed {} of {tokens}",
+        s2.computed_tokens - s.computed_tokens
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_request_with_the_same_system_prompt_hits_the_cache() {
     let (on, reuse) = server(1, 256 << 20).await;
     let (off, _) = server(1, 0).await;

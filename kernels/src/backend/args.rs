@@ -138,17 +138,21 @@ impl<Buf> Conv1d<'_, Buf> {
 
 /// The conv's window carried across calls of one sequence: read before the sequence's first row,
 /// written after its last. Either may be absent (zeros in, nothing out).
-pub struct ConvWindow<'a, Buf> {
+pub struct ConvWindow<'a, Buf, Idx> {
     pub input: Option<&'a Buf>,
     pub output: Option<&'a mut Buf>,
+    /// Per sequence: after how many of its tokens `output` takes the window (`None`: after all of
+    /// them), as [`DeltaState::final_at`] for the state.
+    pub output_at: Option<&'a Idx>,
 }
 
-impl<Buf> ConvWindow<'_, Buf> {
+impl<Buf, Idx> ConvWindow<'_, Buf, Idx> {
     /// No window: every sequence starts from zeros and none is resumed.
     pub fn none() -> Self {
         Self {
             input: None,
             output: None,
+            output_at: None,
         }
     }
 }
@@ -158,7 +162,7 @@ impl<Buf> ConvWindow<'_, Buf> {
 /// A sequence resumed from a snapshot reads both; a sequence whose end is snapshotted writes both.
 pub struct DeltaCarry<'a, B: Buffers + ?Sized> {
     pub state: DeltaState<'a, B>,
-    pub window: ConvWindow<'a, B::Buf>,
+    pub window: ConvWindow<'a, B::Buf, B::Idx>,
 }
 
 impl<B: Buffers + ?Sized> DeltaCarry<'_, B> {

@@ -124,4 +124,8 @@ impl DeltaDims {
 pub struct DeltaState<'a, B: Buffers + ?Sized> {
     pub initial: Option<&'a B::Buf>,
     pub final_out: Option<&'a mut B::Buf>,
+    /// Per sequence (`num_seqs` values): after how many of its tokens `final_out` takes the state
+    /// (`None`: after all of them), so a prefix's snapshot comes out of the pass that runs on past
+    /// it. The CUDA chunked form takes it at a multiple of its 64-token chunk or at the end only.
+    pub final_at: Option<&'a B::Idx>,
 }

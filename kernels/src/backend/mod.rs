@@ -60,6 +60,12 @@ pub trait Backend: Buffers {
     /// A short name for logs (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
 
+    /// The token counts at which [`DeltaState::final_at`] (and [`ConvWindow::output_at`]) may take
+    /// a sequence's state short of its end: multiples of this. The default takes any.
+    fn snapshot_grid(&self) -> usize {
+        1
+    }
+
     /// The row counts at which one forward pass each, before serving, does all the work this
     /// backend keys by batch shape (the CUDA backend times its GEMM algorithms once per row
     /// bucket): one per bucket up to `max_rows`, ending with `max_rows` itself. The default is the
@@ -286,7 +292,7 @@ pub trait Backend: Buffers {
         &self,
         conv: Conv1d<'_, Self::Buf>,
         batch: Varlen<'_, Self::Idx>,
-        window: ConvWindow<'_, Self::Buf>,
+        window: ConvWindow<'_, Self::Buf, Self::Idx>,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
 

@@ -7,7 +7,7 @@ use crate::error::KernelError;
 pub(super) fn causal_conv1d_silu(
     conv: Conv1d<'_, Vec<f32>>,
     batch: Varlen<'_, Vec<u32>>,
-    window: ConvWindow<'_, Vec<f32>>,
+    window: ConvWindow<'_, Vec<f32>, Vec<u32>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "conv1d_silu";
@@ -30,6 +30,10 @@ pub(super) fn causal_conv1d_silu(
     let mut window_out = window_out;
     if let Some(w) = window_out.as_deref() {
         check_len(OP, "window_out", w, win_len)?;
+    }
+    let output_at = window.output_at.map(|at| at.as_slice());
+    if let Some(at) = output_at {
+        check_len(OP, "output_at", at, ranges.len())?;
     }
 
     for (s, r) in ranges.iter().enumerate() {
@@ -57,8 +61,10 @@ pub(super) fn causal_conv1d_silu(
             }
         }
         if let Some(w) = window_out.as_deref_mut() {
+            // The window after `end` of the sequence's tokens (all of them unless told).
+            let end = output_at.map_or(len, |at| (at[s] as usize).min(len));
             for i in 0..hist {
-                let t = len as isize - hist as isize + i as isize;
+                let t = end as isize - hist as isize + i as isize;
                 for c in 0..channels {
                     w[(s * hist + i) * channels + c] = input(t, c);
                 }

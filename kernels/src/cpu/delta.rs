@@ -66,6 +66,10 @@ pub(super) fn run(
     if let Some(s) = final_out.as_deref() {
         check_len(OP, "final state", s, ranges.len() * state_len)?;
     }
+    let final_at = state.final_at.map(|at| at.as_slice());
+    if let Some(at) = final_at {
+        check_len(OP, "final_at", at, ranges.len())?;
+    }
 
     let group = v_heads / k_heads;
     let scale = (dk as f64).powf(-0.5) as f32;
@@ -100,19 +104,54 @@ pub(super) fn run(
                 None => vec![0.0f32; head_state],
             };
             let mut o = vec![0.0f32; r.len() * dv];
-            match mode {
-                Mode::Recurrent => recurrent(&head, &mut st, &mut o),
-                Mode::Chunked => chunked(&head, &mut st, &mut o),
+            // The state asked for is taken where the tokens are split: the rest continues from
+            // it as a later call resumed from it would (its own chunk grid).
+            let split = match (final_out.is_some(), final_at) {
+                (true, Some(at)) => (at[s] as usize).min(r.len()),
+                _ => r.len(),
+            };
+            let step = |part: &Head, st: &mut [f32], o: &mut [f32]| match mode {
+                Mode::Recurrent => recurrent(part, st, o),
+                Mode::Chunked => chunked(part, st, o),
+            };
+            let after = if split < r.len() {
+                let (before, after) = head.split(split);
+                step(&before, &mut st, &mut o[..split * dv]);
+                Some(after)
+            } else {
+                step(&head, &mut st, &mut o);
+                None
+            };
+            if let Some(f) = final_out.as_deref_mut() {
+                f[at..at + head_state].copy_from_slice(&st);
+            }
+            if let Some(after) = after {
+                step(&after, &mut st, &mut o[split * dv..]);
             }
             for (i, t) in r.clone().enumerate() {
                 out[t * v_heads * dv + h * dv..][..dv].copy_from_slice(&o[i * dv..(i + 1) * dv]);
             }
-            if let Some(f) = final_out.as_deref_mut() {
-                f[at..at + head_state].copy_from_slice(&st);
-            }
         }
     }
     Ok(())
+}
+
+impl Head {
+    /// The first `n` tokens and the rest, as two problems of their own.
+    fn split(&self, n: usize) -> (Head, Head) {
+        let (dk, dv) = (self.dk, self.dv);
+        let part = |t: std::ops::Range<usize>| Head {
+            q: self.q[t.start * dk..t.end * dk].to_vec(),
+            k: self.k[t.start * dk..t.end * dk].to_vec(),
+            v: self.v[t.start * dv..t.end * dv].to_vec(),
+            beta: self.beta[t.clone()].to_vec(),
+            g: self.g[t].to_vec(),
+            dk,
+            dv,
+        };
+        let len = self.beta.len();
+        (part(0..n), part(n..len))
+    }
 }
 
 /// `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀ q`, one token at a time. `st` is `[dk][dv]`.

@@ -325,7 +325,7 @@ impl Backend for CpuBackend {
         &self,
         conv: Conv1d<'_, Vec<f32>>,
         batch: Varlen<'_, Vec<u32>>,
-        window: ConvWindow<'_, Vec<f32>>,
+        window: ConvWindow<'_, Vec<f32>, Vec<u32>>,
         out: &mut Vec<f32>,
     ) -> KernelResult<()> {
         conv::causal_conv1d_silu(conv, batch, window, out)

@@ -155,6 +155,11 @@ impl Backend for CudaBackend {
         format!("cuda:{}", self.ordinal)
     }
 
+    /// The chunked delta rule holds a sequence's state only between its 64-token chunks.
+    fn snapshot_grid(&self) -> usize {
+        super::DELTA_CHUNK_TOKENS
+    }
+
     /// One forward per GEMM tuning bucket ([`row_bucket`]).
     fn warm_rows(&self, max_rows: usize) -> Vec<usize> {
         crate::backend::bucket_tops(max_rows, row_bucket)
@@ -463,7 +468,7 @@ impl Backend for CudaBackend {
         &self,
         conv: Conv1d<'_, CudaBuf>,
         batch: Varlen<'_, CudaSlice<u32>>,
-        window: ConvWindow<'_, CudaBuf>,
+        window: ConvWindow<'_, CudaBuf, CudaSlice<u32>>,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         conv::conv1d_silu(&self.gpu, conv, batch, window, (0, 0.0), out, None)

@@ -94,7 +94,7 @@ pub(crate) fn conv1d_silu(
     gpu: &Gpu,
     conv: Conv1d<'_, CudaBuf>,
     batch: Varlen<'_, CudaSlice<u32>>,
-    window: ConvWindow<'_, CudaBuf>,
+    window: ConvWindow<'_, CudaBuf, CudaSlice<u32>>,
     (l2_channels, l2_eps): (usize, f32),
     out: &mut CudaBuf,
     gates: Option<GatesOut<'_>>,
@@ -175,6 +175,19 @@ pub(crate) fn conv1d_silu(
     }
     if let Some(window_out) = window.output {
         let window_out = act_mut(OP, "window_out", window_out, win_len)?;
+        if let Some(at) = window.output_at {
+            if at.len() < batch.num_seqs {
+                return Err(KernelError::invalid(
+                    OP,
+                    format!(
+                        "output_at holds {} of {} sequences",
+                        at.len(),
+                        batch.num_seqs
+                    ),
+                ));
+            }
+        }
+        let has_output_at = i32::from(window.output_at.is_some());
         if win_len > 0 {
             // SAFETY: argument types match the kernel; window_out holds win_len values.
             unsafe {
@@ -188,6 +201,8 @@ pub(crate) fn conv1d_silu(
                     push_or_null(launch, window_in, &null);
                     launch
                         .arg(&has_window)
+                        .arg(window.output_at.unwrap_or(batch.cu_seqlens))
+                        .arg(&has_output_at)
                         .arg(window_out)
                         .arg(&channels_a)
                         .arg(&kernel_a)

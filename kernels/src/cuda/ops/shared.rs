@@ -162,12 +162,15 @@ pub(crate) struct DeltaArgs<'a> {
     pub cu_seqlens: &'a CudaSlice<u32>,
     pub initial: Option<&'a CudaSlice<f32>>,
     pub final_out: Option<&'a mut CudaSlice<f32>>,
+    /// Per sequence, after how many tokens `final_out` takes the state (`None`: at the end).
+    pub final_at: Option<&'a CudaSlice<u32>>,
     pub out: &'a mut CudaSlice<f32>,
     /// Rows every buffer holds and the batch covers: the kernels clamp the sequences to it.
     pub rows_cap: usize,
     /// Whether the states are present, as the kernels take it.
     has_initial: i32,
     has_final: i32,
+    has_final_at: i32,
 }
 
 impl<'a> DeltaArgs<'a> {
@@ -196,6 +199,19 @@ impl<'a> DeltaArgs<'a> {
         let state_len = batch.num_seqs * dims.state_len();
         let has_initial = i32::from(state.initial.is_some());
         let has_final = i32::from(state.final_out.is_some());
+        let has_final_at = i32::from(state.final_at.is_some());
+        if let Some(at) = state.final_at {
+            if at.len() < batch.num_seqs {
+                return Err(crate::error::KernelError::invalid(
+                    op,
+                    format!(
+                        "final_at holds {} of {} sequences",
+                        at.len(),
+                        batch.num_seqs
+                    ),
+                ));
+            }
+        }
         let args = Self {
             qkv: act(op, "qkv", qkv, 0)?,
             beta: act(op, "beta", beta, 0)?,
@@ -209,17 +225,20 @@ impl<'a> DeltaArgs<'a> {
                 .final_out
                 .map(|s| act_mut(op, "final state", s, state_len))
                 .transpose()?,
+            final_at: state.final_at,
             out: act_mut(op, "out", out, 0)?,
             rows_cap,
             has_initial,
             has_final,
+            has_final_at,
         };
         Ok((batch.num_seqs > 0 && v_heads > 0).then_some(args))
     }
 
     /// Pushes the arguments every delta-rule kernel takes in this order: `cu_seqlens, initial,
-    /// has_initial, final_state, has_final, out`. The kernels never touch an absent state
-    /// (has_* = 0); qkv stands in for it as a valid pointer.
+    /// has_initial, final_state, has_final, final_at, has_final_at, out`. The kernels never touch
+    /// an absent state or count (has_* = 0); qkv and cu_seqlens stand in for them as valid
+    /// pointers.
     pub(crate) fn push_states_and_out<'b>(&'b mut self, launch: &mut LaunchArgs<'b>) {
         launch
             .arg(self.cu_seqlens)
@@ -229,6 +248,10 @@ impl<'a> DeltaArgs<'a> {
             Some(final_state) => launch.arg(final_state),
             None => launch.arg(self.qkv),
         };
-        launch.arg(&self.has_final).arg(&mut *self.out);
+        launch
+            .arg(&self.has_final)
+            .arg(self.final_at.unwrap_or(self.cu_seqlens))
+            .arg(&self.has_final_at)
+            .arg(&mut *self.out);
     }
 }
