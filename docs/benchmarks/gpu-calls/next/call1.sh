@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Seventh session, first device call: main as the sixth session left it (b1459a9), on an H200
-# (the issues' hardware; every figure of the sixth session was taken on an H100):
-#   1. GPU tests of what landed without a GPU run (cuda_attention: the shared flash shape rule;
-#      cuda_vision, cuda_ops, cuda_carried, vision_tiny);
+# Planned first device call of the next session (not run yet: the seventh session was lent no
+# device). Main as it stands, on an H200 if one is lent (the issues' hardware; the sixth
+# session's figures are all H100):
+#   1. GPU tests of what landed without a GPU run: cuda_carried (with
+#      a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_gpu: DeltaState::final_at and
+#      ConvWindow::output_at bit for bit against a pass of the prefix alone), prefix_states (with
+#      on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way), cuda_attention (the shared flash
+#      shape rule), cuda_vision, cuda_ops, vision_tiny;
 #   2. whole-model parity (84 questions);
 #   3. tools/reference/gpu_vl_check.sh (screenshot parity and 1024x1024 latency);
 #   4. tools/reference/gpu_prefix_bench.sh, bench stage (issue 19's three benchmarks).
-# Carries .carry (bin: instinct, instinct-loadtest; tests above), .cache/qwen-tokenizer,
-# .cache/fixtures. Results in $OUT: call.log, tests.log, check.json, vl.tgz, prefix.tgz.
-#   REV=<sha> bash docs/benchmarks/gpu-calls/2026-12-05-b1459a9-h200/call1.sh
+# If 1 passes, set SNAPSHOTS_WITHIN = true for CudaBackend (runtime/src/engine.rs), rebuild and run
+# gpu_vl_check.sh again: a new screenshot's single question then runs one pass instead of two.
+# Carries .carry (bin: instinct, instinct-loadtest; tests: cuda_carried, prefix_states,
+# cuda_attention, cuda_vision, cuda_ops, vision_tiny), .cache/qwen-tokenizer, .cache/fixtures.
+# Results in $OUT: call.log, tests.log, check.json, vl.tgz, prefix.tgz.
+#   REV=<sha> bash docs/benchmarks/gpu-calls/next/call1.sh
 export INSTINCT_CUDA_HOME=/usr/local/cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 L=$OUT/call.log
 R=$OUT/tests.log
@@ -23,9 +30,10 @@ run() {  # run TEST-EXECUTABLE SECONDS [FILTER/SKIP ARGS]
   echo "## $T $*" >> $R
   timeout $s $T --ignored --test-threads=1 --nocapture "$@" >> $R 2>&1; t "$1 exit $?"
 }
+run cuda_carried-test 90
+run prefix_states-test 90
 run cuda_attention-test 90
 run cuda_vision-test 90
-run cuda_carried-test 90
 run cuda_ops-test 90
 run vision_tiny-test 60
 grep -E "^## |test result|panicked|FAILED" $R >> $L
