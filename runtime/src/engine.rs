@@ -311,18 +311,47 @@ impl<B: Backend> DeciderEngine<B> {
             }
         }
         let mut answers = vec![Vec::new(); batch.seqs.len()];
-        if !chunks.is_empty() {
-            let seqs: Vec<_> = chunks.iter().map(|(_, s, c)| (*s, *c)).collect();
-            for ((i, _, _), a) in chunks.iter().zip(self.run_chunks(&seqs)?) {
-                answers[*i] = a;
-            }
-        }
-        if !text.is_empty() {
+        // Chunks of long text prompts ride in the text questions' pass: one pass for both.
+        let chunk_seqs: Vec<_> = chunks.iter().map(|(_, s, c)| (*s, *c)).collect();
+        let resumed = self.resume_chunks(&chunk_seqs)?;
+        let riders = chunk_segments(&chunk_seqs, &resumed);
+        let rider_tokens: usize = riders.iter().map(|r| r.prompt.ids.len()).sum();
+        let chunk_outputs = if !text.is_empty() {
             let prompts: Vec<Prompt> = text.iter().map(|(_, p)| *p).collect();
-            let decided =
-                prefix_reuse::decide(&mut self.decider, &self.reuse, TEXT_NAMESPACE, &prompts)?;
+            let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
+            // The plan's passes keep room for the chunks (the batch fits its bucket with them).
+            let whole = self.decider.limits();
+            let limits = BatchLimits::new(
+                whole.max_tokens.saturating_sub(rider_tokens),
+                whole.max_seqs.saturating_sub(riders.len()),
+            );
+            let plan = self.reuse.plan(TEXT_NAMESPACE, &ids, limits);
+            let (decided, chunk_outputs) = prefix_reuse::execute_with_riders(
+                &mut self.decider,
+                &self.reuse,
+                &vec![TEXT_NAMESPACE; prompts.len()],
+                &prompts,
+                &plan,
+                &riders,
+            )?;
             for ((i, _), a) in text.iter().zip(decided) {
                 answers[*i] = a;
+            }
+            chunk_outputs
+        } else if !riders.is_empty() {
+            self.reuse.count_computed(rider_tokens);
+            self.decider.decide_segments(&riders)?
+        } else {
+            Vec::new()
+        };
+        for ((i, _, chunk), out) in chunks.iter().zip(chunk_outputs) {
+            if chunk.last {
+                answers[*i] = out
+                    .probabilities
+                    .context("a last chunk without its answer")?;
+            } else {
+                let snapshot = out.snapshot.context("a chunk without its snapshot")?;
+                chunk.carry.put(Box::new(snapshot));
             }
         }
         if !shots.is_empty() {
@@ -353,17 +382,15 @@ impl<B: Backend> DeciderEngine<B> {
         Ok(answers)
     }
 
-    /// Runs chunks of long text questions in one pass (chunked prefill): each resumes from the
-    /// prefix state its question's previous chunk left in its carry, and leaves its own for the
-    /// next one; a last chunk answers instead. A question's first chunk resumes from the longest
-    /// cached prefix of its ids (the system turn, a prefix another request left) and computes
-    /// only the rest. The states stay where the backend keeps them.
-    fn run_chunks(
-        &mut self,
+    /// Where each chunk of a long text question (chunked prefill) resumes: the prefix state its
+    /// question's previous chunk left in its carry, or, for a first chunk, the longest cached
+    /// prefix of its ids (the system turn, a prefix another request left). Per chunk: the state
+    /// and where its own tokens start in its ids. The states stay where the backend keeps them.
+    fn resume_chunks(
+        &self,
         seqs: &[(&SeqInput<'_>, ChunkInput<'_>)],
-    ) -> anyhow::Result<Vec<Vec<f32>>> {
-        // Per chunk: the state it resumes from and where its own tokens start in its ids.
-        let mut resumed: Vec<(Option<Arc<PrefixState>>, usize)> = Vec::with_capacity(seqs.len());
+    ) -> anyhow::Result<Vec<(Option<Arc<PrefixState>>, usize)>> {
+        let mut resumed = Vec::with_capacity(seqs.len());
         for (s, chunk) in seqs {
             ensure!(s.context.is_none(), "only text questions run in chunks");
             let state = match chunk.carry.take() {
@@ -388,36 +415,27 @@ impl<B: Backend> DeciderEngine<B> {
             }
             resumed.push((state, 0));
         }
-        let segments: Vec<QuestionSegment> = seqs
-            .iter()
-            .zip(&resumed)
-            .map(|((s, chunk), (state, from))| {
-                let (ids, state) = (&s.ids[*from..], state.as_deref());
-                if chunk.last {
-                    QuestionSegment::answer(Prompt::text(ids, s.n_options), state)
-                } else {
-                    QuestionSegment::prefix(ids, state)
-                }
-            })
-            .collect();
-        self.reuse
-            .count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
-        let outputs = self.decider.decide_segments(&segments)?;
-        let mut answers = Vec::with_capacity(seqs.len());
-        for ((_, chunk), out) in seqs.iter().zip(outputs) {
-            if chunk.last {
-                answers.push(
-                    out.probabilities
-                        .context("a last chunk without its answer")?,
-                );
-            } else {
-                let snapshot = out.snapshot.context("a chunk without its snapshot")?;
-                chunk.carry.put(Box::new(snapshot));
-                answers.push(Vec::new());
-            }
-        }
-        Ok(answers)
+        Ok(resumed)
     }
+}
+
+/// The segments of chunks resumed as [`DeciderEngine::resume_chunks`] says: a last chunk answers,
+/// the others leave the state their question's next chunk resumes from.
+fn chunk_segments<'a>(
+    seqs: &[(&'a SeqInput<'_>, ChunkInput<'_>)],
+    resumed: &'a [(Option<Arc<PrefixState>>, usize)],
+) -> Vec<QuestionSegment<'a>> {
+    seqs.iter()
+        .zip(resumed)
+        .map(|((s, chunk), (state, from))| {
+            let (ids, state) = (&s.ids[*from..], state.as_deref());
+            if chunk.last {
+                QuestionSegment::answer(Prompt::text(ids, s.n_options), state)
+            } else {
+                QuestionSegment::prefix(ids, state)
+            }
+        })
+        .collect()
 }
 
 /// What a screenshot question carries to its engine: its image prompt, and where the snapshots
@@ -847,7 +865,7 @@ fn load_engines<B: ServingBackend>(
 
 #[cfg(test)]
 mod tests {
-    use instinct_scheduler::SeqInput;
+    use instinct_scheduler::{ChunkCarry, SeqInput};
 
     use super::*;
 
@@ -940,6 +958,78 @@ mod tests {
         let ids = vec![vec![1; 10], vec![2; 10]];
         let e = run(engine, &ids, Bucket::new(16, 2)).unwrap_err();
         assert!(e.to_string().contains("does not fit its bucket"), "{e}");
+    }
+
+    /// A batch holding a long question's chunk and a short question runs one pass: the chunk
+    /// rides in the question's; both answer as they do whole (within 1e-5).
+    #[test]
+    fn a_chunk_rides_in_the_pass_of_the_questions_beside_it() {
+        let source = ModelSource::resolve(None, None, None).unwrap();
+        let options = LoadOptions {
+            cpu_engines: 1,
+            image_cache_bytes: 0,
+            prefix_cache_bytes: Some(64 << 20),
+            max_chunk_tokens: Some(64),
+            batch_invariant: true,
+        };
+        let mut loaded = load(Device::Cpu, &source, BatchLimits::new(256, 4), options).unwrap();
+        let reuse = loaded.prefix_reuse[0].clone();
+        let engine = loaded.engines[0].as_mut();
+        let long: Vec<u32> = (0..150).map(|i| 100 + (i * 37) % 900).collect();
+        let short: Vec<u32> = (0..40).map(|i| 50 + (i * 11) % 700).collect();
+        let seq = |ids, chunk| SeqInput {
+            ids,
+            n_options: 3,
+            context: None,
+            chunk,
+        };
+        let run_one = |engine: &mut dyn Engine, seqs: &[SeqInput<'_>]| {
+            let tokens = seqs.iter().map(|s| s.ids.len()).sum();
+            let batch = Batch {
+                seqs,
+                bucket: Bucket::new(256, 4),
+                tokens,
+            };
+            engine.run_batch(&batch).unwrap()
+        };
+        let whole_long = run_one(engine, &[seq(&long, None)]).remove(0);
+        let whole_short = run_one(engine, &[seq(&short, None)]).remove(0);
+        let carry = ChunkCarry::default();
+        let chunk = |start, last| {
+            Some(ChunkInput {
+                start,
+                last,
+                carry: &carry,
+            })
+        };
+        let before = reuse.stats();
+        let first = run_one(
+            engine,
+            &[seq(&long[..64], chunk(0, false)), seq(&short, None)],
+        );
+        let after = reuse.stats();
+        assert_eq!(after.passes - before.passes, 1, "{after:?}");
+        assert_eq!(after.computed_tokens - before.computed_tokens, 64 + 40);
+        assert!(
+            first[0].is_empty(),
+            "a chunk that is not the last answers nothing"
+        );
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5);
+        assert!(
+            close(&first[1], &whole_short),
+            "{:?} {whole_short:?}",
+            first[1]
+        );
+        let last = run_one(
+            engine,
+            &[seq(&short, None), seq(&long[64..], chunk(64, true))],
+        );
+        assert_eq!(reuse.stats().passes - after.passes, 1);
+        assert!(close(&last[1], &whole_long), "{:?} {whole_long:?}", last[1]);
+        assert!(close(&last[0], &whole_short));
+        // The chunk did resume from its predecessor: without it the tail answers otherwise.
+        let alone = run_one(engine, &[seq(&long[64..], None)]).remove(0);
+        assert!(!close(&alone, &whole_long));
     }
 
     #[test]

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use instinct_kernels::Backend;
 use instinct_model::chat::ChatTemplate;
-use instinct_model::decider::{Decider, ImagePrompt, Prompt, QuestionSegment};
+use instinct_model::decider::{Decider, ImagePrompt, Prompt, QuestionSegment, SegmentAnswer};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prefix::PrefixState;
 use instinct_model::prefix_cache::{Hit, Inserted, PrefixCache};
@@ -716,10 +716,26 @@ pub fn execute_mixed<B: Backend>(
     prompts: &[Prompt<'_>],
     plan: &Plan,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
+    let (answers, _) = execute_with_riders(decider, reuse, namespaces, prompts, plan, &[])?;
+    Ok(answers)
+}
+
+/// [`execute_mixed`] with `riders` (segments of other work on the same weights: chunks of long
+/// prompts) run in the questions' pass, after the questions, so the batch runs no pass of its own
+/// for them; their outputs come back in order. The plan must leave room for them in that pass
+/// ([`PrefixReuse::plan_mixed`] with the riders' tokens and sequences taken off its limits).
+pub fn execute_with_riders<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    namespaces: &[&str],
+    prompts: &[Prompt<'_>],
+    plan: &Plan,
+    riders: &[QuestionSegment<'_>],
+) -> anyhow::Result<(Vec<Vec<f32>>, Vec<SegmentAnswer>)> {
     reuse.count_lookups(&plan.cached);
-    if plan.is_whole() {
+    if plan.is_whole() && riders.is_empty() {
         reuse.count_computed(prompts.iter().map(|p| p.ids.len()).sum());
-        return decider.decide(prompts);
+        return Ok((decider.decide(prompts)?, Vec::new()));
     }
     // The first pass: group prefixes (and anchors), snapshots cached.
     let mut made: Vec<Arc<PrefixState>> = Vec::with_capacity(plan.prefixes.len());
@@ -776,8 +792,10 @@ pub fn execute_mixed<B: Backend>(
     if let (Some(part), Some(job)) = (&side, &plan.side) {
         segments.push(prefix_segment(part, job));
     }
+    segments.extend_from_slice(riders);
     reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
     let mut outputs = decider.decide_segments(&segments)?;
+    let rider_outputs = outputs.split_off(outputs.len() - riders.len());
     if let Some(job) = &plan.side {
         let out = outputs.pop().context("the side segment's output")?;
         let state = out
@@ -794,13 +812,14 @@ pub fn execute_mixed<B: Backend>(
         let ids = &prompts[job.question].ids[..job.tokens];
         reuse.store(namespaces[job.question], ids, Arc::new(state))?;
     }
-    outputs
+    let answers = outputs
         .into_iter()
         .map(|o| {
             o.probabilities
                 .context("an answer segment without probabilities")
         })
-        .collect()
+        .collect::<anyhow::Result<_>>()?;
+    Ok((answers, rider_outputs))
 }
 
 /// Tokens `range` of a prompt as a prompt of their own: a screenshot's image cut to match
