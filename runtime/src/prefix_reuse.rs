@@ -1075,6 +1075,83 @@ mod tests {
         }
     }
 
+    /// Random batches of one to four questions built from a few stems (so later batches find
+    /// earlier prefixes cached), half of them after the system turn, on grids of 1 and 64, with a
+    /// small budget (evictions), every third batch carrying a long prompt's first chunk in its
+    /// questions' pass: every answer within 1e-5 of the whole prompt's, the chunk's snapshot
+    /// resumes its prompt exactly, at most two passes a batch, never more than one anchor's
+    /// tokens computed beyond those asked, the cache within its budget.
+    #[test]
+    fn random_batches_answer_as_whole_prompts() {
+        let mut decider = demo_decider(BatchLimits::new(2048, 8));
+        let mut state = 0x853c_49e6_748f_ea9b_u64;
+        let mut next = move |n: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) as usize) % n.max(1)
+        };
+        let system = ids(70, 99);
+        let stems: Vec<Vec<u32>> = (0..3).map(|k| ids(40 + 70 * k, 500 + k as u32)).collect();
+        let long = ids(150, 777);
+        let whole_long = decider.decide(&[Prompt::text(&long, 2)]).unwrap();
+        let budget = 450 << 10;
+        for grid in [1, 64] {
+            let reuse = PrefixReuse::with_min_shared(budget, system.clone(), 16).on_grid(grid);
+            for batch in 0..12 {
+                let n = 1 + next(4);
+                let questions: Vec<Vec<u32>> = (0..n)
+                    .map(|q| {
+                        let stem = &stems[next(stems.len())];
+                        let cut = next(stem.len() + 1);
+                        let tail = ids(1 + next(40), (1000 * batch + q) as u32 + 7);
+                        let head: &[u32] = if next(2) == 0 { &system } else { &[] };
+                        [head, &stem[..cut], &tail].concat()
+                    })
+                    .collect();
+                let ps = prompts(&questions);
+                let asked: usize = questions.iter().map(Vec::len).sum();
+                let whole = decider.decide(&ps).unwrap();
+                let before = reuse.stats();
+                let what = format!("grid {grid}, batch {batch}");
+                if batch % 3 == 0 {
+                    let rider = [QuestionSegment::prefix(&long[..64], None)];
+                    let limits = BatchLimits::new(2048 - 64, 8 - 1);
+                    let ids: Vec<&[u32]> = ps.iter().map(|p| p.ids).collect();
+                    let plan = reuse.plan(TEXT_NAMESPACE, &ids, limits);
+                    let spaces = vec![TEXT_NAMESPACE; ps.len()];
+                    let (got, mut riders) =
+                        execute_with_riders(&mut decider, &reuse, &spaces, &ps, &plan, &rider)
+                            .unwrap();
+                    assert_close(&got, &whole, &what);
+                    let snap = riders.remove(0).snapshot.expect("the chunk's snapshot");
+                    let tail = QuestionSegment::answer(Prompt::text(&long[64..], 2), Some(&snap));
+                    let resumed = decider.decide_segments(&[tail]).unwrap().remove(0);
+                    assert_close(&[resumed.probabilities.unwrap()], &whole_long, &what);
+                } else {
+                    let got = decide(&mut decider, &reuse, TEXT_NAMESPACE, &ps).unwrap();
+                    assert_close(&got, &whole, &what);
+                }
+                let after = reuse.stats();
+                let riders = if batch % 3 == 0 { 64 } else { 0 };
+                assert!(after.passes - before.passes <= 2, "{what}: {after:?}");
+                let computed = (after.computed_tokens - before.computed_tokens) as usize;
+                assert!(
+                    computed <= asked + riders + system.len(),
+                    "{what}: computed {computed} of {asked} + {riders}"
+                );
+                assert!(reuse.bytes() <= budget, "{what}: {} bytes", reuse.bytes());
+            }
+            let s = reuse.stats();
+            eprintln!(
+                "grid {grid}: {s:?}, {} bytes in {} entries",
+                reuse.bytes(),
+                reuse.entries()
+            );
+            assert!(s.hits > 0 && s.evictions > 0, "grid {grid}: {s:?}");
+        }
+    }
+
     #[test]
     fn on_a_grid_a_shared_prefix_runs_to_its_last_multiple_and_answers_stay_exact() {
         let mut decider = demo_decider(BatchLimits::new(2048, 8));
