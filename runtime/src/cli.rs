@@ -157,6 +157,14 @@ pub struct ServeArgs {
           action = clap::ArgAction::Set)]
     pub batch_invariant: bool,
 
+    /// Prefix snapshots taken on the way (`on` or `off`): when one question alone would resume
+    /// from a prefix the cache lacks (the system turn and image of the one question on a new
+    /// screenshot), its own forward pass leaves the prefix's snapshot as it runs past it, instead
+    /// of a pass of its own first. Default: on for the CPU backend; off on a GPU until its GPU
+    /// tests have run there (README, "Prefix reuse").
+    #[arg(long, env = "INSTINCT_SNAPSHOTS_WITHIN", value_parser = parse_on_off)]
+    pub snapshots_within: Option<bool>,
+
     /// `/livez` fails when an engine thread has been silent this long, in seconds.
     #[arg(long, env = "INSTINCT_ENGINE_STALL_S", default_value_t = 60)]
     pub engine_stall_s: u64,
@@ -418,6 +426,18 @@ mod tests {
         assert_eq!(invariant(&["--batch-invariant", "off"]), Ok(false));
         assert_eq!(invariant(&["--batch-invariant=on"]), Ok(true));
         let e = invariant(&["--batch-invariant", "yes"]).unwrap_err();
+        assert!(e.contains("expected `on` or `off`"), "{e}");
+    }
+
+    #[test]
+    fn snapshots_within_default_to_the_backends_choice_and_take_on_or_off() {
+        let within = |flags: &[&str]| {
+            serve_args(flags).map(|a| crate::serve::load_options(&a).snapshots_within)
+        };
+        assert_eq!(within(&[]), Ok(None));
+        assert_eq!(within(&["--snapshots-within", "on"]), Ok(Some(true)));
+        assert_eq!(within(&["--snapshots-within=off"]), Ok(Some(false)));
+        let e = within(&["--snapshots-within", "1"]).unwrap_err();
         assert!(e.contains("expected `on` or `off`"), "{e}");
     }
 

@@ -528,6 +528,8 @@ pub struct LoadOptions {
     pub max_chunk_tokens: Option<usize>,
     /// `--batch-invariant` (GPUs; the CPU is invariant anyway).
     pub batch_invariant: bool,
+    /// `--snapshots-within` (`None`: the backend's default, [`ServingBackend::SNAPSHOTS_WITHIN`]).
+    pub snapshots_within: Option<bool>,
 }
 
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
@@ -759,14 +761,15 @@ fn prefix_reuse_for<B: ServingBackend>(
         return Ok(PrefixReuse::off());
     }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
+    let within = options.snapshots_within.unwrap_or(B::SNAPSHOTS_WITHIN);
     let reuse = PrefixReuse::new(budget, system)
         .on_grid(B::RESUME_GRID)
-        .snapshots_within(B::SNAPSHOTS_WITHIN);
+        .snapshots_within(within);
     tracing::info!(
         %device,
         budget_mib = budget >> 20,
         grid = B::RESUME_GRID,
-        snapshots_within = B::SNAPSHOTS_WITHIN,
+        snapshots_within = within,
         system_tokens = reuse.system_ids().len(),
         "prefix reuse on"
     );
@@ -877,6 +880,7 @@ mod tests {
             prefix_cache_bytes: Some(0),
             max_chunk_tokens: None,
             batch_invariant: true,
+            snapshots_within: None,
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }
@@ -889,6 +893,7 @@ mod tests {
             prefix_cache_bytes: None,
             max_chunk_tokens: chunk,
             batch_invariant: true,
+            snapshots_within: None,
         };
         let cuda = Device::Cuda(0);
         for ok in [None, Some(64), Some(1024)] {
@@ -971,6 +976,7 @@ mod tests {
             prefix_cache_bytes: Some(64 << 20),
             max_chunk_tokens: Some(64),
             batch_invariant: true,
+            snapshots_within: None,
         };
         let mut loaded = load(Device::Cpu, &source, BatchLimits::new(256, 4), options).unwrap();
         let reuse = loaded.prefix_reuse[0].clone();
@@ -1030,6 +1036,27 @@ mod tests {
         // The chunk did resume from its predecessor: without it the tail answers otherwise.
         let alone = run_one(engine, &[seq(&long[64..], None)]).remove(0);
         assert!(!close(&alone, &whole_long));
+    }
+
+    #[test]
+    fn snapshots_within_follow_the_flag_or_the_backends_default() {
+        let source = ModelSource::resolve(None, None, None).unwrap();
+        for (flag, want) in [(None, true), (Some(false), false), (Some(true), true)] {
+            let options = LoadOptions {
+                cpu_engines: 1,
+                image_cache_bytes: 0,
+                prefix_cache_bytes: Some(1 << 20),
+                max_chunk_tokens: None,
+                batch_invariant: true,
+                snapshots_within: flag,
+            };
+            let loaded = load(Device::Cpu, &source, BatchLimits::new(64, 2), options).unwrap();
+            assert_eq!(
+                loaded.prefix_reuse[0].takes_snapshots_within(),
+                want,
+                "{flag:?}"
+            );
+        }
     }
 
     #[test]

@@ -164,6 +164,12 @@ impl PrefixReuse {
         self
     }
 
+    /// Whether an anchor one question alone resumes from is snapshotted by that question's own
+    /// segment ([`Self::snapshots_within`]).
+    pub fn takes_snapshots_within(&self) -> bool {
+        self.within
+    }
+
     /// The resume grid boundaries sit on.
     pub fn grid(&self) -> usize {
         self.grid

@@ -96,6 +96,7 @@ async fn server(engines: usize) -> Server {
         prefix_cache_bytes: Some(0),
         max_chunk_tokens: None,
         batch_invariant: true,
+        snapshots_within: None,
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let plan = Arc::new(Plan::default());

@@ -50,6 +50,7 @@ pub fn demo_ready_with(config: Config) -> Ready {
         prefix_cache_bytes: Some(0),
         max_chunk_tokens: config.max_chunk_tokens,
         batch_invariant: true,
+        snapshots_within: None,
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
@@ -73,6 +74,7 @@ pub fn demo_ready_with_prefix(
         prefix_cache_bytes: Some(prefix_cache_bytes),
         max_chunk_tokens: config.max_chunk_tokens,
         batch_invariant: true,
+        snapshots_within: None,
     };
     let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let reuse = loaded.prefix_reuse.pop().expect("one device");
