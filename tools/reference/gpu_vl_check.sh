@@ -12,6 +12,7 @@
 #   bash tools/reference/gpu_vl_check.sh
 # $OUT receives gpu_vl_check.log, real_vl_goldens.json, vl_parity.json and extras.tgz (serve.log, the stage logs,
 # real_shapes_report.json, the corpus images). Exit status: 0 when parity passes, non-zero when a stage failed or parity did not.
+# SERVE_FLAGS adds flags to `instinct serve` (e.g. "--snapshots-within on").
 # On a CPU: SMALL=1 DEVICE=cpu PYTHON=/tmp/vlenv/bin/python INSTINCT=target/release/instinct OUT=/tmp/o
 #           REAL=/tmp/r bash tools/reference/gpu_vl_check.sh
 set -uo pipefail
@@ -69,7 +70,7 @@ tail -1 "$WORK/adapter.log" >> "$LOG"
 
 stamp "instinct serve --device $DEVICE (loading in the background)"
 "$INSTINCT" serve --device "$DEVICE" --bind "127.0.0.1:$PORT" --model "$REAL" \
-  --text-adapter "$REAL/adapter-text" --multimodal-adapter "$REAL/adapter-multimodal" \
+  --text-adapter "$REAL/adapter-text" --multimodal-adapter "$REAL/adapter-multimodal" ${SERVE_FLAGS:-} \
   > "$WORK/serve.log" 2>&1 &
 server_pid=$!
 

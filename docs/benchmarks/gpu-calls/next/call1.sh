@@ -10,8 +10,8 @@
 #   2. whole-model parity (84 questions);
 #   3. tools/reference/gpu_vl_check.sh (screenshot parity and 1024x1024 latency);
 #   4. tools/reference/gpu_prefix_bench.sh, bench stage (issue 19's three benchmarks).
-# If 1 passes, set SNAPSHOTS_WITHIN = true for CudaBackend (runtime/src/engine.rs), rebuild and run
-# gpu_vl_check.sh again: a new screenshot's single question then runs one pass instead of two.
+#   3b. the same with `--snapshots-within on` (a new screenshot's single question in one pass);
+# if 1 and 3b pass, set SNAPSHOTS_WITHIN = true for CudaBackend (runtime/src/engine.rs).
 # Carries .carry (bin: instinct, instinct-loadtest; tests: cuda_carried, prefix_states,
 # cuda_attention, cuda_vision, cuda_ops, vision_tiny), .cache/qwen-tokenizer, .cache/fixtures.
 # Results in $OUT: call.log, tests.log, check.json, vl.tgz, prefix.tgz.
@@ -46,7 +46,12 @@ grep -E "questions on|PASS|FAIL|Error" /tmp/check.log >> $L
 OUT=/tmp/vl timeout 200 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
 t "vl exit $?"
 grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
-tar czf $OUT/vl.tgz -C /tmp vl
+# The same with a new screenshot's single question in one pass (its snapshot taken on the way).
+SERVE_FLAGS="--snapshots-within on" OUT=/tmp/vl_within WORK=/tmp/vl_check_within timeout 200 \
+  bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+t "vl within exit $?"
+grep -E "vl_parity\]" /tmp/vl_within/gpu_vl_check.log | tail -2 >> $L
+tar czf $OUT/vl.tgz -C /tmp vl vl_within
 OUT=/tmp/prefix REVISION=$REV STAGES=bench timeout 260 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
 t "prefix exit $?"
 grep -vE "^\[|^ *$" /tmp/prefix/gpu_prefix_bench.log | tail -14 >> $L
