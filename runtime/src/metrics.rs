@@ -239,6 +239,10 @@ fn describe() {
         prefix_reuse::PROMPT_TOKENS_COMPUTED_TOTAL,
         "Prompt tokens run through the model (beside instinct_prompt_tokens_total)"
     );
+    describe_counter!(
+        prefix_reuse::FORWARD_PASSES_TOTAL,
+        "Forward passes run: one a batch, two where a shared prefix runs first"
+    );
     describe_gauge!(
         prefix_reuse::BYTES,
         Unit::Bytes,

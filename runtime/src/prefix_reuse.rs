@@ -61,6 +61,9 @@ pub const EVICTIONS_TOTAL: &str = "instinct_prefix_cache_evictions_total";
 /// Counter: prompt tokens run through the model (segments' own tokens, prefixes included), to
 /// read beside `instinct_prompt_tokens_total`.
 pub const PROMPT_TOKENS_COMPUTED_TOTAL: &str = "instinct_prompt_tokens_computed_total";
+/// Counter: forward passes run (one a batch, or two where a shared prefix runs first), so the
+/// passes a decision costs can be read beside `instinct_decisions_total`.
+pub const FORWARD_PASSES_TOTAL: &str = "instinct_forward_passes_total";
 
 /// Every counter above, exported from zero.
 pub const COUNTERS: &[&str] = &[
@@ -69,6 +72,7 @@ pub const COUNTERS: &[&str] = &[
     HIT_TOKENS_TOTAL,
     EVICTIONS_TOTAL,
     PROMPT_TOKENS_COMPUTED_TOTAL,
+    FORWARD_PASSES_TOTAL,
 ];
 
 /// The namespace of the text decider's snapshots (its weights: base + text adapter).
@@ -234,6 +238,7 @@ impl PrefixReuse {
     /// Counts one forward pass and the tokens it ran through the model.
     pub fn count_computed(&self, tokens: usize) {
         self.counters.passes.fetch_add(1, Ordering::Relaxed);
+        counter!(FORWARD_PASSES_TOTAL).increment(1);
         self.counters
             .computed_tokens
             .fetch_add(tokens as u64, Ordering::Relaxed);

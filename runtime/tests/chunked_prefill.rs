@@ -64,13 +64,19 @@ async fn server_with(
     (serve_state(state.clone()).await, state)
 }
 
-/// `instinct_prefill_chunks_total` as `addr` exports it (0 before the process's first chunk: a
-/// counter never incremented has no line).
+/// `instinct_prefill_chunks_total` as `addr` exports it.
 async fn chunks_counted(addr: std::net::SocketAddr) -> f64 {
+    counted(addr, "instinct_prefill_chunks_total").await
+}
+
+/// Counter `name` as `addr` exports it (0 before the process first counts it: a counter never
+/// incremented has no line). The counters are the process's: tests running beside add to them.
+async fn counted(addr: std::net::SocketAddr, name: &str) -> f64 {
     let metrics = exchange(addr, "GET /metrics HTTP/1.1", b"").await;
     let text = String::from_utf8(metrics.body).unwrap();
+    let prefix = format!("{name} ");
     text.lines()
-        .find_map(|l| l.strip_prefix("instinct_prefill_chunks_total "))
+        .find_map(|l| l.strip_prefix(&prefix))
         .map_or(0.0, |v| v.parse().unwrap())
 }
 
@@ -87,14 +93,19 @@ async fn a_first_chunk_resumes_from_the_cached_system_turn() {
     state.set_ready(ready);
     let chunked = serve_state(state).await;
     let system = reuse.system_ids().len();
-    // A short request runs whole, through reuse: the system turn is snapshotted beside it.
+    // A short request runs whole, through reuse: the system turn is snapshotted on the way.
     let short = request(3, 1, 1);
     let (want, short_tokens) = answers(&post(whole, &short).await);
     assert!(short_tokens < 320, "{short_tokens} tokens: not chunked");
     assert_close(&answers(&post(chunked, &short).await).0, &want, "short");
     assert_eq!(reuse.entries(), 1, "the system turn");
     // Three long questions, chunked: each first chunk resumes after the system turn.
-    let before = (reuse.stats(), chunks_counted(chunked).await);
+    let passes = "instinct_forward_passes_total";
+    let before = (
+        reuse.stats(),
+        chunks_counted(chunked).await,
+        counted(chunked, passes).await,
+    );
     let long = request(1, 60, 3);
     let (want, tokens) = answers(&post(whole, &long).await);
     assert_close(
@@ -106,6 +117,11 @@ async fn a_first_chunk_resumes_from_the_cached_system_turn() {
     assert!(
         chunks_counted(chunked).await >= before.1 + 3.0 * 2.0,
         "it ran in chunks"
+    );
+    assert!(after.passes > before.0.passes);
+    assert!(
+        counted(chunked, passes).await - before.2 >= (after.passes - before.0.passes) as f64,
+        "{passes} counts every pass"
     );
     assert_eq!(after.hits - before.0.hits, 3);
     assert_eq!(after.hit_tokens - before.0.hit_tokens, 3 * system as u64);
