@@ -101,7 +101,7 @@ pub struct Segment<'a> {
     pub snapshot: bool,
     /// With `snapshot`: the state after this many of the segment's own tokens instead of after
     /// all of them, taken in the same pass (the segment still runs to its end). On a backend with
-    /// a resume grid ([`TextModel::snapshot_grid`]) a multiple of it.
+    /// a snapshot grid ([`Backend::snapshot_grid`]) a multiple of it.
     pub snapshot_at: Option<usize>,
 }
 

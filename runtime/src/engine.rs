@@ -528,7 +528,7 @@ pub struct LoadOptions {
     pub max_chunk_tokens: Option<usize>,
     /// `--batch-invariant` (GPUs; the CPU is invariant anyway).
     pub batch_invariant: bool,
-    /// `--snapshots-within` (`None`: the backend's default, [`ServingBackend::SNAPSHOTS_WITHIN`]).
+    /// `--snapshots-within` (`None`: the backend's default, `ServingBackend::SNAPSHOTS_WITHIN`).
     pub snapshots_within: Option<bool>,
 }
 
