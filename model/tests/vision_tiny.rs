@@ -257,6 +257,64 @@ fn multimodal_adapter_matches_peft() {
     check(CpuBackend::new, CPU, "adapter", true);
 }
 
+/// Several images in one tower pass (their patch rows packed, attention within each frame): each
+/// image's features are the bits it gets alone, in any order and with an image repeated; the
+/// grids differ, so their position tables are packed side by side. An image whose pixel values do
+/// not fit its grid is refused with its index.
+fn several_images_in_one_pass<B: VisionBackend>(start: impl Fn() -> B) {
+    let g = goldens();
+    let loaded = load(start, true);
+    let pixels = pixel_values();
+    let inputs: Vec<ImageInput> = g["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(&pixels)
+        .map(|(im, px)| ImageInput {
+            pixel_values: px,
+            grid_thw: grid(&im["grid_thw"]),
+        })
+        .collect();
+    assert!(
+        inputs.len() >= 2,
+        "the goldens hold {} images",
+        inputs.len()
+    );
+    let alone: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|&i| loaded.tower.forward(&[i]).unwrap().remove(0))
+        .collect();
+    let mut order: Vec<usize> = (0..inputs.len()).rev().collect();
+    order.push(0);
+    let batch: Vec<ImageInput> = order.iter().map(|&i| inputs[i]).collect();
+    let together = loaded.tower.forward(&batch).unwrap();
+    assert_eq!(together.len(), order.len());
+    for (k, &i) in order.iter().enumerate() {
+        assert_eq!(together[k], alone[i], "image {i} at place {k} of the pass");
+    }
+    assert!(loaded.tower.forward(&[]).unwrap().is_empty());
+    let short = ImageInput {
+        pixel_values: &pixels[0][1..],
+        ..inputs[0]
+    };
+    let err = loaded.tower.forward(&[inputs[1], short]).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("image 1: pixel_values hold"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn several_images_in_one_tower_pass_get_the_features_each_gets_alone() {
+    several_images_in_one_pass(CpuBackend::new);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn on_the_gpu_several_images_in_one_tower_pass_get_the_features_each_gets_alone() {
+    several_images_in_one_pass(gpu);
+}
+
 /// The scatter must put the image features at the image tokens, so wrong features move the
 /// answer, and a feature count that does not match the image tokens is refused.
 #[test]

@@ -22,7 +22,7 @@ use instinct_model::prefix::{PrefixState, SnapshotCost};
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::source::{Device, ModelSource};
 use instinct_model::tokenizer::{EncodedPrefix, Tokenizer};
-use instinct_model::vision::{ImageInput, VisionTower};
+use instinct_model::vision::VisionTower;
 use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
 use rayon::prelude::*;
 
@@ -30,6 +30,7 @@ use crate::image_cache::{key_of, EncodedImage, ImageCache};
 use crate::metrics as m;
 use crate::prefix_reuse::{self, Planned, PrefixReuse, TEXT_NAMESPACE};
 use crate::screenshot::Screenshot;
+use crate::tower_batcher::{Tower, TowerBatcher};
 
 /// Renders and tokenizes prompts, and encodes screenshots. Shared by all request tasks: every
 /// method takes `&self`.
@@ -49,24 +50,14 @@ pub struct Preparer {
 /// Encodes one preprocessed screenshot into the language model's image features: the vision
 /// tower, on whichever backend it was loaded.
 pub trait ImageEncoder: Send + Sync {
-    fn encode(&self, pixel_values: &[f32], grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>>;
+    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>>;
 }
 
-/// One tower, one image at a time: a GPU backend's ops share scratch buffers on one stream, so two
-/// preparer threads interleaving their launches would overwrite each other's (the CPU ops spread
-/// one image over every core anyway).
-impl<B: VisionBackend> ImageEncoder for parking_lot::Mutex<VisionTower<B>>
-where
-    VisionTower<B>: Send,
-{
-    fn encode(&self, pixel_values: &[f32], grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
-        self.lock()
-            .forward(&[ImageInput {
-                pixel_values,
-                grid_thw,
-            }])?
-            .pop()
-            .ok_or_else(|| anyhow::anyhow!("the vision tower returned no features"))
+/// Concurrent requests' screenshots share tower passes (one pass at a time: a GPU backend's ops
+/// share scratch buffers on one stream; the CPU ops spread one pass over every core anyway).
+impl<T: Tower> ImageEncoder for TowerBatcher<T> {
+    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
+        TowerBatcher::encode(self, pixel_values, grid_thw)
     }
 }
 
@@ -168,7 +159,7 @@ impl Preparer {
             histogram!(m::IMAGE_PREPROCESS_SECONDS).record((preprocessed - started).as_secs_f64());
             let features = vision
                 .encoder
-                .encode(&pre.pixel_values, pre.grid_thw)
+                .encode(pre.pixel_values, pre.grid_thw)
                 .map_err(ScreenshotError::Internal)?;
             histogram!(m::IMAGE_ENCODE_SECONDS).record(preprocessed.elapsed().as_secs_f64());
             Ok(EncodedImage {
@@ -710,7 +701,7 @@ where
     let loaded = load_multimodal(start()?, start()?, model_dir, adapter, limits)?;
     Ok(ScreenshotPath {
         merge: loaded.vision.config().spatial_merge_size as u32,
-        encoder: Box::new(parking_lot::Mutex::new(loaded.vision)),
+        encoder: Box::new(TowerBatcher::new(loaded.vision)),
         decider: loaded.decider,
         image_token_id: loaded.image_token_id,
     })

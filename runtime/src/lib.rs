@@ -16,3 +16,4 @@ pub mod problem;
 pub mod screenshot;
 pub mod serve;
 pub mod server;
+pub mod tower_batcher;

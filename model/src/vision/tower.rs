@@ -114,16 +114,34 @@ impl<B: VisionBackend> VisionTower<B> {
         &self.cfg
     }
 
-    /// Image features of each image (`[t·h·w / merge², out_hidden]`, row-major), in order.
+    /// Image features of each image (`[t·h·w / merge², out_hidden]`, row-major), in order, from
+    /// one pass over all of them: their patch rows packed back to back, attention within each
+    /// frame of each image, every other op row by row. An image's features do not depend on the
+    /// others in the pass (the same bits alone or beside them, where the backend's GEMMs are
+    /// batch-invariant).
     pub fn forward(&self, images: &[ImageInput<'_>]) -> Result<Vec<Vec<f32>>> {
-        images
+        let merge = self.cfg.spatial_merge_size;
+        let coords = images
             .iter()
             .enumerate()
             .map(|(i, image)| {
-                self.forward_one(image)
-                    .with_context(|| format!("image {i}"))
+                let coords =
+                    patch_coords(image.grid_thw, merge).with_context(|| format!("image {i}"))?;
+                let n = coords.len();
+                ensure!(
+                    image.pixel_values.len() == n * self.cfg.patch_dim(),
+                    "image {i}: pixel_values hold {} values, grid {:?} needs {n} patches × {}",
+                    image.pixel_values.len(),
+                    image.grid_thw,
+                    self.cfg.patch_dim()
+                );
+                Ok(coords)
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if images.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.forward_packed(images, &coords)
     }
 
     fn linear(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
@@ -140,85 +158,127 @@ impl<B: VisionBackend> VisionTower<B> {
             .map_err(|e| anyhow!(e))
     }
 
-    /// Adds the position table of `grid` (patches at `coords`) to `hidden`, from the kept tables
-    /// or resampled on the host and kept.
+    /// Adds each image's position table (its grid, patches at `coords[i]`, its rows packed after
+    /// the previous images') to `hidden`, from the kept tables or resampled on the host and kept.
+    /// One image adds its table in place; several are first copied side by side.
     fn add_positions(
         &self,
-        grid: [u32; 3],
-        coords: &[(usize, usize)],
+        images: &[ImageInput<'_>],
+        coords: &[Vec<(usize, usize)>],
         hidden: &mut B::Buf,
     ) -> Result<()> {
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
         let h = self.cfg.hidden_size;
-        let len = coords.len() * h;
+        let total: usize = coords.iter().map(|c| c.len() * h).sum();
         let mut kept = self
             .positions
             .lock()
             .map_err(|_| anyhow!("position tables poisoned by an earlier panic"))?;
-        if let Some(i) = kept.iter().position(|(g, _)| *g == grid) {
-            let entry = kept.remove(i);
-            kept.push(entry);
+        let mut packed = if images.len() > 1 {
+            Some(be.alloc(total).map_err(e)?)
         } else {
-            // 0 + s is s exactly: the table alone, then one add on the device.
-            let mut table = vec![0.0f32; len];
-            let [_, gh, gw] = grid.map(|v| v as usize);
-            add_position_embedding(
-                &mut table,
-                coords,
-                (gh, gw),
-                &self.pos_embed,
-                self.cfg.grid_side(),
-                h,
-            )?;
-            let mut buf = be.alloc(len).map_err(e)?;
-            be.write(&mut buf, &table).map_err(e)?;
-            if kept.len() >= POSITION_TABLES_KEPT {
-                kept.remove(0);
+            None
+        };
+        let mut at = 0;
+        for (image, coords) in images.iter().zip(coords) {
+            let (grid, len) = (image.grid_thw, coords.len() * h);
+            if let Some(i) = kept.iter().position(|(g, _)| *g == grid) {
+                let entry = kept.remove(i);
+                kept.push(entry);
+            } else {
+                // 0 + s is s exactly: the table alone, then one add on the device.
+                let mut table = vec![0.0f32; len];
+                let [_, gh, gw] = grid.map(|v| v as usize);
+                add_position_embedding(
+                    &mut table,
+                    coords,
+                    (gh, gw),
+                    &self.pos_embed,
+                    self.cfg.grid_side(),
+                    h,
+                )?;
+                let mut buf = be.alloc(len).map_err(e)?;
+                be.write(&mut buf, &table).map_err(e)?;
+                if kept.len() >= POSITION_TABLES_KEPT {
+                    kept.remove(0);
+                }
+                kept.push((grid, buf));
             }
-            kept.push((grid, buf));
+            let (_, table) = kept.last().expect("pushed above");
+            match packed.as_mut() {
+                Some(packed) => be.copy(table, 0, packed, at, len).map_err(e)?,
+                None => return be.add_in_place(hidden, table, len).map_err(e),
+            }
+            at += len;
         }
-        let (_, table) = kept.last().expect("pushed above");
-        be.add_in_place(hidden, table, len).map_err(e)
+        let packed = packed.expect("several images");
+        be.add_in_place(hidden, &packed, total).map_err(e)
     }
 
-    fn forward_one(&self, image: &ImageInput<'_>) -> Result<Vec<f32>> {
+    /// [`Self::forward`] over images whose patches (`coords[i]`) were checked against their
+    /// pixel values.
+    fn forward_packed(
+        &self,
+        images: &[ImageInput<'_>],
+        coords: &[Vec<(usize, usize)>],
+    ) -> Result<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
         let (h, d, heads) = (cfg.hidden_size, cfg.head_dim(), cfg.num_heads);
-        let merge = cfg.spatial_merge_size;
-        let [t, gh, gw] = image.grid_thw.map(|v| v as usize);
-        let coords = patch_coords(image.grid_thw, merge)?;
-        let n = coords.len();
-        ensure!(
-            image.pixel_values.len() == n * cfg.patch_dim(),
-            "pixel_values hold {} values, grid {:?} needs {n} patches × {}",
-            image.pixel_values.len(),
-            image.grid_thw,
-            cfg.patch_dim()
-        );
+        let n: usize = coords.iter().map(Vec::len).sum();
 
         // Patch embedding (the stride-equals-kernel Conv3d is a Linear over each patch row),
         // then the resampled learned position table added (one f32 add per value, as on the
         // host).
         // An activation, not a weight: `upload` is for weights (and counts them); the GEMM rounds
         // its input to its operand precision on a GPU, as a bf16 model's conv does.
-        let mut pixels = be.alloc(image.pixel_values.len()).map_err(e)?;
-        be.write(&mut pixels, image.pixel_values).map_err(e)?;
+        let pixels = match images {
+            [image] => {
+                let mut pixels = be.alloc(image.pixel_values.len()).map_err(e)?;
+                be.write(&mut pixels, image.pixel_values).map_err(e)?;
+                pixels
+            }
+            _ => {
+                // Each image written, then copied into place (no host copy of the whole batch).
+                let mut pixels = be.alloc(n * cfg.patch_dim()).map_err(e)?;
+                let mut at = 0;
+                for image in images {
+                    let len = image.pixel_values.len();
+                    let mut one = be.alloc(len).map_err(e)?;
+                    be.write(&mut one, image.pixel_values).map_err(e)?;
+                    be.copy(&one, 0, &mut pixels, at, len).map_err(e)?;
+                    at += len;
+                }
+                pixels
+            }
+        };
         let mut hidden = be.alloc(n * h).map_err(e)?;
         self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
-        self.add_positions(image.grid_thw, &coords, &mut hidden)?;
+        self.add_positions(images, coords, &mut hidden)?;
 
         let flat_coords: Vec<u32> = coords
             .iter()
+            .flatten()
             .flat_map(|&(r, c)| [r as u32, c as u32])
             .collect();
         let mut positions = be.alloc_idx(2 * n).map_err(e)?;
         be.write_idx(&mut positions, &flat_coords).map_err(e)?;
-        // One attention segment per frame.
-        let frame = gh * gw;
-        let cu: Vec<u32> = (0..=t).map(|f| (f * frame) as u32).collect();
+        // One attention segment per frame of each image.
+        let mut cu = vec![0u32];
+        for image in images {
+            let [t, gh, gw] = image.grid_thw.map(|v| v as usize);
+            for _ in 0..t {
+                cu.push(cu[cu.len() - 1] + (gh * gw) as u32);
+            }
+        }
+        let t = cu.len() - 1;
+        ensure!(
+            cu[t] as usize == n,
+            "frames of {} patches for {n} patches",
+            cu[t]
+        );
         let mut cu_seqlens = be.alloc_idx(t + 1).map_err(e)?;
         be.write_idx(&mut cu_seqlens, &cu).map_err(e)?;
 
@@ -304,6 +364,22 @@ impl<B: VisionBackend> VisionTower<B> {
         .map_err(e)?;
         let mut features = be.alloc(tokens * cfg.out_hidden_size).map_err(e)?;
         self.linear(&merged_in, &self.merger_fc2, tokens, &mut features)?;
-        be.read(&features, tokens * cfg.out_hidden_size).map_err(e)
+        let all = be
+            .read(&features, tokens * cfg.out_hidden_size)
+            .map_err(e)?;
+        if images.len() == 1 {
+            return Ok(vec![all]);
+        }
+        // Each image's merged rows follow the previous image's.
+        let mut rest = all.as_slice();
+        let per_image = coords
+            .iter()
+            .map(|c| {
+                let (mine, after) = rest.split_at(c.len() / cfg.merge_unit() * cfg.out_hidden_size);
+                rest = after;
+                mine.to_vec()
+            })
+            .collect();
+        Ok(per_image)
     }
 }

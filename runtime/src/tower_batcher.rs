@@ -1,0 +1,272 @@
+//! Several screenshots per vision-tower pass. A screenshot request encodes its image on its
+//! preparer thread; when the tower is busy with another request's image, the caller waits, and the
+//! next pass takes every image that waited (oldest first, up to [`MAX_PASS_PATCHES`] patches), so
+//! concurrent requests share passes instead of queueing one pass each. The tower's results do not
+//! depend on what shares a pass ([`VisionTower::forward`]).
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use instinct_kernels::backend::VisionBackend;
+use instinct_model::vision::{ImageInput, VisionTower};
+use parking_lot::{Condvar, Mutex};
+
+/// The most patches one pass takes (four 1024×1024 screenshots): bounds the pass's activations
+/// (about 50 KB of buffers a patch on the real tower, so ~0.8 GB here). An image larger than
+/// this still runs, alone.
+pub const MAX_PASS_PATCHES: usize = 16_384;
+
+/// What a tower pass needs: features of each image, in order (see [`VisionTower::forward`]).
+pub trait Tower: Send {
+    fn encode_all(&self, images: &[ImageInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+}
+
+impl<B: VisionBackend> Tower for VisionTower<B>
+where
+    VisionTower<B>: Send,
+{
+    fn encode_all(&self, images: &[ImageInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.forward(images)
+    }
+}
+
+/// One image waiting for a pass.
+struct Waiting {
+    id: u64,
+    pixel_values: Vec<f32>,
+    grid_thw: [u32; 3],
+}
+
+impl Waiting {
+    fn patches(&self) -> usize {
+        self.grid_thw.iter().map(|&v| v as usize).product()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// A pass is running (its caller runs it, the others wait).
+    running: bool,
+    waiting: Vec<Waiting>,
+    /// Results not yet collected by their callers (an error's message for each image of a
+    /// failed pass).
+    done: HashMap<u64, Result<Vec<f32>, String>>,
+    next_id: u64,
+    /// Passes run and images encoded, for tests and logs.
+    passes: u64,
+    images: u64,
+}
+
+/// Encodes images on one tower, several per pass (see the module docs).
+pub struct TowerBatcher<T: Tower> {
+    /// Locked by the caller running a pass: one pass at a time (a GPU tower's ops share their
+    /// scratch buffers on one stream).
+    tower: Mutex<T>,
+    state: Mutex<State>,
+    finished: Condvar,
+    max_patches: usize,
+}
+
+impl<T: Tower> TowerBatcher<T> {
+    pub fn new(tower: T) -> Self {
+        Self::with_max_patches(tower, MAX_PASS_PATCHES)
+    }
+
+    /// A batcher whose passes take at most `max_patches` patches (one image always).
+    pub fn with_max_patches(tower: T, max_patches: usize) -> Self {
+        Self {
+            tower: Mutex::new(tower),
+            state: Mutex::new(State::default()),
+            finished: Condvar::new(),
+            max_patches,
+        }
+    }
+
+    /// (passes run, images encoded) so far.
+    pub fn counts(&self) -> (u64, u64) {
+        let state = self.state.lock();
+        (state.passes, state.images)
+    }
+
+    /// The features of one image, from the first pass that takes it: run by this caller when
+    /// no pass is running, else by whichever caller starts the next one.
+    pub fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
+        let mut state = self.state.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.waiting.push(Waiting {
+            id,
+            pixel_values,
+            grid_thw,
+        });
+        loop {
+            if let Some(result) = state.done.remove(&id) {
+                return result.map_err(anyhow::Error::msg);
+            }
+            if state.running {
+                self.finished.wait(&mut state);
+                continue;
+            }
+            let batch = self.take(&mut state.waiting);
+            state.running = true;
+            let results = parking_lot::MutexGuard::unlocked(&mut state, || self.run(&batch));
+            state.running = false;
+            state.passes += 1;
+            state.images += batch.len() as u64;
+            for (image, result) in batch.iter().zip(results) {
+                state.done.insert(image.id, result);
+            }
+            self.finished.notify_all();
+        }
+    }
+
+    /// The oldest waiting images that fit one pass (at least one).
+    fn take(&self, waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
+        let mut patches = 0;
+        let count = waiting
+            .iter()
+            .take_while(|w| {
+                patches += w.patches();
+                patches <= self.max_patches
+            })
+            .count()
+            .max(1);
+        waiting.drain(..count).collect()
+    }
+
+    /// One pass over `batch`: each image's features, or the pass's error (a panic included) for
+    /// every image of it.
+    fn run(&self, batch: &[Waiting]) -> Vec<Result<Vec<f32>, String>> {
+        let inputs: Vec<ImageInput> = batch
+            .iter()
+            .map(|w| ImageInput {
+                pixel_values: &w.pixel_values,
+                grid_thw: w.grid_thw,
+            })
+            .collect();
+        let tower = self.tower.lock();
+        let outcome = catch_unwind(AssertUnwindSafe(|| tower.encode_all(&inputs)));
+        match outcome {
+            Ok(Ok(features)) if features.len() == batch.len() => {
+                features.into_iter().map(Ok).collect()
+            }
+            Ok(Ok(features)) => {
+                let why = format!(
+                    "the tower returned {} results for {} images",
+                    features.len(),
+                    batch.len()
+                );
+                vec![Err(why); batch.len()]
+            }
+            Ok(Err(e)) => vec![Err(format!("{e:#}")); batch.len()],
+            Err(_) => vec![Err("the vision tower panicked".to_string()); batch.len()],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A tower whose features are each image's pixel sum, one pass at a time, each pass slow
+    /// enough that images sent meanwhile wait for the next.
+    struct Summing {
+        pass: Duration,
+        fail_on: Option<f32>,
+    }
+
+    impl Tower for Summing {
+        fn encode_all(&self, images: &[ImageInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+            std::thread::sleep(self.pass);
+            let sums: Vec<f32> = images.iter().map(|i| i.pixel_values.iter().sum()).collect();
+            if let Some(bad) = self.fail_on {
+                anyhow::ensure!(!sums.contains(&bad), "an image summing to {bad}");
+                assert!(!sums.contains(&-bad), "a panicking image");
+            }
+            Ok(sums.into_iter().map(|s| vec![s]).collect())
+        }
+    }
+
+    fn send(
+        batcher: &Arc<TowerBatcher<Summing>>,
+        values: Vec<Vec<f32>>,
+    ) -> Vec<anyhow::Result<Vec<f32>>> {
+        let handles: Vec<_> = values
+            .into_iter()
+            .map(|v| {
+                let batcher = batcher.clone();
+                let patches = v.len() as u32;
+                std::thread::spawn(move || batcher.encode(v, [1, 1, patches]))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn images_sent_while_a_pass_runs_share_the_next_one() {
+        let tower = Summing {
+            pass: Duration::from_millis(400),
+            fail_on: None,
+        };
+        let batcher = Arc::new(TowerBatcher::with_max_patches(tower, 64));
+        let first = {
+            let batcher = batcher.clone();
+            std::thread::spawn(move || batcher.encode(vec![1.0; 4], [1, 1, 4]))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // Six images of 16 patches while the first pass runs: the next pass takes four (64
+        // patches), the one after the other two.
+        let values: Vec<Vec<f32>> = (0..6).map(|k| vec![k as f32; 16]).collect();
+        let results = send(&batcher, values);
+        assert_eq!(first.join().unwrap().unwrap(), vec![4.0]);
+        for (k, r) in results.into_iter().enumerate() {
+            assert_eq!(r.unwrap(), vec![16.0 * k as f32], "image {k}");
+        }
+        assert_eq!(batcher.counts(), (3, 7));
+    }
+
+    #[test]
+    fn a_failed_or_panicking_pass_fails_its_images_and_the_batcher_goes_on() {
+        let tower = Summing {
+            pass: Duration::from_millis(300),
+            fail_on: Some(3.0),
+        };
+        let batcher = Arc::new(TowerBatcher::new(tower));
+        let blocker = {
+            let batcher = batcher.clone();
+            std::thread::spawn(move || batcher.encode(vec![1.0], [1, 1, 1]))
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        let results = send(&batcher, vec![vec![3.0], vec![5.0]]);
+        assert_eq!(blocker.join().unwrap().unwrap(), vec![1.0]);
+        for r in results {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("an image summing to 3"), "{e}");
+        }
+        let results = send(&batcher, vec![vec![-3.0]]);
+        let e = results.into_iter().next().unwrap().unwrap_err().to_string();
+        assert!(e.contains("panicked"), "{e}");
+        // Still serving.
+        assert_eq!(
+            batcher.encode(vec![2.0, 2.0], [1, 1, 2]).unwrap(),
+            vec![4.0]
+        );
+    }
+
+    #[test]
+    fn an_image_larger_than_a_pass_runs_alone() {
+        let tower = Summing {
+            pass: Duration::ZERO,
+            fail_on: None,
+        };
+        let batcher = TowerBatcher::with_max_patches(tower, 8);
+        assert_eq!(
+            batcher.encode(vec![1.0; 20], [1, 4, 5]).unwrap(),
+            vec![20.0]
+        );
+        assert_eq!(batcher.counts(), (1, 1));
+    }
+}
