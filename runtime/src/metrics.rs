@@ -19,7 +19,8 @@ pub const REQUEST_DURATION_SECONDS: &str = "instinct_request_duration_seconds";
 pub const PREPARE_SECONDS: &str = "instinct_prepare_seconds";
 /// Histogram: per screenshot not in the image cache, decoding and preprocessing its bytes.
 pub const IMAGE_PREPROCESS_SECONDS: &str = "instinct_image_preprocess_seconds";
-/// Histogram: per screenshot not in the image cache, the vision tower's encoding.
+/// Histogram: per screenshot not in the image cache, the vision tower's encoding (with the wait
+/// for a pass while the tower runs other requests' images).
 pub const IMAGE_ENCODE_SECONDS: &str = "instinct_image_encode_seconds";
 /// Histogram, per request: from admission to the last answer of its questions (queue + infer).
 pub const SCHEDULER_SECONDS: &str = "instinct_request_scheduler_seconds";
@@ -161,7 +162,7 @@ fn describe() {
     describe_histogram!(
         IMAGE_ENCODE_SECONDS,
         Unit::Seconds,
-        "Per screenshot not in the image cache: the vision tower"
+        "Per screenshot not in the image cache: the vision tower, its wait for a pass included"
     );
     describe_histogram!(
         SCHEDULER_SECONDS,
