@@ -306,35 +306,17 @@ impl<B: Backend> DeciderEngine<B> {
         let chunk_seqs: Vec<_> = chunks.iter().map(|(_, s, c)| (*s, *c)).collect();
         let resumed = self.resume_chunks(&chunk_seqs)?;
         let riders = chunk_segments(&chunk_seqs, &resumed);
-        let rider_tokens: usize = riders.iter().map(|r| r.prompt.ids.len()).sum();
-        let chunk_outputs = if !text.is_empty() {
-            let prompts: Vec<Prompt> = text.iter().map(|(_, p)| *p).collect();
-            let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
-            // The plan's passes keep room for the chunks (the batch fits its bucket with them).
-            let whole = self.decider.limits();
-            let limits = BatchLimits::new(
-                whole.max_tokens.saturating_sub(rider_tokens),
-                whole.max_seqs.saturating_sub(riders.len()),
-            );
-            let plan = self.reuse.plan(TEXT_NAMESPACE, &ids, limits);
-            let (decided, chunk_outputs) = prefix_reuse::execute_with_riders(
-                &mut self.decider,
-                &self.reuse,
-                &vec![TEXT_NAMESPACE; prompts.len()],
-                &prompts,
-                &plan,
-                &riders,
-            )?;
-            for ((i, _), a) in text.iter().zip(decided) {
-                answers[*i] = a;
-            }
-            chunk_outputs
-        } else if !riders.is_empty() {
-            self.reuse.count_computed(rider_tokens);
-            self.decider.decide_segments(&riders)?
-        } else {
-            Vec::new()
-        };
+        let prompts: Vec<Prompt> = text.iter().map(|(_, p)| *p).collect();
+        let (decided, chunk_outputs) = prefix_reuse::decide_with_riders(
+            &mut self.decider,
+            &self.reuse,
+            TEXT_NAMESPACE,
+            &prompts,
+            &riders,
+        )?;
+        for ((i, _), a) in text.iter().zip(decided) {
+            answers[*i] = a;
+        }
         for ((i, _, chunk), out) in chunks.iter().zip(chunk_outputs) {
             if chunk.last {
                 answers[*i] = out

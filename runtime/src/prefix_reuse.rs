@@ -561,11 +561,10 @@ impl Plan {
 
     /// Adds an anchor's job: when one question alone would resume from it, to that question's
     /// own segment (its snapshot taken on the way, where `within_grid` allows: `None` never);
-    /// else to the first pass,
-    /// where the questions of its namespace with less resume from it; or, when there is no first
-    /// pass and computing the anchor once more costs less than one ([`PASS_COST_TOKENS`]: the
-    /// system turn under one question), beside the questions. Left out if a pass would not fit
-    /// `limits`.
+    /// else to the first pass, where the questions of its namespace with less resume from it;
+    /// or, when there is no first pass and computing the anchor once more costs less than one
+    /// ([`PASS_COST_TOKENS`]: the system turn under one question), beside the questions. Left out
+    /// if a pass would not fit `limits`.
     fn add_anchor_job(
         &mut self,
         job: PrefixJob,
@@ -748,6 +747,11 @@ pub fn execute_with_riders<B: Backend>(
         reuse.count_computed(prompts.iter().map(|p| p.ids.len()).sum());
         return Ok((decider.decide(prompts)?, Vec::new()));
     }
+    // Caches `state` as the snapshot of `job`'s prefix.
+    let store = |job: &PrefixJob, state: Arc<PrefixState>| {
+        let ids = &prompts[job.question].ids[..job.tokens];
+        reuse.store(namespaces[job.question], ids, state)
+    };
     // The first pass: group prefixes (and anchors), snapshots cached.
     let mut made: Vec<Arc<PrefixState>> = Vec::with_capacity(plan.prefixes.len());
     if !plan.prefixes.is_empty() {
@@ -771,8 +775,7 @@ pub fn execute_with_riders<B: Backend>(
                 out.snapshot
                     .context("a prefix segment without its snapshot")?,
             );
-            let ids = &prompts[job.question].ids[..job.tokens];
-            reuse.store(namespaces[job.question], ids, state.clone())?;
+            store(job, state.clone())?;
             made.push(state);
         }
     }
@@ -812,16 +815,14 @@ pub fn execute_with_riders<B: Backend>(
         let state = out
             .snapshot
             .context("a prefix segment without its snapshot")?;
-        let ids = &prompts[job.question].ids[..job.tokens];
-        reuse.store(namespaces[job.question], ids, Arc::new(state))?;
+        store(job, Arc::new(state))?;
     }
     for job in &plan.within {
         let state = outputs[job.question]
             .snapshot
             .take()
             .context("a segment without the snapshot it was asked for")?;
-        let ids = &prompts[job.question].ids[..job.tokens];
-        reuse.store(namespaces[job.question], ids, Arc::new(state))?;
+        store(job, Arc::new(state))?;
     }
     let answers = outputs
         .into_iter()
@@ -883,9 +884,33 @@ pub fn decide<B: Backend>(
     namespace: &str,
     prompts: &[Prompt<'_>],
 ) -> anyhow::Result<Vec<Vec<f32>>> {
+    let (answers, _) = decide_with_riders(decider, reuse, namespace, prompts, &[])?;
+    Ok(answers)
+}
+
+/// [`decide`] with `riders` (chunks of long prompts) run in the questions' pass
+/// ([`execute_with_riders`]), the plan keeping room for them; with no prompts, the riders alone in
+/// one pass. Answers in order, then the riders' outputs in order.
+pub fn decide_with_riders<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    namespace: &str,
+    prompts: &[Prompt<'_>],
+    riders: &[QuestionSegment<'_>],
+) -> anyhow::Result<(Vec<Vec<f32>>, Vec<SegmentAnswer>)> {
+    if prompts.is_empty() && riders.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
     let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
-    let plan = reuse.plan(namespace, &ids, decider.limits());
-    execute(decider, reuse, namespace, prompts, &plan)
+    let whole = decider.limits();
+    let rider_tokens: usize = riders.iter().map(|r| r.prompt.ids.len()).sum();
+    let limits = BatchLimits::new(
+        whole.max_tokens.saturating_sub(rider_tokens),
+        whole.max_seqs.saturating_sub(riders.len()),
+    );
+    let plan = reuse.plan(namespace, &ids, limits);
+    let namespaces = vec![namespace; prompts.len()];
+    execute_with_riders(decider, reuse, &namespaces, prompts, &plan, riders)
 }
 
 /// Plans and runs a batch of questions of several namespaces (`questions[i]` describes
@@ -1127,12 +1152,8 @@ mod tests {
                 let what = format!("grid {grid}, batch {batch}");
                 if batch % 3 == 0 {
                     let rider = [QuestionSegment::prefix(&long[..64], None)];
-                    let limits = BatchLimits::new(2048 - 64, 8 - 1);
-                    let ids: Vec<&[u32]> = ps.iter().map(|p| p.ids).collect();
-                    let plan = reuse.plan(TEXT_NAMESPACE, &ids, limits);
-                    let spaces = vec![TEXT_NAMESPACE; ps.len()];
                     let (got, mut riders) =
-                        execute_with_riders(&mut decider, &reuse, &spaces, &ps, &plan, &rider)
+                        decide_with_riders(&mut decider, &reuse, TEXT_NAMESPACE, &ps, &rider)
                             .unwrap();
                     assert_close(&got, &whole, &what);
                     let snap = riders.remove(0).snapshot.expect("the chunk's snapshot");
