@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::super::buffers::{act, act_mut, in_buf, weight, CudaBuf, InBuf};
+use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf};
 use super::super::launch::{linear, to_i32, to_u32, Gpu, BLOCK};
 use super::shared::{check_batch, GateInputs};
 use crate::backend::{
@@ -175,19 +175,11 @@ pub(crate) fn conv1d_silu(
     }
     if let Some(window_out) = window.output {
         let window_out = act_mut(OP, "window_out", window_out, win_len)?;
-        if let Some(at) = window.output_at {
-            if at.len() < batch.num_seqs {
-                return Err(KernelError::invalid(
-                    OP,
-                    format!(
-                        "output_at holds {} of {} sequences",
-                        at.len(),
-                        batch.num_seqs
-                    ),
-                ));
-            }
-        }
-        let has_output_at = i32::from(window.output_at.is_some());
+        let output_at = window
+            .output_at
+            .map(|at| idx(OP, "output_at", at, batch.num_seqs))
+            .transpose()?;
+        let has_output_at = i32::from(output_at.is_some());
         if win_len > 0 {
             // SAFETY: argument types match the kernel; window_out holds win_len values.
             unsafe {
@@ -201,7 +193,7 @@ pub(crate) fn conv1d_silu(
                     push_or_null(launch, window_in, &null);
                     launch
                         .arg(&has_window)
-                        .arg(window.output_at.unwrap_or(batch.cu_seqlens))
+                        .arg(output_at.unwrap_or(batch.cu_seqlens))
                         .arg(&has_output_at)
                         .arg(window_out)
                         .arg(&channels_a)

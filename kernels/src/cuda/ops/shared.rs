@@ -200,18 +200,6 @@ impl<'a> DeltaArgs<'a> {
         let has_initial = i32::from(state.initial.is_some());
         let has_final = i32::from(state.final_out.is_some());
         let has_final_at = i32::from(state.final_at.is_some());
-        if let Some(at) = state.final_at {
-            if at.len() < batch.num_seqs {
-                return Err(crate::error::KernelError::invalid(
-                    op,
-                    format!(
-                        "final_at holds {} of {} sequences",
-                        at.len(),
-                        batch.num_seqs
-                    ),
-                ));
-            }
-        }
         let args = Self {
             qkv: act(op, "qkv", qkv, 0)?,
             beta: act(op, "beta", beta, 0)?,
@@ -225,7 +213,10 @@ impl<'a> DeltaArgs<'a> {
                 .final_out
                 .map(|s| act_mut(op, "final state", s, state_len))
                 .transpose()?,
-            final_at: state.final_at,
+            final_at: state
+                .final_at
+                .map(|at| idx(op, "final_at", at, batch.num_seqs))
+                .transpose()?,
             out: act_mut(op, "out", out, 0)?,
             rows_cap,
             has_initial,
