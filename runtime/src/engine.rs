@@ -505,6 +505,20 @@ pub struct LoadOptions {
     pub snapshots_within: Option<bool>,
 }
 
+impl Default for LoadOptions {
+    /// `instinct serve`'s defaults, but with no image cache (a loader's caller sizes it).
+    fn default() -> Self {
+        Self {
+            cpu_engines: 1,
+            image_cache_bytes: 0,
+            prefix_cache_bytes: None,
+            max_chunk_tokens: None,
+            batch_invariant: true,
+            snapshots_within: None,
+        }
+    }
+}
+
 /// Loads `source` onto `device`: the text model with the text adapter on every engine, and, when
 /// the source has a multimodal adapter, the screenshot path (a second language copy and the
 /// vision tower). A device that lacks a part the source asks for is refused with the part named;
@@ -848,12 +862,9 @@ mod tests {
     /// `source` on one engine of `device`, allocated for at most 64 tokens in 2 sequences.
     fn load_small(device: Device, source: &ModelSource) -> anyhow::Result<Loaded> {
         let options = LoadOptions {
-            cpu_engines: 1,
             image_cache_bytes: 1 << 20,
             prefix_cache_bytes: Some(0),
-            max_chunk_tokens: None,
-            batch_invariant: true,
-            snapshots_within: None,
+            ..LoadOptions::default()
         };
         load(device, source, BatchLimits::new(64, 2), options)
     }
@@ -861,12 +872,8 @@ mod tests {
     #[test]
     fn a_chunk_size_off_the_gpu_resume_grid_is_refused_and_the_cpu_takes_any() {
         let with_chunk = |chunk| LoadOptions {
-            cpu_engines: 1,
-            image_cache_bytes: 0,
-            prefix_cache_bytes: None,
             max_chunk_tokens: chunk,
-            batch_invariant: true,
-            snapshots_within: None,
+            ..LoadOptions::default()
         };
         let cuda = Device::Cuda(0);
         for ok in [None, Some(64), Some(1024)] {
@@ -944,12 +951,9 @@ mod tests {
     fn a_chunk_rides_in_the_pass_of_the_questions_beside_it() {
         let source = ModelSource::resolve(None, None, None).unwrap();
         let options = LoadOptions {
-            cpu_engines: 1,
-            image_cache_bytes: 0,
             prefix_cache_bytes: Some(64 << 20),
             max_chunk_tokens: Some(64),
-            batch_invariant: true,
-            snapshots_within: None,
+            ..LoadOptions::default()
         };
         let mut loaded = load(Device::Cpu, &source, BatchLimits::new(256, 4), options).unwrap();
         let reuse = loaded.prefix_reuse[0].clone();
@@ -1016,12 +1020,9 @@ mod tests {
         let source = ModelSource::resolve(None, None, None).unwrap();
         for (flag, want) in [(None, true), (Some(false), false), (Some(true), true)] {
             let options = LoadOptions {
-                cpu_engines: 1,
-                image_cache_bytes: 0,
                 prefix_cache_bytes: Some(1 << 20),
-                max_chunk_tokens: None,
-                batch_invariant: true,
                 snapshots_within: flag,
+                ..LoadOptions::default()
             };
             let loaded = load(Device::Cpu, &source, BatchLimits::new(64, 2), options).unwrap();
             assert_eq!(

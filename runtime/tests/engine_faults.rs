@@ -94,9 +94,7 @@ async fn server(engines: usize) -> Server {
         cpu_engines: engines,
         image_cache_bytes: 1 << 20,
         prefix_cache_bytes: Some(0),
-        max_chunk_tokens: None,
-        batch_invariant: true,
-        snapshots_within: None,
+        ..LoadOptions::default()
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let plan = Arc::new(Plan::default());

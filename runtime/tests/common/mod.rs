@@ -45,12 +45,10 @@ pub fn demo_ready_with(config: Config) -> Ready {
     let source = ModelSource::resolve(None, None, None).unwrap();
     let limits = engine::batch_limits(config.batch_capacity().unwrap());
     let options = LoadOptions {
-        cpu_engines: 1,
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(0),
         max_chunk_tokens: config.max_chunk_tokens,
-        batch_invariant: true,
-        snapshots_within: None,
+        ..LoadOptions::default()
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     Ready {
@@ -73,8 +71,7 @@ pub fn demo_ready_with_prefix(
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(prefix_cache_bytes),
         max_chunk_tokens: config.max_chunk_tokens,
-        batch_invariant: true,
-        snapshots_within: None,
+        ..LoadOptions::default()
     };
     let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
     let reuse = loaded.prefix_reuse.pop().expect("one device");
