@@ -41,12 +41,15 @@ LONG_TOKENS=${LONG_TOKENS:-14500}
 LEVEL_S=${LEVEL_S:-15}
 FIXTURES=${FIXTURES:-.cache/fixtures/cua-s1-4b-0.2-text.json}
 STAGES=${STAGES:-parity,bench}
+# Which of the three servers run (a chunk-size sweep: SERVERS=chunked CHUNK=512 STAGES=bench).
+SERVERS=${SERVERS:-off,reuse,chunked}
 exec > >(tee -a "$OUT/gpu_prefix_bench.log") 2>&1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NO_COLOR=1
 export INSTINCT_CUDA_HOME=${INSTINCT_CUDA_HOME:-/usr/local/cuda}
 started=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - started )) s] $*"; }
 has() { [[ ,$STAGES, == *,$1,* ]]; }
+runs() { [[ ,$SERVERS, == *,$1,* ]]; }
 
 # shellcheck source=tools/reference/gpu_common.sh
 source "$ROOT/tools/reference/gpu_common.sh"
@@ -103,36 +106,42 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   stamp "long $1 done"
 }
 
-serve_real off 120 --prefix-cache-mib 0 || exit 1
-answers off
-if has bench; then
-  timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
-    --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_off.json" || echo "goal_less off FAILED"
+if runs off; then
+  serve_real off 120 --prefix-cache-mib 0 || exit 1
+  answers off
+  if has bench; then
+    timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
+      --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_off.json" || echo "goal_less off FAILED"
+  fi
+  stop_server
 fi
-stop_server
 
-serve_real reuse 120 --prefix-cache-mib "$CACHE_MIB" || exit 1
-answers reuse
-if has bench; then
-  timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
-    --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_reuse.json" || echo "goal_less reuse FAILED"
-  asked0=$(metric instinct_prompt_tokens_total); computed0=$(metric instinct_prompt_tokens_computed_total)
-  timeout 60 "${LT[@]}" "${mix[@]}" --concurrency 8 --json "$OUT/mix_reuse.json" || echo "mix reuse FAILED"
-  asked1=$(metric instinct_prompt_tokens_total); computed1=$(metric instinct_prompt_tokens_computed_total)
-  echo "upstream mix, 8 clients: prompt tokens asked $((asked1 - asked0)), computed $((computed1 - computed0))" | tee "$OUT/tokens.txt"
+if runs reuse; then
+  serve_real reuse 120 --prefix-cache-mib "$CACHE_MIB" || exit 1
+  answers reuse
+  if has bench; then
+    timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
+      --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_reuse.json" || echo "goal_less reuse FAILED"
+    asked0=$(metric instinct_prompt_tokens_total); computed0=$(metric instinct_prompt_tokens_computed_total)
+    timeout 60 "${LT[@]}" "${mix[@]}" --concurrency 8 --json "$OUT/mix_reuse.json" || echo "mix reuse FAILED"
+    asked1=$(metric instinct_prompt_tokens_total); computed1=$(metric instinct_prompt_tokens_computed_total)
+    echo "upstream mix, 8 clients: prompt tokens asked $((asked1 - asked0)), computed $((computed1 - computed0))" | tee "$OUT/tokens.txt"
+  fi
+  long_pair reuse
+  curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_reuse.txt" || true
+  stop_server
 fi
-long_pair reuse
-curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_reuse.txt" || true
-stop_server
 
-serve_real chunked 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
-answers chunked
-answers_beside_load chunked
-long_pair chunked
-curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_chunked.txt" || true
-stop_server
+if runs chunked; then
+  serve_real chunked 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
+  answers chunked
+  answers_beside_load chunked
+  long_pair chunked
+  curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_chunked.txt" || true
+  stop_server
+fi
 
-if has parity; then
+if has parity && [[ $SERVERS == off,reuse,chunked ]]; then
   stamp "exactness against off (|Δp| ≤ 2e-3, choices unchanged)"
   for name in reuse chunked; do
     for w in fixtures goal_less long; do
