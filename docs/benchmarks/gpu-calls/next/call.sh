@@ -1,22 +1,20 @@
 #!/usr/bin/env bash
-# Planned first device call of the next session (not run yet: the seventh session was lent no
-# device). Main as it stands, on an H200 if one is lent (the issues' hardware; the sixth
-# session's figures are all H100):
-#   1. GPU tests of what landed without a GPU run: cuda_carried (with
-#      a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_gpu: DeltaState::final_at and
-#      ConvWindow::output_at bit for bit against a pass of the prefix alone), prefix_states (with
-#      on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way), cuda_attention (the shared flash
-#      shape rule), cuda_vision, cuda_ops, vision_tiny (with
-#      on_the_gpu_several_images_in_one_tower_pass_get_the_features_each_gets_alone);
+# The planned device call, all in one (600 s at most), in order of need:
+#   1. GPU tests of what landed without a GPU run (cuda_carried with
+#      a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_gpu, prefix_states with
+#      on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way, cuda_attention, cuda_vision,
+#      cuda_ops, vision_tiny with on_the_gpu_several_images_in_one_tower_pass_...);
 #   2. whole-model parity (84 questions);
-#   3. tools/reference/gpu_vl_check.sh (screenshot parity and 1024x1024 latency);
-#   3b. the same with `--snapshots-within on` (a new screenshot's single question in one pass);
-# (the prefix benchmark and the mixed load are call2.sh: the two together would pass 600 s).
-# if 1 and 3b pass, set SNAPSHOTS_WITHIN = true for CudaBackend (runtime/src/engine.rs).
-# Carries .carry (bin: instinct, instinct-loadtest; tests: cuda_carried, prefix_states,
-# cuda_attention, cuda_vision, cuda_ops, vision_tiny), .cache/qwen-tokenizer, .cache/fixtures.
-# Results in $OUT: call.log, tests.log, check.json, vl.tgz.
-#   REV=<sha> bash docs/benchmarks/gpu-calls/next/call1.sh
+#   3. gpu_vl_check.sh (screenshot parity and 1024x1024 latency), default and
+#      `--snapshots-within on`;
+#   4. gpu_prefix_bench.sh, both stages (exactness with reuse, riders and chunks; the three
+#      benchmarks);
+#   5. gpu_mixed_load.sh, closed loop (images sharing tower passes), if 130 s are left;
+#   6. the long-mix pair with 512-token chunks, if 100 s are left.
+# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest and the six test
+# executables), .cache/qwen-tokenizer, .cache/fixtures. Results in $OUT: call.log, tests.log,
+# check.json, vl.tgz, prefix.tgz, mixed.tgz, chunk512.tgz.
+#   REV=<sha> bash docs/benchmarks/gpu-calls/next/call.sh
 export INSTINCT_CUDA_HOME=/usr/local/cuda HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 L=$OUT/call.log
 R=$OUT/tests.log
@@ -55,4 +53,22 @@ SERVE_FLAGS="--snapshots-within on" OUT=/tmp/vl_within WORK=/tmp/vl_check_within
 t "vl within exit $?"
 grep -E "vl_parity\]" /tmp/vl_within/gpu_vl_check.log | tail -2 >> $L
 tar czf $OUT/vl.tgz -C /tmp vl vl_within
+OUT=/tmp/prefix REVISION=$REV timeout 330 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
+t "prefix exit $?"
+grep -vE "^\[|^ *$" /tmp/prefix/gpu_prefix_bench.log | tail -32 >> $L
+tar czf $OUT/prefix.tgz --exclude=workloads -C /tmp prefix
+sweep() {  # sweep CHUNK: the long-mix pair alone on a chunked server with chunks of CHUNK tokens
+  OUT=/tmp/chunk$1 SERVERS=chunked CHUNK=$1 STAGES=bench REVISION=$REV timeout 100 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
+  t "chunk $1 exit $?"
+  grep -E "^long_chunked|^long chunked" /tmp/chunk$1/gpu_prefix_bench.log >> $L
+  tar czf $OUT/chunk$1.tgz --exclude=workloads -C /tmp chunk$1
+}
+left() { echo $(( 590 - ($(date +%s) - T0) )); }
+[ $(left) -gt 130 ] && {
+RUNS=mixed_closed OUT=/tmp/mixed REVISION=$REV timeout 120 bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
+t "mixed exit $?"
+grep -E "^(mixed_)|image stages" /tmp/mixed/gpu_mixed_load.log >> $L
+tar czf $OUT/mixed.tgz -C /tmp mixed
+}
+[ $(left) -gt 100 ] && sweep 512
 t done
