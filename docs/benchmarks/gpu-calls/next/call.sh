@@ -5,8 +5,8 @@
 #      on_the_gpu_a_question_leaves_a_prefix_snapshot_on_its_way, cuda_attention, cuda_vision,
 #      cuda_ops, vision_tiny with on_the_gpu_several_images_in_one_tower_pass_...);
 #   2. whole-model parity (84 questions);
-#   3. gpu_vl_check.sh (screenshot parity and 1024x1024 latency), default and
-#      `--snapshots-within on`;
+#   3. gpu_vl_check.sh (screenshot parity and 1024x1024 latency), with `--snapshots-within on`
+#      and as before;
 #   4. gpu_prefix_bench.sh, both stages (exactness with reuse, riders and chunks; the three
 #      benchmarks);
 #   5. gpu_mixed_load.sh, closed loop (images sharing tower passes), if 130 s are left;
@@ -27,14 +27,15 @@ run_test vision_tiny-test 60
 tests_summary
 wait_checkpoint
 parity
-OUT=/tmp/vl timeout 200 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
-t "vl exit $?"
-grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
-# The same with a new screenshot's single question in one pass (its snapshot taken on the way).
+# A new screenshot's single question in one pass (its snapshot taken on the way), then as before
+# (two passes), when time is left.
 SERVE_FLAGS="--snapshots-within on" OUT=/tmp/vl_within WORK=/tmp/vl_check_within timeout 200 \
   bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
 t "vl within exit $?"
 grep -E "vl_parity\]" /tmp/vl_within/gpu_vl_check.log | tail -2 >> $L
+(( $(left) > 60 )) && OUT=/tmp/vl timeout 200 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+t "vl exit $?"
+grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
 tar czf $OUT/vl.tgz -C /tmp vl vl_within
 (( $(left) > 120 )) && LEVEL_S=${LEVEL_S:-10} OUT=/tmp/prefix REVISION=$REV timeout $(( $(left) < 330 ? $(left) : 330 )) bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
 t "prefix exit $?"
