@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use ::metrics::histogram;
 use anyhow::{ensure, Context};
-use instinct_kernels::backend::{Buffers, VisionBackend};
+use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend, KernelError};
 use instinct_model::chat::ChatTemplate;
@@ -622,9 +622,7 @@ pub fn start_cuda_with(ordinal: usize, batch_invariant: bool) -> anyhow::Result<
 
 /// What the loader needs of a backend beyond its ops (every serving backend has the vision ops
 /// and resumes from prefix states).
-trait ServingBackend:
-    VisionBackend + Buffers<Buf: Send, Idx: Send> + Sized + Send + Sync + 'static
-{
+trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
     /// Token boundaries at which a resumed sequence computes what the whole prompt does: prefix
     /// snapshots and prefill chunks are cut only at multiples of it.
     const RESUME_GRID: usize;
@@ -784,7 +782,7 @@ fn check_chunk_size<B: ServingBackend>(device: Device, options: LoadOptions) -> 
 /// every device.
 fn load_engines<B: ServingBackend>(
     device: Device,
-    start: impl Fn() -> anyhow::Result<B> + Sync,
+    start: impl Fn() -> anyhow::Result<B>,
     options: LoadOptions,
     source: &ModelSource,
     limits: BatchLimits,
@@ -796,31 +794,20 @@ fn load_engines<B: ServingBackend>(
     let mut reuse: Option<Arc<PrefixReuse>> = None;
     let mut weights_bytes = 0;
     for _ in 0..options.cpu_engines {
-        // The two language copies are read, merged and uploaded side by side: each is seconds of
-        // host work (f32 conversion, LoRA merge) that the other need not wait for.
-        let (text, path) = std::thread::scope(|scope| {
-            let path = source.multimodal_adapter.as_deref().map(|dir| {
-                let start = &start;
-                scope.spawn(move || screenshot_path(start, &source.model_dir, dir, limits))
-            });
-            let text = load_text(
-                start()?,
-                &source.model_dir,
-                source.text_adapter.as_deref(),
-                limits,
-            );
-            let path = path
-                .map(|p| {
-                    p.join()
-                        .map_err(|_| anyhow::anyhow!("loading the screenshot path panicked"))?
-                })
-                .transpose();
-            anyhow::Ok((text?, path?))
-        })?;
+        let text = load_text(
+            start()?,
+            &source.model_dir,
+            source.text_adapter.as_deref(),
+            limits,
+        )?;
         weights_bytes += text.weights_bytes;
-        if path.is_some() {
-            weights_bytes += text.weights_bytes;
-        }
+        let path = match &source.multimodal_adapter {
+            Some(dir) => {
+                weights_bytes += text.weights_bytes;
+                Some(screenshot_path(&start, &source.model_dir, dir, limits)?)
+            }
+            None => None,
+        };
         let (multimodal, vision) = match path {
             Some(p) => (
                 Some(p.decider),
