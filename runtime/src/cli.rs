@@ -160,8 +160,8 @@ pub struct ServeArgs {
     /// Prefix snapshots taken on the way (`on` or `off`): when one question alone would resume
     /// from a prefix the cache lacks (the system turn and image of the one question on a new
     /// screenshot), its own forward pass leaves the prefix's snapshot as it runs past it, instead
-    /// of a pass of its own first. Default: on for the CPU backend; off on a GPU until its GPU
-    /// tests have run there (README, "Prefix reuse").
+    /// of a pass of its own first. Default: on (README, "Prefix reuse"); `off` is there to measure
+    /// what it saves.
     #[arg(long, env = "INSTINCT_SNAPSHOTS_WITHIN", value_parser = parse_on_off)]
     pub snapshots_within: Option<bool>,
 

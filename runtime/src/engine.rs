@@ -658,10 +658,10 @@ impl ServingBackend for CudaBackend {
     // on the seeded real-shape checkpoint (docs/benchmarks/prefix-reuse-gpu/).
     const RESUME_GRID: usize = instinct_kernels::cuda::DELTA_CHUNK_TOKENS;
     const STATES_ON_DEVICE: bool = true;
-    // The kernels take a snapshot inside a pass (`DeltaState::final_at`, `ConvWindow::output_at`)
-    // and their GPU tests are written (kernels/tests/cuda_carried.rs, model/tests/prefix_states.rs),
-    // but they have not run on a GPU yet: off until they have.
-    const SNAPSHOTS_WITHIN: bool = false;
+    // The kernels take a snapshot inside a pass (`DeltaState::final_at`, `ConvWindow::output_at`),
+    // bit for bit the prefix's own pass on the GPU (kernels/tests/cuda_carried.rs,
+    // model/tests/prefix_states.rs; docs/benchmarks/gpu-calls/2026-12-06-1fe910d-h100).
+    const SNAPSHOTS_WITHIN: bool = true;
     /// A quarter of the device memory free once the model and its activations are loaded, at
     /// most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB.
     fn default_prefix_cache_bytes(backend: &Self) -> usize {
