@@ -33,9 +33,10 @@ wait_checkpoint() {
 # run_test EXECUTABLE SECONDS [ARGS]: one carried test executable's ignored (GPU) tests, into the
 # tests log; its exit status in the call log.
 run_test() {
-  local exe=.carry/tests/$1 s=$2; shift 2
-  echo "## $exe $*" >> "$TESTS_LOG"
-  timeout "$s" "$exe" --ignored --test-threads=1 --nocapture "$@" >> "$TESTS_LOG" 2>&1; t "$1 exit $?"
+  local name=$1 s=$2; shift 2
+  echo "## .carry/tests/$name $*" >> "$TESTS_LOG"
+  timeout "$s" ".carry/tests/$name" --ignored --test-threads=1 --nocapture "$@" >> "$TESTS_LOG" 2>&1
+  t "$name exit $?"
 }
 # tests_summary: each executable's result lines, into the call log.
 tests_summary() {
