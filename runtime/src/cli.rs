@@ -430,7 +430,7 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_within_default_to_the_backends_choice_and_take_on_or_off() {
+    fn snapshots_within_default_to_the_loaders_choice_and_take_on_or_off() {
         let within = |flags: &[&str]| {
             serve_args(flags).map(|a| crate::serve::load_options(&a).snapshots_within)
         };

@@ -501,7 +501,9 @@ pub struct LoadOptions {
     pub max_chunk_tokens: Option<usize>,
     /// `--batch-invariant` (GPUs; the CPU is invariant anyway).
     pub batch_invariant: bool,
-    /// `--snapshots-within` (`None`: the backend's default, `ServingBackend::SNAPSHOTS_WITHIN`).
+    /// `--snapshots-within` (`None`: on, [`PrefixReuse`]'s default on every backend; the snapshot
+    /// taken inside a pass is the prefix's own, bit for bit on the GPU too:
+    /// docs/benchmarks/gpu-calls/2026-12-06-1fe910d-h100).
     pub snapshots_within: Option<bool>,
 }
 
@@ -628,9 +630,6 @@ trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
     const RESUME_GRID: usize;
     /// Whether its prefix states live in device memory (not the host's).
     const STATES_ON_DEVICE: bool;
-    /// Whether a question's own segment takes the snapshot of an anchor only it resumes from
-    /// ([`PrefixReuse::snapshots_within`]) instead of a pass of its own.
-    const SNAPSHOTS_WITHIN: bool;
     /// The prefix cache's budget when none is asked for, once the model is loaded on `backend`.
     fn default_prefix_cache_bytes(backend: &Self) -> usize;
 }
@@ -645,7 +644,6 @@ impl ServingBackend for CpuBackend {
     // f32 throughout, one token at a time: exact at any boundary.
     const RESUME_GRID: usize = 1;
     const STATES_ON_DEVICE: bool = false;
-    const SNAPSHOTS_WITHIN: bool = true;
     fn default_prefix_cache_bytes(_: &Self) -> usize {
         CPU_PREFIX_CACHE_BYTES
     }
@@ -658,10 +656,6 @@ impl ServingBackend for CudaBackend {
     // on the seeded real-shape checkpoint (docs/benchmarks/prefix-reuse-gpu/).
     const RESUME_GRID: usize = instinct_kernels::cuda::DELTA_CHUNK_TOKENS;
     const STATES_ON_DEVICE: bool = true;
-    // The kernels take a snapshot inside a pass (`DeltaState::final_at`, `ConvWindow::output_at`),
-    // bit for bit the prefix's own pass on the GPU (kernels/tests/cuda_carried.rs,
-    // model/tests/prefix_states.rs; docs/benchmarks/gpu-calls/2026-12-06-1fe910d-h100).
-    const SNAPSHOTS_WITHIN: bool = true;
     /// A quarter of the device memory free once the model and its activations are loaded, at
     /// most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB.
     fn default_prefix_cache_bytes(backend: &Self) -> usize {
@@ -748,15 +742,15 @@ fn prefix_reuse_for<B: ServingBackend>(
         return Ok(PrefixReuse::off());
     }
     let system = prefix_reuse::system_prefix_ids(&text.tokenizer, &text.chat)?;
-    let within = options.snapshots_within.unwrap_or(B::SNAPSHOTS_WITHIN);
-    let reuse = PrefixReuse::new(budget, system)
-        .on_grid(B::RESUME_GRID)
-        .snapshots_within(within);
+    let mut reuse = PrefixReuse::new(budget, system).on_grid(B::RESUME_GRID);
+    if let Some(within) = options.snapshots_within {
+        reuse = reuse.snapshots_within(within);
+    }
     tracing::info!(
         %device,
         budget_mib = budget >> 20,
         grid = B::RESUME_GRID,
-        snapshots_within = within,
+        snapshots_within = reuse.takes_snapshots_within(),
         system_tokens = reuse.system_ids().len(),
         "prefix reuse on"
     );
@@ -1016,7 +1010,7 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_within_follow_the_flag_or_the_backends_default() {
+    fn snapshots_within_follow_the_flag_and_default_to_on() {
         let source = ModelSource::resolve(None, None, None).unwrap();
         for (flag, want) in [(None, true), (Some(false), false), (Some(true), true)] {
             let options = LoadOptions {
