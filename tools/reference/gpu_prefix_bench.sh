@@ -141,7 +141,7 @@ if runs chunked; then
   stop_server
 fi
 
-if has parity && [[ $SERVERS == off,reuse,chunked ]]; then
+if has parity && runs off && runs reuse && runs chunked; then
   stamp "exactness against off (|Δp| ≤ 2e-3, choices unchanged)"
   for name in reuse chunked; do
     for w in fixtures goal_less long; do
