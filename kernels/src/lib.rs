@@ -9,8 +9,8 @@ pub mod error;
 pub use backend::{
     AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims,
     DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm,
-    GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv, Projection, QkPrologue, Rope, RowNorm,
-    Store, Strided, Varlen,
+    GemmShape, HeadLayout, KernelResult, L2Heads, PassShape, PrefixKv, Projection, QkPrologue,
+    Rope, RowNorm, Store, Strided, Varlen,
 };
 pub use cpu::CpuBackend;
 pub use error::KernelError;

@@ -12,10 +12,11 @@
 //! DeltaNet or gated full attention as `layer_types` says; then the final norm.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use instinct_kernels::backend::padded_offsets;
 use instinct_kernels::{
     AttentionDims, AttentionOutput, Backend, Buffers, ConvWindow, DeltaCarry, DeltaDims,
-    DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, GatedNorm, GemmShape, PrefixKv,
-    Projection, QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
+    DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, GatedNorm, GemmShape, KernelError,
+    PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
 };
 
 use crate::config::{LayerKind, TextConfig};
@@ -543,10 +544,11 @@ impl<B: Backend> TextModel<B> {
     }
 
     /// Runs one forward pass at each row count the backend asks to be warmed
-    /// ([`Backend::warm_rows`]: one per bucket up to the batch limit, then the limit itself), one
-    /// sequence of token 0, so that work a backend keys by shape (the CUDA backend's GEMM algorithm
-    /// tuning per row bucket) happens at start-up rather than on the first request of each size.
-    /// The limit runs first (it sizes every buffer); a row count the backend says it would add
+    /// ([`Backend::warm_rows`]: one per bucket up to the batch limit, then the limit itself), of
+    /// token 0, so that work a backend keys by shape (the CUDA backend's GEMM algorithm tuning per
+    /// row bucket) happens at start-up rather than on the first request of each size. The limit
+    /// runs first, as the most sequences a batch holds (it sizes every buffer); the others as one
+    /// sequence. A row count the backend says it would add
     /// nothing to ([`Backend::warm_like`]: its GEMM winners are already stored) is skipped.
     /// Returns the row counts run.
     pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
@@ -559,8 +561,20 @@ impl<B: Backend> TextModel<B> {
             if n != limit && self.backend.warm_like(n, limit) {
                 continue;
             }
+            // The limit runs as the most sequences a batch holds, so a backend's scratch that
+            // grows with the sequence count (split attention rows) is sized once, here: a
+            // captured pass holds its scratch's address, and replacing it later would make
+            // every capture stale.
+            let seqs = if n == limit {
+                self.limits.max_seqs.clamp(1, n)
+            } else {
+                1
+            };
             let ids = vec![0u32; n];
-            self.forward_last(&[SequenceInput::text(&ids)])
+            let inputs: Vec<SequenceInput> = (0..seqs)
+                .map(|s| SequenceInput::text(&ids[s * n / seqs..(s + 1) * n / seqs]))
+                .collect();
+            self.forward_last(&inputs)
                 .with_context(|| format!("warming {n} rows"))?;
             run.push(n);
         }
@@ -951,7 +965,7 @@ impl<B: Backend> TextModel<B> {
         seqs: &[SequenceInput<'_>],
         overrides: &[Option<EmbeddingOverride<'_>>],
         starts: &[u32],
-        mut carry: Option<&mut Carry<B>>,
+        carry: Option<&mut Carry<B>>,
     ) -> Result<Vec<Vec<f32>>> {
         ensure!(
             overrides.len() <= seqs.len(),
@@ -959,7 +973,10 @@ impl<B: Backend> TextModel<B> {
             overrides.len(),
             seqs.len()
         );
-        let (n, rows) = self.stage_inputs(seqs, starts)?;
+        // A plain pass may run its layers padded to a captured shape (`Backend::pass_shape`);
+        // one that carries prefix states runs at its own.
+        let padded = carry.is_none();
+        let (n, rows, shape) = self.stage_inputs(seqs, starts, padded)?;
         // With overrides, `residual` already holds the (edited) input embeddings.
         let embedded = overrides.iter().any(Option::is_some);
         if embedded {
@@ -981,6 +998,41 @@ impl<B: Backend> TextModel<B> {
             be.embedding(embed, d.vocab, &ws.ids, rows, h, &mut ws.residual)
                 .map_err(e)?;
         }
+        let model = (&*be, &*d, &layers[..], &*final_norm);
+        match shape {
+            Some(shape) => {
+                // The backend may run this twice (once as a batch, once to capture it) or not at
+                // all (a replay); a failure keeps its context here.
+                let mut failure = None;
+                let mut body = || {
+                    Self::layers(model, ws, (shape.seqs, shape.rows), None).map_err(|err| {
+                        let brief = KernelError::Backend(format!("{err:#}"));
+                        failure = Some(err);
+                        brief
+                    })
+                };
+                let ran = be.run_layers(shape, &mut body);
+                if let Err(err) = ran {
+                    return Err(failure.take().unwrap_or_else(|| anyhow::Error::new(err)));
+                }
+            }
+            None => Self::layers(model, ws, (n, rows), carry)?,
+        }
+        // `proj` holds the final-normed last rows, one per sequence.
+        let flat = be.read(&ws.proj, n * h).map_err(e)?;
+        Ok(flat.chunks_exact(h).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Every layer of a pass over `n` sequences in `rows` rows, from the input embeddings in
+    /// `residual` to the final-normed last row of each sequence in `proj`.
+    fn layers(
+        (be, d, layers, final_norm): (&B, &Dims, &[LayerBufs<B>], &B::Buf),
+        ws: &mut Workspace<B>,
+        (n, rows): (usize, usize),
+        mut carry: Option<&mut Carry<B>>,
+    ) -> Result<()> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let h = d.hidden;
         let norm = |weight, rows| RowNorm {
             weight,
             rows,
@@ -1054,13 +1106,11 @@ impl<B: Backend> TextModel<B> {
             // norm feeds the f32 readout, so it goes to an f32 buffer (`proj` is free by now).
             let (next_norm, out) = match layers.get(i + 1) {
                 Some(next) => (&next.input_norm, &mut ws.normed),
-                None => (&*final_norm, &mut ws.proj),
+                None => (final_norm, &mut ws.proj),
             };
             be.rms_norm(residual, norm(next_norm, m), out).map_err(e)?;
         }
-        // `proj` holds the final-normed last rows, one per sequence.
-        let flat = be.read(&ws.proj, n * h).map_err(e)?;
-        Ok(flat.chunks_exact(h).map(<[f32]>::to_vec).collect())
+        Ok(())
     }
 
     /// Embeds the staged batch into `residual` and replaces the overridden rows (through the
@@ -1119,12 +1169,14 @@ impl<B: Backend> TextModel<B> {
     }
 
     /// Validates the batch and writes ids, positions and `cu_seqlens` to the backend. Returns
-    /// (sequences, tokens).
+    /// (sequences, tokens) and, when `padded` and the backend pads such a pass, the shape its
+    /// layers run at (`cu_seqlens` then ends with the padding sequences).
     fn stage_inputs(
         &mut self,
         seqs: &[SequenceInput<'_>],
         starts: &[u32],
-    ) -> Result<(usize, usize)> {
+        padded: bool,
+    ) -> Result<(usize, usize, Option<PassShape>)> {
         ensure!(!seqs.is_empty(), "empty batch");
         let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
         self.limits.check(rows, seqs.len())?;
@@ -1164,11 +1216,19 @@ impl<B: Backend> TextModel<B> {
         }
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
+        let limits = self.limits;
+        let shape = padded
+            .then(|| be.pass_shape(rows, seqs.len()))
+            .flatten()
+            .filter(|s| limits.check(s.rows, s.seqs).is_ok());
+        if let Some(shape) = shape {
+            cu = padded_offsets(&cu, shape);
+        }
         be.write_idx(&mut self.ws.ids, &ids).map_err(e)?;
         be.write_idx(&mut self.ws.positions, &positions)
             .map_err(e)?;
         be.write_idx(&mut self.ws.cu_seqlens, &cu).map_err(e)?;
-        Ok((seqs.len(), rows))
+        Ok((seqs.len(), rows, shape))
     }
 
     /// Gated DeltaNet: `normed` → added to `residual`.

@@ -1,7 +1,7 @@
 //! The text forward pass on a tiny random model with the real layer pattern: packing, finiteness,
 //! input checks, and the letter readout on top.
 
-use instinct_kernels::CpuBackend;
+use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::config::{LayerKind, TextConfig};
 use instinct_model::forward::{BatchLimits, SequenceInput, TextModel};
 use instinct_model::readout::{LetterReadout, QWEN_LETTER_TOKEN_IDS};
@@ -378,4 +378,42 @@ fn warm_shapes_runs_the_limit_then_every_power_of_two_bucket_and_changes_no_answ
     assert_eq!(rows, [LIMITS.max_tokens, 1, 2, 4, 8, 16, 32, 64, 128, 256]);
     let after = m.forward_last(&[SequenceInput::text(&ids)]).unwrap();
     assert_eq!(before, after, "warming left state behind");
+}
+
+/// A plain pass padded to the shape a CUDA graph is captured at (more rows, in no sequence, and
+/// empty sequences after the real ones) answers exactly as the pass at its own shape, whatever
+/// the padding rows hold from earlier batches.
+#[test]
+fn a_pass_padded_to_a_captured_shape_answers_as_unpadded() {
+    let cfg = tiny_config();
+    let w = random_weights(&cfg, 5);
+    let limits = BatchLimits::new(512, 8);
+    let mut own = TextModel::new(CpuBackend::new(), &cfg, &w, limits).unwrap();
+    let mut padded = TextModel::new(CpuBackend::padding_passes(), &cfg, &w, limits).unwrap();
+    let mut rng = StdRng::seed_from_u64(6);
+    // A long batch first leaves its rows in the buffers the padded passes then run over.
+    let batches: [&[usize]; 6] = [
+        &[200, 190],
+        &[1],
+        &[5, 65, 1],
+        &[130, 64, 7, 9, 2],
+        &[139],
+        &[17],
+    ];
+    for lens in batches {
+        let seqs: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&l| random_ids(&mut rng, l, cfg.vocab_size))
+            .collect();
+        let inputs: Vec<SequenceInput> = seqs.iter().map(|s| SequenceInput::text(s)).collect();
+        let rows: usize = lens.iter().sum();
+        let shape = padded.backend().pass_shape(rows, lens.len()).unwrap();
+        assert!(shape.rows > rows, "{lens:?} pads its rows ({shape:?})");
+        let want = own.forward_last(&inputs).unwrap();
+        let got = padded.forward_last(&inputs).unwrap();
+        assert_eq!(got.len(), lens.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "batch {lens:?}, sequence {i}: padded to {shape:?}");
+        }
+    }
 }

@@ -6,10 +6,12 @@ use crate::error::KernelError;
 /// The packed sequences of one batch: `cu_seqlens[s]..cu_seqlens[s + 1]` are the rows of
 /// sequence `s`. Only the first `num_seqs + 1` entries of the buffer are read.
 ///
-/// `rows` is the batch's total token count (`cu_seqlens[num_seqs]`), known on the host: device
-/// kernels size their launches by it, so a short batch in a large buffer costs only its rows.
-/// The CPU backend checks it against `cu_seqlens`; device kernels never touch a row at or beyond
-/// it, whatever `cu_seqlens` holds.
+/// `rows` is the batch's token count as launched, known on the host: device kernels size their
+/// launches by it, so a short batch in a large buffer costs only its rows. It is
+/// `cu_seqlens[num_seqs]`, or more in a pass padded to a captured shape (the rows past the last
+/// offset, and empty padding sequences, belong to no sequence: see [`super::PassShape`]). The CPU
+/// backend checks that it covers `cu_seqlens`; device kernels never touch a row at or beyond it,
+/// whatever `cu_seqlens` holds.
 pub struct Varlen<'a, I> {
     pub cu_seqlens: &'a I,
     pub num_seqs: usize,

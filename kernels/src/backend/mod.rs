@@ -17,6 +17,7 @@ mod args;
 mod composed;
 mod dims;
 mod layout;
+mod pass;
 mod rope;
 
 pub use args::{
@@ -29,6 +30,7 @@ pub(crate) use composed::{
 };
 pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
 pub use layout::{HeadLayout, Strided, Varlen};
+pub use pass::{captured_shape, padded_offsets, PassShape, CAPTURED_MAX_ROWS};
 pub use rope::Rope;
 
 use crate::error::KernelError;
@@ -79,6 +81,27 @@ pub trait Backend: Buffers {
     /// stored winner at `rows`' bucket too. The default, `false`, warms every row count.
     fn warm_like(&self, _rows: usize, _like: usize) -> bool {
         false
+    }
+
+    // ---- captured passes ------------------------------------------------------------------------
+
+    /// The shape ([`PassShape`]) a plain pass (no prefix state in or out) of `rows` tokens in
+    /// `seqs` sequences runs its layers at, padded so that a captured launch sequence serves it;
+    /// `None` runs it at its own. The default: its own.
+    fn pass_shape(&self, _rows: usize, _seqs: usize) -> Option<PassShape> {
+        None
+    }
+
+    /// Runs a pass's layers at `shape` (inputs staged before, the readback after): replays what
+    /// was captured for `shape`, or runs `layers` (and may capture it for the next batch of that
+    /// shape). `layers` must launch the same work for every batch of `shape`, reading all that is
+    /// batch-specific from device buffers. The default runs `layers`.
+    fn run_layers(
+        &self,
+        _shape: PassShape,
+        layers: &mut dyn FnMut() -> KernelResult<()>,
+    ) -> KernelResult<()> {
+        layers()
     }
 
     // ---- memory -------------------------------------------------------------------------------

@@ -293,11 +293,12 @@ pub(super) fn gather_last(
     let ranges = seq_ranges(OP, batch, x.len() / dim.max(1))?;
     check_len(OP, "out", out, ranges.len() * dim)?;
     for (s, r) in ranges.iter().enumerate() {
-        if r.is_empty() {
-            return Err(KernelError::invalid(OP, format!("sequence {s} is empty")));
+        let row = &mut out[s * dim..(s + 1) * dim];
+        // An empty sequence (a padded pass's padding) has no last row: NaN, as on the GPU.
+        match r.end.checked_sub(1).filter(|_| !r.is_empty()) {
+            Some(last) => row.copy_from_slice(&x[last * dim..(last + 1) * dim]),
+            None => row.fill(f32::NAN),
         }
-        let last = r.end - 1;
-        out[s * dim..(s + 1) * dim].copy_from_slice(&x[last * dim..(last + 1) * dim]);
     }
     Ok(())
 }

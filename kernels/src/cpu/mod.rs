@@ -11,20 +11,30 @@ mod vision;
 use std::ops::Range;
 
 use crate::backend::{
-    delta_net_core_carried_apart, stacked_norm_rope, AttentionDims, AttentionOutput, Backend,
-    Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput,
-    DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult,
-    PrefixKv, QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
+    captured_shape, delta_net_core_carried_apart, stacked_norm_rope, AttentionDims,
+    AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims, DeltaGates,
+    DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu,
+    GemmShape, HeadLayout, KernelResult, PassShape, PrefixKv, QkPrologue, Rope, RowNorm, Store,
+    Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
 /// The CPU backend. Stateless; buffers are ordinary vectors.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    /// Pads plain passes as a backend that captures them does ([`Backend::pass_shape`]).
+    pads_passes: bool,
+}
 
 impl CpuBackend {
     pub fn new() -> Self {
-        Self
+        Self::default()
+    }
+
+    /// A CPU backend that runs each plain pass padded to the shape a CUDA graph would be captured
+    /// at ([`captured_shape`]): the oracle for what padding does to answers (nothing).
+    pub fn padding_passes() -> Self {
+        Self { pads_passes: true }
     }
 }
 
@@ -83,8 +93,9 @@ pub(crate) fn seq_ranges(
         }
         ranges.push(a..b);
     }
+    // A padded pass ([`crate::backend::PassShape`]) has rows past the last offset, in no sequence.
     let total = cu[batch.num_seqs] as usize;
-    if total != batch.rows {
+    if total > batch.rows {
         return Err(KernelError::invalid(
             op,
             format!(
@@ -129,6 +140,12 @@ impl Buffers for CpuBackend {
 impl Backend for CpuBackend {
     fn name(&self) -> String {
         "cpu".to_string()
+    }
+
+    fn pass_shape(&self, rows: usize, seqs: usize) -> Option<PassShape> {
+        self.pads_passes
+            .then(|| captured_shape(rows, seqs))
+            .flatten()
     }
 
     fn alloc(&self, len: usize) -> KernelResult<Vec<f32>> {
