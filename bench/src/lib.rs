@@ -141,6 +141,19 @@ pub struct BenchArgs {
     /// Where to write the report (JSON; rewritten after every row). Printed to stdout without it.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Captured passes on a GPU (`on` or `off`), as `instinct serve --cuda-graphs`: each row's
+    /// first warm-up run captures its shape, the timed runs replay it.
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub cuda_graphs: bool,
+}
+
+/// A flag's `on` or `off`.
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected `on` or `off`, got `{other}`")),
+    }
 }
 
 /// How the server reads a request body: the user message of its one question, or why it refuses
@@ -186,6 +199,7 @@ pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
             let t0 = Instant::now();
             let backend = CudaBackend::new(CudaOptions {
                 ordinal,
+                cuda_graphs: args.cuda_graphs,
                 ..CudaOptions::default()
             })
             .with_context(|| format!("starting {}", args.device))?;
@@ -275,6 +289,7 @@ impl Bench<'_> {
                 "runs": a.runs, "batch_runs": a.batch_runs, "warmup": a.warmup,
                 "min_runs": a.min_runs, "max_row_s": a.max_row_s, "budget_s": a.budget_s,
                 "letters": LETTERS,
+                "cuda_graphs": a.cuda_graphs,
                 "timing": if a.http.is_some() {
                     "wall clock from writing the request to reading the whole answer, one \
                      kept-alive connection, single client"

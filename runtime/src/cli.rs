@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use instinct_bench::parse_on_off;
 use instinct_model::source::Devices;
 
 use crate::conn;
@@ -157,6 +158,15 @@ pub struct ServeArgs {
           action = clap::ArgAction::Set)]
     pub batch_invariant: bool,
 
+    /// Captured passes on a GPU (`on` or `off`): a pass with no prefix state in or out, of up to
+    /// 2,048 tokens, runs padded to a (tokens, sequences) shape; the first batch of a shape runs
+    /// as launched and is then captured as a CUDA graph, later ones replay it (one launch
+    /// instead of some 300). Off by default until its GPU tests have passed on this revision
+    /// (README, "Captured passes").
+    #[arg(long, env = "INSTINCT_CUDA_GRAPHS", default_value = "off", value_parser = parse_on_off,
+          action = clap::ArgAction::Set)]
+    pub cuda_graphs: bool,
+
     /// Prefix snapshots taken on the way (`on` or `off`): when one question alone would resume
     /// from a prefix the cache lacks (the system turn and image of the one question on a new
     /// screenshot), its own forward pass leaves the prefix's snapshot as it runs past it, instead
@@ -267,14 +277,6 @@ const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 /// Batch shapes from `--buckets`.
 #[derive(Clone, Debug, Default)]
 pub struct Buckets(pub Vec<(usize, usize)>);
-
-fn parse_on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        other => Err(format!("expected `on` or `off`, got `{other}`")),
-    }
-}
 
 fn parse_buckets(s: &str) -> Result<Buckets, String> {
     let mut out = Vec::new();
@@ -426,6 +428,17 @@ mod tests {
         assert_eq!(invariant(&["--batch-invariant", "off"]), Ok(false));
         assert_eq!(invariant(&["--batch-invariant=on"]), Ok(true));
         let e = invariant(&["--batch-invariant", "yes"]).unwrap_err();
+        assert!(e.contains("expected `on` or `off`"), "{e}");
+    }
+
+    #[test]
+    fn captured_passes_are_off_by_default_and_take_on_or_off() {
+        let graphs =
+            |flags: &[&str]| serve_args(flags).map(|a| crate::serve::load_options(&a).cuda_graphs);
+        assert_eq!(graphs(&[]), Ok(false));
+        assert_eq!(graphs(&["--cuda-graphs", "on"]), Ok(true));
+        assert_eq!(graphs(&["--cuda-graphs=off"]), Ok(false));
+        let e = graphs(&["--cuda-graphs", "true"]).unwrap_err();
         assert!(e.contains("expected `on` or `off`"), "{e}");
     }
 

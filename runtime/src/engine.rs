@@ -478,6 +478,8 @@ pub struct DeviceMemory {
     pub activations_bytes: u64,
     /// Reads (free, total) at scrape time.
     pub probe: instinct_kernels::cuda::MemoryProbe,
+    /// Reads the captured passes' counts at scrape time (`--cuda-graphs on`).
+    pub graphs: Option<instinct_kernels::cuda::GraphProbe>,
 }
 
 /// The engines' batch limits: the largest batch the scheduler plans
@@ -501,6 +503,8 @@ pub struct LoadOptions {
     pub max_chunk_tokens: Option<usize>,
     /// `--batch-invariant` (GPUs; the CPU is invariant anyway).
     pub batch_invariant: bool,
+    /// `--cuda-graphs` (GPUs).
+    pub cuda_graphs: bool,
     /// `--snapshots-within` (`None`: on, [`PrefixReuse`]'s default on every backend; the snapshot
     /// taken inside a pass is the prefix's own, bit for bit on the GPU too:
     /// docs/benchmarks/gpu-calls/2026-12-06-1fe910d-h100).
@@ -516,6 +520,7 @@ impl Default for LoadOptions {
             prefix_cache_bytes: None,
             max_chunk_tokens: None,
             batch_invariant: true,
+            cuda_graphs: false,
             snapshots_within: None,
         }
     }
@@ -548,7 +553,14 @@ pub fn load(
                 cpu_engines: 1,
                 ..options
             };
-            let start = || start_cuda_with(ordinal, options.batch_invariant);
+            let start = || {
+                Ok(CudaBackend::new(CudaOptions {
+                    ordinal,
+                    batch_invariant: options.batch_invariant,
+                    cuda_graphs: options.cuda_graphs,
+                    ..CudaOptions::default()
+                })?)
+            };
             let mut parts = load_engines(device, start, options, source, limits)?;
             // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now,
             // not on requests.
@@ -567,11 +579,20 @@ pub fn load(
             );
             let backend = parts.engines[0].decider.backend();
             let (weights_bytes, activations_bytes) = backend.allocated_bytes();
+            let graphs = backend.graph_probe();
+            if graphs.is_some() {
+                tracing::info!(
+                    max_rows = instinct_kernels::backend::CAPTURED_MAX_ROWS,
+                    "captured passes on: a plain pass pads to its shape, whose first batch \
+                     runs as launched and is captured; later batches replay it"
+                );
+            }
             let memory = DeviceMemory {
                 device: backend.name(),
                 weights_bytes,
                 activations_bytes,
                 probe: backend.memory_probe(),
+                graphs,
             };
             Ok(parts.into_loaded(weights_bytes, vec![memory]))
         }
@@ -608,16 +629,10 @@ pub fn load_on(
 }
 
 /// Starts the CUDA backend on GPU `ordinal` (kernels compiled, or loaded from the disk cache),
-/// batch-invariant.
+/// batch-invariant, every pass as launched.
 pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
-    start_cuda_with(ordinal, true)
-}
-
-/// [`start_cuda`], batch-invariant or not (`--batch-invariant`).
-pub fn start_cuda_with(ordinal: usize, batch_invariant: bool) -> anyhow::Result<CudaBackend> {
     Ok(CudaBackend::new(CudaOptions {
         ordinal,
-        batch_invariant,
         ..CudaOptions::default()
     })?)
 }

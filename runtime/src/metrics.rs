@@ -12,6 +12,7 @@ use instinct_scheduler::telemetry;
 
 use crate::engine::DeviceMemory;
 use crate::prefix_reuse;
+use instinct_kernels::cuda::GraphStats;
 
 /// Histogram, per request: from the first byte of the body to the answer.
 pub const REQUEST_DURATION_SECONDS: &str = "instinct_request_duration_seconds";
@@ -41,6 +42,19 @@ pub const READY: &str = "instinct_ready";
 /// Gauge, per GPU (`device`) and `kind`: `weights`, `activations` (buffers, workspace and scratch
 /// allocated once at load), `free` and `total` (read from the driver at scrape time).
 pub const DEVICE_MEMORY_BYTES: &str = "instinct_device_memory_bytes";
+
+/// Counter, per GPU (`device`) and `bucket` (`ROWSxSEQUENCES`): passes replayed from a captured
+/// graph (`--cuda-graphs on`).
+pub const GRAPH_REPLAYS_TOTAL: &str = "instinct_graph_replays_total";
+/// Counter, per GPU: passes of a capturable size that ran as launched (a shape's first batch, a
+/// shape whose capture failed, a graph made stale by larger scratch).
+pub const GRAPH_MISSES_TOTAL: &str = "instinct_graph_misses_total";
+/// Counter, per GPU: captures made.
+pub const GRAPH_CAPTURES_TOTAL: &str = "instinct_graph_captures_total";
+/// Gauge, per GPU: seconds spent capturing since start (a gauge: counters hold integers).
+pub const GRAPH_CAPTURE_SECONDS: &str = "instinct_graph_capture_seconds";
+/// Gauge, per GPU: shapes whose capture failed (they run as launched; the log says why).
+pub const GRAPH_FAILED_SHAPES: &str = "instinct_graph_failed_shapes";
 
 /// Gauge: bytes held for requests in flight (bodies, parsed requests, token ids, screenshot
 /// features), against `--max-inflight-mib`.
@@ -257,7 +271,25 @@ fn describe() {
     describe_gauge!(
         DEVICE_MEMORY_BYTES,
         Unit::Bytes,
-        "GPU memory by kind: weights, activations, free, total"
+        "GPU memory by kind: weights, activations, graphs (captured passes), free, total"
+    );
+    describe_counter!(
+        GRAPH_REPLAYS_TOTAL,
+        "Passes replayed from a captured CUDA graph, by bucket (rows x sequences)"
+    );
+    describe_counter!(
+        GRAPH_MISSES_TOTAL,
+        "Passes of a capturable size run as launched (first of their shape, failed or stale capture)"
+    );
+    describe_counter!(GRAPH_CAPTURES_TOTAL, "CUDA graphs captured");
+    describe_gauge!(
+        GRAPH_CAPTURE_SECONDS,
+        Unit::Seconds,
+        "Time spent capturing CUDA graphs since start"
+    );
+    describe_gauge!(
+        GRAPH_FAILED_SHAPES,
+        "Pass shapes whose capture failed and that run as launched"
     );
 }
 
@@ -294,7 +326,25 @@ fn refresh_devices() {
             gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => "total")
                 .set(total as f64);
         }
+        if let Some(graphs) = &d.graphs {
+            publish_graphs(&d.device, &graphs.stats());
+        }
     }
+}
+
+/// The captured passes' counts of GPU `device`, as read at a scrape.
+fn publish_graphs(device: &str, stats: &GraphStats) {
+    let device = device.to_string();
+    for (shape, replays) in &stats.replays {
+        let bucket = format!("{}x{}", shape.rows, shape.seqs);
+        counter!(GRAPH_REPLAYS_TOTAL, "device" => device.clone(), "bucket" => bucket)
+            .absolute(*replays);
+    }
+    counter!(GRAPH_MISSES_TOTAL, "device" => device.clone()).absolute(stats.misses);
+    counter!(GRAPH_CAPTURES_TOTAL, "device" => device.clone()).absolute(stats.captures);
+    gauge!(GRAPH_CAPTURE_SECONDS, "device" => device.clone()).set(stats.capture_seconds);
+    gauge!(GRAPH_FAILED_SHAPES, "device" => device.clone()).set(stats.failed as f64);
+    gauge!(DEVICE_MEMORY_BYTES, "device" => device, "kind" => "graphs").set(stats.bytes as f64);
 }
 
 /// Counts one finished `/v1/systemone` request.

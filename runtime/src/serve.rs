@@ -95,6 +95,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         prefix_cache_bytes: args.prefix_cache_mib.map(|mib| mib << 20),
         max_chunk_tokens: max_chunk_tokens(args),
         batch_invariant: args.batch_invariant,
+        cuda_graphs: args.cuda_graphs,
         snapshots_within: args.snapshots_within,
     }
 }

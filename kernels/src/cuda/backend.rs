@@ -15,6 +15,7 @@ use super::blas::{row_bucket, Blas};
 use super::buffers::{idx, CudaBuf};
 use super::compile::GpuArch;
 use super::device::{driver_err, CudaOptions, Device};
+use super::graphs::{GraphProbe, Graphs};
 use super::launch::Gpu;
 use super::ops::{
     attention, conv, delta, delta_chunked, elementwise, flash_attention, gemm, norms, rope, vision,
@@ -23,11 +24,11 @@ use super::tuning::TuningFile;
 use super::upload::Staging;
 use super::workspace::Workspace;
 use crate::backend::{
-    conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
-    stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow,
-    DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState,
-    GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, L2Heads, PrefixKv,
-    Projection, QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
+    captured_shape, conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart,
+    qk_norm_then_rope, stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d,
+    ConvWindow, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch,
+    DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, L2Heads,
+    PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -41,6 +42,8 @@ pub struct CudaBackend {
     weight_bytes: AtomicU64,
     /// The pinned buffer weights are uploaded through.
     staging: Staging,
+    /// Captured passes, with `cuda_graphs` on.
+    graphs: Option<Graphs>,
 }
 
 /// Reads a device's free and total memory; cheap to clone, usable from any thread.
@@ -78,13 +81,23 @@ impl CudaBackend {
             }
             None => None,
         };
-        let blas = Blas::new(device.stream.clone(), tuning_file, options.batch_invariant)?;
+        let workspace = Workspace::default();
+        let blas = Blas::new(
+            device.stream.clone(),
+            tuning_file,
+            options.batch_invariant,
+            workspace.capture.clone(),
+        )?;
+        let graphs = options
+            .cuda_graphs
+            .then(|| Graphs::new(device.ctx.clone(), device.stream.clone()));
         Ok(Self {
             gpu: Gpu {
                 device,
                 blas,
-                workspace: Workspace::default(),
+                workspace,
             },
+            graphs,
             ordinal: options.ordinal,
             weight_bytes: AtomicU64::new(0),
             staging: Staging::default(),
@@ -135,8 +148,15 @@ impl CudaBackend {
         flash_attention::force_query_rows(rows);
     }
 
+    /// Reads what the captured passes did since start, from any thread; `None` with
+    /// `cuda_graphs` off.
+    pub fn graph_probe(&self) -> Option<GraphProbe> {
+        self.graphs.as_ref().map(Graphs::probe)
+    }
+
     /// Waits for every queued op to finish.
     pub fn synchronize(&self) -> KernelResult<()> {
+        self.gpu.workspace.capture.refuse("synchronize")?;
         self.gpu
             .device
             .stream
@@ -171,7 +191,23 @@ impl Backend for CudaBackend {
         self.gpu.blas.has_winners_like(rows, like)
     }
 
+    fn pass_shape(&self, rows: usize, seqs: usize) -> Option<PassShape> {
+        self.graphs.as_ref().and(captured_shape(rows, seqs))
+    }
+
+    fn run_layers(
+        &self,
+        shape: PassShape,
+        layers: &mut dyn FnMut() -> KernelResult<()>,
+    ) -> KernelResult<()> {
+        match &self.graphs {
+            Some(graphs) => graphs.run(shape, &self.gpu.workspace.capture, layers),
+            None => layers(),
+        }
+    }
+
     fn alloc(&self, len: usize) -> KernelResult<CudaBuf> {
+        self.gpu.workspace.capture.refuse("alloc")?;
         let slice = self.gpu.device.stream.alloc_zeros::<f32>(len);
         let slice = slice.map_err(|e| driver_err("alloc", e))?;
         self.gpu.workspace.add_bytes(4 * len as u64);
@@ -180,6 +216,7 @@ impl Backend for CudaBackend {
 
     /// A bf16 buffer: the norms write GEMM inputs in the precision the GEMM reads them.
     fn alloc_gemm_input(&self, len: usize) -> KernelResult<CudaBuf> {
+        self.gpu.workspace.capture.refuse("alloc_gemm_input")?;
         let slice = self.gpu.device.stream.alloc_zeros::<bf16>(len);
         let slice = slice.map_err(|e| driver_err("alloc_gemm_input", e))?;
         self.gpu.workspace.add_bytes(2 * len as u64);
@@ -187,6 +224,7 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_idx(&self, len: usize) -> KernelResult<CudaSlice<u32>> {
+        self.gpu.workspace.capture.refuse("alloc_idx")?;
         let slice = self.gpu.device.stream.alloc_zeros::<u32>(len);
         let slice = slice.map_err(|e| driver_err("alloc_idx", e))?;
         self.gpu.workspace.add_bytes(4 * len as u64);
@@ -200,6 +238,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload_stacked(&self, parts: &[&[f32]]) -> KernelResult<CudaBuf> {
+        self.gpu.workspace.capture.refuse("upload")?;
         let slice = self
             .staging
             .upload(&self.gpu.device.ctx, &self.gpu.device.stream, parts)?;
@@ -210,6 +249,7 @@ impl Backend for CudaBackend {
 
     fn write(&self, dst: &mut CudaBuf, data: &[f32]) -> KernelResult<()> {
         const OP: &str = "write";
+        self.gpu.workspace.capture.refuse(OP)?;
         if dst.len() < data.len() {
             return Err(KernelError::invalid(
                 OP,
@@ -236,6 +276,7 @@ impl Backend for CudaBackend {
 
     fn write_idx(&self, dst: &mut CudaSlice<u32>, data: &[u32]) -> KernelResult<()> {
         const OP: &str = "write_idx";
+        self.gpu.workspace.capture.refuse(OP)?;
         idx(OP, "destination", dst, data.len())?;
         if data.is_empty() {
             return Ok(());
@@ -249,6 +290,7 @@ impl Backend for CudaBackend {
 
     fn read(&self, src: &CudaBuf, len: usize) -> KernelResult<Vec<f32>> {
         const OP: &str = "read";
+        self.gpu.workspace.capture.refuse(OP)?;
         if src.len() < len {
             return Err(KernelError::invalid(
                 OP,

@@ -27,6 +27,7 @@ use half::bf16;
 
 use super::buffers::OutBuf;
 use super::device::driver_err;
+use super::graphs::CaptureGuard;
 use super::tuning::{splits_no_k, without_split, TuningFile};
 use crate::backend::{KernelResult, Store};
 use crate::error::KernelError;
@@ -153,6 +154,8 @@ pub(crate) struct Blas {
     tunings: AtomicUsize,
     /// Whether each row's output must not depend on the GEMM's row count (see the module doc).
     batch_invariant: bool,
+    /// Refuses tuning and scratch growth while a pass is captured (shared with the workspace).
+    capture: Arc<CaptureGuard>,
 }
 
 // SAFETY: the handle and plan descriptors are used only under `state`'s lock or by `&self` calls that
@@ -180,6 +183,7 @@ impl Blas {
         stream: Arc<CudaStream>,
         tuning_file: Option<TuningFile>,
         batch_invariant: bool,
+        capture: Arc<CaptureGuard>,
     ) -> KernelResult<Self> {
         let handle = lt::create_handle().map_err(|e| blas_err("cublasLtCreate", e))?;
         // SAFETY: a plain byte buffer only cuBLASLt writes.
@@ -212,6 +216,7 @@ impl Blas {
             tuning_file,
             tunings: AtomicUsize::new(0),
             batch_invariant,
+            capture,
         })
     }
 
@@ -281,6 +286,7 @@ impl Blas {
     ) -> KernelResult<&'a mut CudaSlice<bf16>> {
         let big_enough = state.scratch.as_ref().is_some_and(|s| s.len() >= values);
         if !big_enough {
+            self.capture.replace("gemm scratch")?;
             state.scratch = None;
             let fresh = self
                 .stream
@@ -485,6 +491,7 @@ impl Blas {
         store: Store,
     ) -> KernelResult<()> {
         const OP: &str = "gemm tuning";
+        self.capture.refuse(OP)?;
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let y_len = rows * out_dim;
         let stand_in = match store {

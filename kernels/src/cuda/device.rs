@@ -37,6 +37,11 @@ pub struct CudaOptions {
     /// algorithm wins; a sequence's bits then depend on its batch by ~1e-4). See
     /// docs/validation/batch-invariance.md.
     pub batch_invariant: bool,
+    /// Captured passes (CUDA graphs): each plain pass of up to
+    /// [`CAPTURED_MAX_ROWS`](crate::backend::CAPTURED_MAX_ROWS) rows runs padded to a captured
+    /// shape, and is replayed from the second batch of that shape on. The backend then runs on
+    /// a stream of its own (the legacy default stream cannot be captured).
+    pub cuda_graphs: bool,
 }
 
 impl Default for CudaOptions {
@@ -47,6 +52,7 @@ impl Default for CudaOptions {
             cache_dir: None,
             no_cache: false,
             batch_invariant: true,
+            cuda_graphs: false,
         }
     }
 }
@@ -121,7 +127,16 @@ impl Device {
             .compute_capability()
             .map_err(|e| driver_err("reading the compute capability", e))?;
         let arch = GpuArch::new(major as u32, minor as u32);
-        let stream = ctx.default_stream();
+        let stream = if options.cuda_graphs {
+            // One stream carries all of this backend's work, so cudarc's per-buffer events (which
+            // a capture cannot wait on) are not needed; off before the first allocation.
+            // SAFETY: every buffer of this context is used on `stream` only.
+            unsafe { ctx.disable_event_tracking() };
+            ctx.new_stream()
+                .map_err(|e| driver_err("creating the backend's stream", e))?
+        } else {
+            ctx.default_stream()
+        };
 
         let cache = if options.no_cache {
             None

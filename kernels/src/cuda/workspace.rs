@@ -9,6 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
 use super::device::driver_err;
+use super::graphs::CaptureGuard;
 use crate::backend::KernelResult;
 use crate::error::KernelError;
 
@@ -27,6 +28,9 @@ pub(crate) struct Workspace {
     pub flash: GrownScratch<FlashScratch>,
     /// The chunked delta rule's scratch between its two kernels.
     pub delta: GrownScratch<DeltaScratch>,
+    /// Refuses what a pass being captured cannot hold, and counts scratch replacements (which
+    /// make captured passes stale); shared with cuBLASLt's scratch.
+    pub capture: Arc<CaptureGuard>,
 }
 
 impl Workspace {
@@ -87,6 +91,7 @@ impl<T: Scratch> GrownScratch<T> {
             .lock()
             .map_err(|_| KernelError::invalid(op, "scratch poisoned by an earlier panic"))?;
         if !slot.as_ref().is_some_and(|s| s.holds(need)) {
+            counter.capture.replace(op)?;
             if let Some(old) = slot.take() {
                 counter.release_bytes(old.bytes());
             }

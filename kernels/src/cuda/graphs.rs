@@ -1,0 +1,258 @@
+//! Captured passes (CUDA graphs): a plain pass's layers, recorded once per [`PassShape`] and
+//! replayed for every later batch of that shape, so a short pass costs one launch on the host
+//! instead of some 300 kernel and GEMM launches.
+//!
+//! A shape's first batch runs as launched (that also times its GEMMs and sizes the scratch for
+//! it); its layers are then recorded without running (stream capture) for the next batch. While
+//! a capture runs, [`CaptureGuard`] refuses what a recording cannot hold: allocating, copying
+//! through the host, waiting. A capture that fails is dropped with its reason, and that shape runs
+//! as launched from then on. A graph holds the addresses of the scratch it was recorded with, so
+//! scratch that is replaced later (a larger batch) makes every graph stale: it is recaptured.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream};
+
+use super::device::driver_err;
+use crate::backend::{KernelResult, PassShape};
+use crate::error::KernelError;
+
+/// Whether a capture is running, and the generation of the buffers captures may hold.
+#[derive(Default)]
+pub(crate) struct CaptureGuard {
+    capturing: AtomicBool,
+    generation: AtomicU64,
+}
+
+impl CaptureGuard {
+    /// Refuses `op` while a capture runs: it would allocate, copy through the host or wait, and a
+    /// recorded pass cannot hold that.
+    pub fn refuse(&self, op: &'static str) -> KernelResult<()> {
+        if self.capturing.load(Ordering::Relaxed) {
+            return Err(KernelError::invalid(
+                op,
+                "not allowed while a pass is being captured",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Scratch that captures may have recorded was replaced (or is about to be): they are stale.
+    /// Refused while a capture runs.
+    pub fn replace(&self, op: &'static str) -> KernelResult<()> {
+        self.refuse(op)?;
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    fn set_capturing(&self, on: bool) {
+        self.capturing.store(on, Ordering::Relaxed);
+    }
+}
+
+/// A graph kept for replay.
+struct Held {
+    graph: SendGraph,
+    /// The [`CaptureGuard`] generation it was recorded in.
+    generation: u64,
+}
+
+/// A captured graph, moved between threads with its backend.
+struct SendGraph(CudaGraph);
+
+// SAFETY: the graph's handles are plain driver objects, valid from any thread that binds their
+// context (cudarc binds it on every call); `Graphs` only touches them under its lock, so no two
+// threads launch or destroy one at once.
+unsafe impl Send for SendGraph {}
+unsafe impl Sync for SendGraph {}
+
+/// What the captures did since start (for metrics and logs).
+#[derive(Clone, Debug, Default)]
+pub struct GraphStats {
+    /// The shapes whose graphs are held now.
+    pub held: Vec<PassShape>,
+    /// Replays per shape.
+    pub replays: Vec<(PassShape, u64)>,
+    /// Passes of a captured-size shape that ran as launched (its first batch, a shape whose
+    /// capture failed, a stale graph).
+    pub misses: u64,
+    /// Captures made (recaptures of stale graphs included) and the time they took.
+    pub captures: u64,
+    pub capture_seconds: f64,
+    /// Device memory the held graphs took when instantiated (the drop in free memory around
+    /// each, so approximate).
+    pub bytes: u64,
+    /// Shapes whose capture failed, and the last reason.
+    pub failed: usize,
+    pub last_failure: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    held: HashMap<PassShape, (Held, u64)>,
+    replays: HashMap<PassShape, u64>,
+    failed: HashMap<PassShape, String>,
+    stats: GraphStats,
+}
+
+/// The graphs of one backend, by shape.
+pub(crate) struct Graphs {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    state: Arc<Mutex<State>>,
+}
+
+/// Reads a backend's [`GraphStats`] from any thread (for metrics); cheap to clone.
+#[derive(Clone)]
+pub struct GraphProbe {
+    state: Arc<Mutex<State>>,
+}
+
+impl GraphProbe {
+    pub fn stats(&self) -> GraphStats {
+        let state = self.state.lock().expect("graph state");
+        let mut stats = state.stats.clone();
+        stats.held = state.held.keys().copied().collect();
+        stats.held.sort();
+        stats.failed = state.failed.len();
+        stats.replays = state.replays.iter().map(|(&s, &n)| (s, n)).collect();
+        stats.replays.sort();
+        stats
+    }
+}
+
+impl Graphs {
+    /// Graphs on `stream`, which must be a stream of its own (the legacy default stream cannot
+    /// be captured) with event tracking off (events recorded outside a capture cannot be waited
+    /// on inside it).
+    pub fn new(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Self {
+        Self {
+            ctx,
+            stream,
+            state: Arc::default(),
+        }
+    }
+
+    pub fn probe(&self) -> GraphProbe {
+        GraphProbe {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Runs `layers` at `shape`: replays its graph, or runs it and then captures it.
+    pub fn run(
+        &self,
+        shape: PassShape,
+        guard: &CaptureGuard,
+        layers: &mut dyn FnMut() -> KernelResult<()>,
+    ) -> KernelResult<()> {
+        {
+            let mut state = self.state.lock().expect("graph state");
+            if let Some((held, bytes)) = state.held.get(&shape) {
+                if held.generation == guard.generation() {
+                    held.graph
+                        .0
+                        .launch()
+                        .map_err(|e| driver_err("replaying a captured pass", e))?;
+                    *state.replays.entry(shape).or_default() += 1;
+                    return Ok(());
+                }
+                let bytes = *bytes;
+                state.held.remove(&shape);
+                state.stats.bytes = state.stats.bytes.saturating_sub(bytes);
+            }
+            state.stats.misses += 1;
+            if state.failed.contains_key(&shape) {
+                drop(state);
+                return layers();
+            }
+        }
+        layers()?;
+        self.capture(shape, guard, layers)
+    }
+
+    /// Records `layers` at `shape` for later batches. Only a lost device is an error: any other
+    /// failure leaves the shape to run as launched, its reason kept.
+    fn capture(
+        &self,
+        shape: PassShape,
+        guard: &CaptureGuard,
+        layers: &mut dyn FnMut() -> KernelResult<()>,
+    ) -> KernelResult<()> {
+        let t0 = Instant::now();
+        let generation = guard.generation();
+        let free_before = self.free_bytes();
+        let recorded = self.record(guard, layers).and_then(|graph| {
+            graph
+                .upload()
+                .map_err(|e| driver_err("uploading a captured pass", e))?;
+            Ok(graph)
+        });
+        let mut state = self.state.lock().expect("graph state");
+        state.stats.capture_seconds += t0.elapsed().as_secs_f64();
+        match recorded {
+            Ok(graph) => {
+                let bytes = free_before.saturating_sub(self.free_bytes());
+                state.stats.captures += 1;
+                state.stats.bytes += bytes;
+                let held = Held {
+                    graph: SendGraph(graph),
+                    generation,
+                };
+                state.held.insert(shape, (held, bytes));
+                tracing::debug!(
+                    rows = shape.rows,
+                    seqs = shape.seqs,
+                    ms = t0.elapsed().as_secs_f64() * 1e3,
+                    bytes,
+                    "pass captured"
+                );
+                Ok(())
+            }
+            Err(KernelError::DeviceLost(why)) => Err(KernelError::DeviceLost(why)),
+            Err(e) => {
+                let why = format!("{} rows × {} sequences: {e}", shape.rows, shape.seqs);
+                tracing::warn!(
+                    "a pass could not be captured; its shape runs as launched from now on: {why}"
+                );
+                state.stats.last_failure = Some(why.clone());
+                state.failed.insert(shape, why);
+                Ok(())
+            }
+        }
+    }
+
+    /// One capture of `layers` (nothing runs), instantiated.
+    fn record(
+        &self,
+        guard: &CaptureGuard,
+        layers: &mut dyn FnMut() -> KernelResult<()>,
+    ) -> KernelResult<CudaGraph> {
+        // Thread-local: other threads of the process (a vision tower on its own backend) may
+        // still allocate while this one records.
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| driver_err("beginning a capture", e))?;
+        guard.set_capturing(true);
+        let body = layers();
+        guard.set_capturing(false);
+        // Always ended, so the stream leaves capture mode whatever the body did.
+        let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        body?;
+        ended
+            .map_err(|e| driver_err("ending a capture", e))?
+            .ok_or_else(|| KernelError::Backend("the capture recorded nothing".into()))
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
+    }
+}
