@@ -17,7 +17,7 @@ use instinct_model::source::Device;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::engine::start_cuda;
+use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 
 /// Options of `instinct check`.
 #[derive(Args, Debug)]
@@ -46,6 +46,11 @@ pub struct CheckArgs {
     /// Skip questions whose prompt is longer than this many tokens (e.g. for a quick run).
     #[arg(long)]
     pub max_ids: Option<usize>,
+    /// Captured passes on a GPU (`on` or `off`), as `instinct serve --cuda-graphs`: compare the
+    /// two reports' probabilities to see that replayed passes answer as launched.
+    #[arg(long, default_value = "off", value_parser = instinct_bench::parse_on_off,
+          action = clap::ArgAction::Set)]
+    pub cuda_graphs: bool,
 }
 
 #[derive(Deserialize)]
@@ -74,12 +79,32 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
         Device::Cuda(ordinal) => ordinal,
     };
     let t0 = Instant::now();
-    let backend = start_cuda(ordinal)?;
+    let backend = CudaBackend::new(CudaOptions {
+        ordinal,
+        cuda_graphs: args.cuda_graphs,
+        ..CudaOptions::default()
+    })?;
     eprintln!(
         "cuda backend started (kernels compiled or loaded) in {:.2?}",
         t0.elapsed()
     );
-    check_on(backend, args)
+    let graphs = backend.graph_probe();
+    check_on(backend, args)?;
+    if let Some(graphs) = graphs {
+        let s = graphs.stats();
+        let replays: u64 = s.replays.iter().map(|r| r.1).sum();
+        eprintln!(
+            "captured passes: {} shapes captured, {replays} replays, {} passes as launched, {} \
+             failed{}",
+            s.captures,
+            s.misses,
+            s.failed,
+            s.last_failure
+                .map(|w| format!(" (last: {w})"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 fn check_on<B: Backend>(backend: B, args: &CheckArgs) -> anyhow::Result<()> {
@@ -167,6 +192,7 @@ fn check_on<B: Backend>(backend: B, args: &CheckArgs) -> anyhow::Result<()> {
         .collect();
     let report = json!({
         "device": args.device.to_string(),
+        "cuda_graphs": args.cuda_graphs,
         "model": args.model,
         "load_seconds": load_s,
         "questions": rows.len(),

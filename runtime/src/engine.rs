@@ -628,15 +628,6 @@ pub fn load_on(
     all.context("no device to load onto")
 }
 
-/// Starts the CUDA backend on GPU `ordinal` (kernels compiled, or loaded from the disk cache),
-/// batch-invariant, every pass as launched.
-pub fn start_cuda(ordinal: usize) -> anyhow::Result<CudaBackend> {
-    Ok(CudaBackend::new(CudaOptions {
-        ordinal,
-        ..CudaOptions::default()
-    })?)
-}
-
 /// What the loader needs of a backend beyond its ops (every serving backend has the vision ops
 /// and resumes from prefix states).
 trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {

@@ -39,6 +39,7 @@ fn check_passes_on_the_tiny_goldens_and_writes_its_report() {
         out: Some(out.clone()),
         max_tokens: 1024,
         max_ids: None,
+        cuda_graphs: false,
     };
     run(&args).unwrap();
     let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();

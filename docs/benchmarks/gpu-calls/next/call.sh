@@ -1,25 +1,61 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set), in order of need. The GPU tests and
-# parity passed at 1fe910d (gpu-calls/2026-12-06-1fe910d-h100), so this call measures:
-#   1. gpu_vl_check.sh with the defaults (a new screenshot's single question in one pass) and with
-#      `--snapshots-within off` (two passes), on one host: the gain 1fe910d could only compare
-#      across two machines;
-#   2. gpu_prefix_bench.sh, both stages (exactness with reuse, riders and chunks; issue 19's three
-#      benchmarks);
-#   3. gpu_mixed_load.sh, closed loop (images sharing tower passes under load), if 130 s are left;
-#   4. the long-mix pair with 512-token chunks, if 100 s are left.
-# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest), .cache/qwen-tokenizer,
-# .cache/fixtures. Results in $OUT: call.log, vl.tgz, prefix.tgz, mixed.tgz, chunk512.tgz.
+# The planned device call (CALL_S seconds, 590 unless set), in order of need:
+#   1. the captured-pass (CUDA graph) GPU tests: replayed = as launched bit for bit, and passes
+#      that carry prefix states beside captured ones;
+#   2. parity on the 84-question corpus with graphs off, then on; the two reports' probabilities
+#      compared question by question (the same bits?);
+#   3. gpu_graphs_bench.sh: forward and HTTP latency, graphs off against on;
+#   4. gpu_vl_check.sh with the defaults and with `--snapshots-within off`, on one host;
+#   5. gpu_prefix_bench.sh, both stages, if 120 s are left; the mixed load if 130 s; the long mix
+#      with 512-token chunks if 100 s.
+# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests), .cache/qwen-tokenizer,
+# .cache/fixtures. Results in $OUT: call.log, tests.log, check.json, check_graphs.json, graphs.tgz,
+# vl.tgz, prefix.tgz, mixed.tgz, chunk512.tgz.
 #   REV=<sha> [CALL_S=450] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
-OUT=/tmp/vl timeout 200 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+start_checkpoint
+run_test captured_passes-test 150
+tests_summary
+wait_checkpoint
+parity
+t parity-graphs
+timeout 90 .carry/bin/instinct check --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
+  --corpus docs/validation/real-shapes/corpus_ids.json --goldens docs/validation/real-shapes/real_goldens.json \
+  --cuda-graphs on --out "$OUT/check_graphs.json" > /tmp/check_graphs.log 2>&1
+t "check graphs exit $?"
+grep -E "questions on|captured passes|Error" /tmp/check_graphs.log >> $L
+python3 - "$OUT/check.json" "$OUT/check_graphs.json" >> $L 2>&1 <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+launched = {r["prompt"]: r["p"] for r in a["rows"]}
+same, differ, worst = 0, 0, 0.0
+for r in b["rows"]:
+    p = launched[r["prompt"]]
+    if p == r["p"]:
+        same += 1
+    else:
+        differ += 1
+        worst = max(worst, max(abs(x - y) for x, y in zip(p, r["p"])))
+print(f"graphs on vs off: {same} questions identical, {differ} differ (max |dp| {worst:.3e})")
+EOF
+if (( $(left) > 150 )); then
+  OUT=/tmp/graphs REVISION=$REV RUNS=40 timeout $(( $(left) - 20 < 300 ? $(left) - 20 : 300 )) \
+    bash tools/reference/gpu_graphs_bench.sh > /tmp/graphs.log 2>&1
+  t "graphs bench exit $?"
+  cat /tmp/graphs/summary.txt >> $L
+  tar czf $OUT/graphs.tgz -C /tmp graphs
+fi
+(( $(left) > 130 )) || { t "no time for the VL checks"; exit 0; }
+OUT=/tmp/vl timeout $(( $(left) - 10 < 200 ? $(left) - 10 : 200 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
 t "vl exit $?"
 grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
-SERVE_FLAGS="--snapshots-within off" OUT=/tmp/vl_two_passes WORK=/tmp/vl_check_two_passes timeout 200 \
-  bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
-t "vl two passes exit $?"
-grep -E "vl_parity\]" /tmp/vl_two_passes/gpu_vl_check.log | tail -2 >> $L
+if (( $(left) > 90 )); then
+  SERVE_FLAGS="--snapshots-within off" OUT=/tmp/vl_two_passes WORK=/tmp/vl_check_two_passes \
+    timeout $(( $(left) - 10 < 200 ? $(left) - 10 : 200 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+  t "vl two passes exit $?"
+  grep -E "vl_parity\]" /tmp/vl_two_passes/gpu_vl_check.log | tail -2 >> $L
+fi
 tar czf $OUT/vl.tgz --exclude=extras.tgz -C /tmp vl vl_two_passes
 if (( $(left) > 120 )); then
   LEVEL_S=${LEVEL_S:-10} OUT=/tmp/prefix REVISION=$REV timeout $(( $(left) < 330 ? $(left) : 330 )) \
