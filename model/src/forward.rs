@@ -12,7 +12,9 @@
 //! DeltaNet or gated full attention as `layer_types` says; then the final norm.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use instinct_kernels::backend::padded_offsets;
+use instinct_kernels::backend::{
+    captured_prefix_rows, padded_offsets, CarryShape, CAPTURED_MAX_PREFIX_ROWS, CAPTURED_MAX_ROWS,
+};
 use instinct_kernels::{
     AttentionDims, AttentionOutput, Backend, Buffers, ConvWindow, DeltaCarry, DeltaDims,
     DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, GatedNorm, GemmShape, KernelError,
@@ -343,6 +345,157 @@ enum LayerCarry<B: Buffers> {
     },
 }
 
+/// How many sequences a captured carried pass holds at most: the arena holds the DeltaNet states
+/// of that many in and out (for Qwen3.5-4B, ~50 MB each way per sequence: 0.8 GB for 8).
+const ARENA_SEQS: usize = 8;
+
+/// The carry of a captured pass, in buffers of fixed addresses (a captured pass holds them):
+/// every part present, sized for [`ARENA_SEQS`] sequences, [`CAPTURED_MAX_PREFIX_ROWS`] prefix
+/// rows and [`CAPTURED_MAX_ROWS`] own rows. A pass borrows the parts its [`CarryShape`] uses
+/// ([`Self::lend`]) and returns them ([`Self::give_back`]).
+struct CarryArena<B: Buffers> {
+    parts: Carry<B>,
+    /// A state's worth of zeros: where a sequence of a resuming pass starts from nothing.
+    zeros: B::Buf,
+    /// Sequences it holds.
+    seqs: usize,
+}
+
+impl<B: Backend> CarryArena<B> {
+    fn new(be: &B, shapes: &[LayerShape], limits: BatchLimits) -> Result<Self> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let seqs = limits.max_seqs.min(ARENA_SEQS);
+        let rows = limits.max_tokens.min(CAPTURED_MAX_ROWS);
+        let alloc = |len: usize| be.alloc(len.max(1)).map_err(e);
+        let mut zeros_len = 1;
+        let mut layers = Vec::with_capacity(shapes.len());
+        for shape in shapes {
+            layers.push(match *shape {
+                LayerShape::DeltaNet {
+                    state_len,
+                    window_len,
+                } => {
+                    zeros_len = zeros_len.max(state_len).max(window_len);
+                    LayerCarry::DeltaNet {
+                        state_in: Some(alloc(seqs * state_len)?),
+                        window_in: Some(alloc(seqs * window_len)?),
+                        state_out: Some(alloc(seqs * state_len)?),
+                        window_out: Some(alloc(seqs * window_len)?),
+                    }
+                }
+                LayerShape::Attention { kv_width } => {
+                    let prefix = CAPTURED_MAX_PREFIX_ROWS * kv_width;
+                    LayerCarry::Attention {
+                        prefix: Some((alloc(prefix)?, alloc(prefix)?)),
+                        kv_out: Some((alloc(rows * kv_width)?, alloc(rows * kv_width)?)),
+                    }
+                }
+            });
+        }
+        Ok(Self {
+            parts: Carry {
+                layers,
+                cu_prefix: Some((be.alloc_idx(seqs + 1).map_err(e)?, 0)),
+                snapshot_at: Some(be.alloc_idx(seqs).map_err(e)?),
+            },
+            zeros: alloc(zeros_len)?,
+            seqs,
+        })
+    }
+
+    /// The parts a pass of `shape` uses (the others stay `None`, as a pass staged on its own
+    /// has them), the prefix offsets' total set to the rows its attention is launched for.
+    fn lend(&mut self, shape: CarryShape) -> Carry<B> {
+        let take = |on: bool, part: &mut Option<B::Buf>| if on { part.take() } else { None };
+        let (resumes, snapshot) = (shape.resumes(), shape.snapshot);
+        let layers = self
+            .parts
+            .layers
+            .iter_mut()
+            .map(|layer| match layer {
+                LayerCarry::DeltaNet {
+                    state_in,
+                    window_in,
+                    state_out,
+                    window_out,
+                } => LayerCarry::DeltaNet {
+                    state_in: take(resumes, state_in),
+                    window_in: take(resumes, window_in),
+                    state_out: take(snapshot, state_out),
+                    window_out: take(snapshot, window_out),
+                },
+                LayerCarry::Attention { prefix, kv_out } => LayerCarry::Attention {
+                    prefix: if resumes { prefix.take() } else { None },
+                    kv_out: if snapshot { kv_out.take() } else { None },
+                },
+            })
+            .collect();
+        let cu_prefix = if resumes {
+            self.parts
+                .cu_prefix
+                .take()
+                .map(|(idx, _)| (idx, shape.prefix_rows))
+        } else {
+            None
+        };
+        let snapshot_at = if shape.snapshot_inside {
+            self.parts.snapshot_at.take()
+        } else {
+            None
+        };
+        Carry {
+            layers,
+            cu_prefix,
+            snapshot_at,
+        }
+    }
+
+    /// Puts back what [`Self::lend`] gave.
+    fn give_back(&mut self, carry: Carry<B>) {
+        fn put<T>(slot: &mut Option<T>, lent: Option<T>) {
+            if lent.is_some() {
+                *slot = lent;
+            }
+        }
+        for (slot, lent) in self.parts.layers.iter_mut().zip(carry.layers) {
+            match (slot, lent) {
+                (
+                    LayerCarry::DeltaNet {
+                        state_in,
+                        window_in,
+                        state_out,
+                        window_out,
+                    },
+                    LayerCarry::DeltaNet {
+                        state_in: a,
+                        window_in: b,
+                        state_out: c,
+                        window_out: d,
+                    },
+                ) => {
+                    put(state_in, a);
+                    put(window_in, b);
+                    put(state_out, c);
+                    put(window_out, d);
+                }
+                (
+                    LayerCarry::Attention { prefix, kv_out },
+                    LayerCarry::Attention {
+                        prefix: a,
+                        kv_out: b,
+                    },
+                ) => {
+                    put(prefix, a);
+                    put(kv_out, b);
+                }
+                _ => unreachable!("lent in the arena's layer order"),
+            }
+        }
+        put(&mut self.parts.cu_prefix, carry.cu_prefix);
+        put(&mut self.parts.snapshot_at, carry.snapshot_at);
+    }
+}
+
 /// One layer's part of a [`Carry`], with the batch's prefix offsets (`Carry::cu_prefix`) and
 /// snapshot points (`Carry::snapshot_at`).
 type CarriedLayer<'a, B> = (
@@ -360,6 +513,8 @@ pub struct TextModel<B: Backend> {
     final_norm: B::Buf,
     layers: Vec<LayerBufs<B>>,
     ws: Workspace<B>,
+    /// The carries of captured passes, where the backend captures them.
+    arena: Option<CarryArena<B>>,
 }
 
 fn check_shape(name: &str, t: &HostTensor, want: &[usize]) -> Result<()> {
@@ -413,7 +568,7 @@ impl<B: Backend> TextModel<B> {
             );
         }
         let ws = Self::allocate(&backend, &dims, limits)?;
-        Ok(Self {
+        let mut model = Self {
             backend,
             dims,
             limits,
@@ -421,7 +576,14 @@ impl<B: Backend> TextModel<B> {
             final_norm,
             layers,
             ws,
-        })
+            arena: None,
+        };
+        if model.backend.pass_shape(1, 1).is_some() {
+            let arena = CarryArena::new(&model.backend, &model.layer_shapes(), limits)
+                .context("allocating the carry arena of captured passes")?;
+            model.arena = Some(arena);
+        }
+        Ok(model)
     }
 
     fn upload_layer(
@@ -688,9 +850,23 @@ impl<B: Backend> TextModel<B> {
         let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
         // Refused before any state is staged for it.
         self.limits.check(rows, segs.len())?;
-        let mut carry = self.stage_carry(segs, &shapes, rows)?;
-        let hidden = self.run(&seqs, overrides, &starts, Some(&mut carry))?;
-        let mut snapshots = self.read_snapshots(segs, &starts, &carry)?;
+        // A pass the backend captures stages its states in the arena (buffers of fixed
+        // addresses); any other allocates its own.
+        let captured = self.arena_shape(segs, rows);
+        let mut carry = match captured {
+            Some(shape) => self.stage_carry_in_arena(segs, &shapes, shape)?,
+            None => self.stage_carry(segs, &shapes, rows)?,
+        };
+        let answered = self
+            .run(&seqs, overrides, &starts, Some((&mut carry, captured)))
+            .and_then(|hidden| Ok((hidden, self.read_snapshots(segs, &starts, &carry)?)));
+        if captured.is_some() {
+            self.arena
+                .as_mut()
+                .expect("a pass staged in the arena")
+                .give_back(carry);
+        }
+        let (hidden, mut snapshots) = answered?;
         Ok(hidden
             .into_iter()
             .zip(snapshots.iter_mut())
@@ -699,6 +875,132 @@ impl<B: Backend> TextModel<B> {
                 snapshot: snapshot.take(),
             })
             .collect())
+    }
+
+    /// The shape a carried pass of `segs` (`rows` own tokens) is captured at, when the backend
+    /// captures it and it fits the arena: its sequences, its rows, its prefixes.
+    fn arena_shape(&self, segs: &[Segment<'_>], rows: usize) -> Option<PassShape> {
+        let arena = self.arena.as_ref()?;
+        let base = self.backend.pass_shape(rows, segs.len())?;
+        if base.seqs > arena.seqs || self.limits.check(base.rows, base.seqs).is_err() {
+            return None;
+        }
+        let prefix_rows = if segs.iter().any(|s| s.resume.is_some()) {
+            captured_prefix_rows(
+                segs.iter()
+                    .filter_map(|s| s.resume)
+                    .map(PrefixState::tokens)
+                    .sum(),
+            )?
+        } else {
+            0
+        };
+        Some(PassShape {
+            carry: CarryShape {
+                prefix_rows,
+                snapshot: segs.iter().any(|s| s.snapshot),
+                snapshot_inside: segs.iter().any(|s| s.snapshot_at.is_some()),
+            },
+            ..base
+        })
+    }
+
+    /// [`Self::stage_carry`] into the arena's buffers, for a pass captured at `shape`: the same
+    /// values at the same places, and the prefix offsets padded as the sequences are. The
+    /// buffers go back with [`CarryArena::give_back`].
+    fn stage_carry_in_arena(
+        &mut self,
+        segs: &[Segment<'_>],
+        shapes: &[LayerShape],
+        shape: PassShape,
+    ) -> Result<Carry<B>> {
+        let arena = self.arena.as_mut().context("no carry arena")?;
+        let mut carry = arena.lend(shape.carry);
+        let filled = Self::fill_carry(&self.backend, &arena.zeros, segs, shapes, shape, &mut carry);
+        match filled {
+            Ok(()) => Ok(carry),
+            Err(err) => {
+                arena.give_back(carry);
+                Err(err)
+            }
+        }
+    }
+
+    fn fill_carry(
+        be: &B,
+        zeros: &B::Buf,
+        segs: &[Segment<'_>],
+        shapes: &[LayerShape],
+        shape: PassShape,
+        carry: &mut Carry<B>,
+    ) -> Result<()> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        if shape.carry.resumes() {
+            for (i, (layer, layer_shape)) in carry.layers.iter_mut().zip(shapes).enumerate() {
+                match (layer, *layer_shape) {
+                    (
+                        LayerCarry::DeltaNet {
+                            state_in: Some(state_in),
+                            window_in: Some(window_in),
+                            ..
+                        },
+                        LayerShape::DeltaNet {
+                            state_len,
+                            window_len,
+                        },
+                    ) => {
+                        for (s, seg) in segs.iter().enumerate() {
+                            let parts = [(delta_state as Part, state_len, &mut *state_in)];
+                            let parts = parts.into_iter().chain([(
+                                delta_window as Part,
+                                window_len,
+                                &mut *window_in,
+                            )]);
+                            for (part, len, dst) in parts {
+                                match seg.resume.and_then(|st| part(&st.layers()[i])) {
+                                    Some(values) => Self::copy_values(be, values, dst, s * len)?,
+                                    // A sequence that resumes from nothing starts from zeros.
+                                    None => be.copy(zeros, 0, dst, s * len, len).map_err(e)?,
+                                }
+                            }
+                        }
+                    }
+                    (
+                        LayerCarry::Attention {
+                            prefix: Some((k, v)),
+                            ..
+                        },
+                        LayerShape::Attention { .. },
+                    ) => {
+                        let mut at = 0;
+                        for state in segs.iter().filter_map(|s| s.resume) {
+                            let layer = &state.layers()[i];
+                            let (Some(keys), Some(values)) = (keys(layer), values(layer)) else {
+                                bail!("layer {i}: a prefix state without keys and values");
+                            };
+                            Self::copy_values(be, keys, k, at)?;
+                            Self::copy_values(be, values, v, at)?;
+                            at += keys.len();
+                        }
+                    }
+                    _ => bail!("layer {i}: the arena holds no room for the prefix states"),
+                }
+            }
+            let (cu_prefix, _) = carry.cu_prefix.as_mut().context("no prefix offsets")?;
+            let mut cu = vec![0u32];
+            for seg in segs {
+                cu.push(cu[cu.len() - 1] + seg.resume.map_or(0, PrefixState::tokens) as u32);
+            }
+            be.write_idx(cu_prefix, &padded_offsets(&cu, shape))
+                .map_err(e)?;
+        }
+        if shape.carry.snapshot_inside {
+            let mut at: Vec<u32> = segs.iter().map(|s| snapshot_tokens(s) as u32).collect();
+            at.resize(shape.seqs, 0);
+            let idx = carry.snapshot_at.as_mut().context("no snapshot points")?;
+            be.write_idx(idx, &at).map_err(e)?;
+        }
+        Ok(())
     }
 
     /// Packs what `segs` resume from into one buffer per layer and part (device-to-device
@@ -736,7 +1038,7 @@ impl<B: Backend> TextModel<B> {
                     let mut at = 0;
                     for (values, len) in parts {
                         if let Some(values) = values {
-                            self.copy_values(values, &mut buf, at)?;
+                            Self::copy_values(be, values, &mut buf, at)?;
                         }
                         at += len;
                     }
@@ -802,8 +1104,7 @@ impl<B: Backend> TextModel<B> {
 
     /// Copies `values` into `dst` from `at`: on the device when this backend holds them, through
     /// an upload when they are on the host.
-    fn copy_values(&self, values: &Values, dst: &mut B::Buf, at: usize) -> Result<()> {
-        let be = &self.backend;
+    fn copy_values(be: &B, values: &Values, dst: &mut B::Buf, at: usize) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
         if values.is_empty() {
             return Ok(());
@@ -919,7 +1220,7 @@ impl<B: Backend> TextModel<B> {
                                 let held = before.map_or(0, Values::len);
                                 let mut buf = be.alloc((held + kept).max(1)).map_err(e)?;
                                 if let Some(before) = before {
-                                    self.copy_values(before, &mut buf, 0)?;
+                                    Self::copy_values(be, before, &mut buf, 0)?;
                                 }
                                 be.copy(rows_out, start, &mut buf, held, kept).map_err(e)?;
                                 Ok(Values::in_buffer(held + kept, buf))
@@ -959,13 +1260,14 @@ impl<B: Backend> TextModel<B> {
     }
 
     /// The forward pass; `starts[s]` is sequence `s`'s first text position (all 0 when empty), and
-    /// `carry` the states the sequences resume from and the snapshots they ask for.
+    /// `carry` the states the sequences resume from and the snapshots they ask for, with the
+    /// shape the pass is captured at when the carry is in the arena (`None`: as launched).
     fn run(
         &mut self,
         seqs: &[SequenceInput<'_>],
         overrides: &[Option<EmbeddingOverride<'_>>],
         starts: &[u32],
-        carry: Option<&mut Carry<B>>,
+        carry: Option<(&mut Carry<B>, Option<PassShape>)>,
     ) -> Result<Vec<Vec<f32>>> {
         ensure!(
             overrides.len() <= seqs.len(),
@@ -974,9 +1276,16 @@ impl<B: Backend> TextModel<B> {
             seqs.len()
         );
         // A plain pass may run its layers padded to a captured shape (`Backend::pass_shape`);
-        // one that carries prefix states runs at its own.
-        let padded = carry.is_none();
-        let (n, rows, shape) = self.stage_inputs(seqs, starts, padded)?;
+        // a carried one at the shape its arena carry was staged for, or at its own.
+        let (carry, carried_shape) = match carry {
+            Some((carry, shape)) => (Some(carry), Some(shape)),
+            None => (None, None),
+        };
+        let (n, rows, shape) =
+            self.stage_inputs(seqs, starts, |be, rows, n| match carried_shape {
+                Some(shape) => shape,
+                None => be.pass_shape(rows, n),
+            })?;
         // With overrides, `residual` already holds the (edited) input embeddings.
         let embedded = overrides.iter().any(Option::is_some);
         if embedded {
@@ -990,6 +1299,7 @@ impl<B: Backend> TextModel<B> {
             final_norm,
             layers,
             ws,
+            arena: _,
         } = self;
         let e = |err| anyhow!("{}: {err}", be.name());
         let h = d.hidden;
@@ -1004,8 +1314,10 @@ impl<B: Backend> TextModel<B> {
                 // The backend may run this twice (once as a batch, once to capture it) or not at
                 // all (a replay); a failure keeps its context here.
                 let mut failure = None;
+                let mut carry = carry;
                 let mut body = || {
-                    Self::layers(model, ws, (shape.seqs, shape.rows), None).map_err(|err| {
+                    let carry = carry.as_deref_mut();
+                    Self::layers(model, ws, (shape.seqs, shape.rows), carry).map_err(|err| {
                         let brief = KernelError::Backend(format!("{err:#}"));
                         failure = Some(err);
                         brief
@@ -1169,13 +1481,14 @@ impl<B: Backend> TextModel<B> {
     }
 
     /// Validates the batch and writes ids, positions and `cu_seqlens` to the backend. Returns
-    /// (sequences, tokens) and, when `padded` and the backend pads such a pass, the shape its
-    /// layers run at (`cu_seqlens` then ends with the padding sequences).
+    /// (sequences, tokens) and the shape its layers run at when `shape_of(backend, tokens,
+    /// sequences)` pads it to one that fits the limits (`cu_seqlens` then ends with the padding
+    /// sequences).
     fn stage_inputs(
         &mut self,
         seqs: &[SequenceInput<'_>],
         starts: &[u32],
-        padded: bool,
+        shape_of: impl FnOnce(&B, usize, usize) -> Option<PassShape>,
     ) -> Result<(usize, usize, Option<PassShape>)> {
         ensure!(!seqs.is_empty(), "empty batch");
         let rows: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
@@ -1217,10 +1530,7 @@ impl<B: Backend> TextModel<B> {
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
         let limits = self.limits;
-        let shape = padded
-            .then(|| be.pass_shape(rows, seqs.len()))
-            .flatten()
-            .filter(|s| limits.check(s.rows, s.seqs).is_ok());
+        let shape = shape_of(be, rows, seqs.len()).filter(|s| limits.check(s.rows, s.seqs).is_ok());
         if let Some(shape) = shape {
             cu = padded_offsets(&cu, shape);
         }
@@ -1418,6 +1728,9 @@ fn snapshot_tokens(seg: &Segment<'_>) -> usize {
     let len = seg.input.token_ids.len();
     seg.snapshot_at.map_or(len, |at| at.min(len))
 }
+
+/// One part of a layer's prefix state.
+type Part = fn(&LayerState) -> Option<&Values>;
 
 fn delta_state(layer: &LayerState) -> Option<&Values> {
     match layer {

@@ -85,6 +85,12 @@ fn fixture() -> Fixture<CpuBackend> {
     fixture_on(CpuBackend::new())
 }
 
+/// The CPU padding its passes as a backend that captures them does: carried passes then stage
+/// their states in the model's arena, at padded shapes.
+fn padded_fixture() -> Fixture<CpuBackend> {
+    fixture_on(CpuBackend::padding_passes())
+}
+
 fn gpu_fixture() -> Fixture<CudaBackend> {
     let gpu = CudaBackend::new(Default::default()).unwrap_or_else(|e| panic!("CUDA: {e}"));
     fixture_on(gpu)
@@ -154,6 +160,11 @@ fn a_tail_resumed_from_its_prefix_answers_as_the_whole_prompt() {
 }
 
 #[test]
+fn padded_a_tail_resumed_from_its_prefix_answers_as_the_whole_prompt() {
+    tail_resumed_from_its_prefix(padded_fixture(), CPU);
+}
+
+#[test]
 #[ignore = "needs a GPU"]
 fn on_the_gpu_a_tail_resumed_from_its_prefix_answers_as_the_whole_prompt() {
     tail_resumed_from_its_prefix(gpu_fixture(), GPU);
@@ -187,6 +198,11 @@ fn tail_resumed_from_its_prefix<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
 #[test]
 fn a_question_leaves_a_prefix_snapshot_on_its_way() {
     snapshot_on_the_way(fixture(), CPU);
+}
+
+#[test]
+fn padded_a_question_leaves_a_prefix_snapshot_on_its_way() {
+    snapshot_on_the_way(padded_fixture(), CPU);
 }
 
 #[test]
@@ -270,6 +286,11 @@ fn one_batch_mixes_resumed_fresh_and_snapshotting_sequences() {
 }
 
 #[test]
+fn padded_one_batch_mixes_resumed_fresh_and_snapshotting_sequences() {
+    mixed_batch(padded_fixture(), CPU);
+}
+
+#[test]
 #[ignore = "needs a GPU"]
 fn on_the_gpu_one_batch_mixes_resumed_fresh_and_snapshotting_sequences() {
     mixed_batch(gpu_fixture(), GPU);
@@ -329,6 +350,11 @@ fn mixed_batch<B: Backend>(mut f: Fixture<B>, tol: Tolerance) {
 #[test]
 fn chained_snapshots_run_a_prompt_in_chunks() {
     chained_snapshots(fixture(), CPU);
+}
+
+#[test]
+fn padded_chained_snapshots_run_a_prompt_in_chunks() {
+    chained_snapshots(padded_fixture(), CPU);
 }
 
 #[test]

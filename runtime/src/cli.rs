@@ -158,11 +158,11 @@ pub struct ServeArgs {
           action = clap::ArgAction::Set)]
     pub batch_invariant: bool,
 
-    /// Captured passes on a GPU (`on` or `off`): a pass with no prefix state in or out, of up to
-    /// 2,048 tokens, runs padded to a (tokens, sequences) shape; the first batch of a shape runs
-    /// as launched and is then captured as a CUDA graph, later ones replay it (one launch
-    /// instead of some 300). Off by default until its GPU tests have passed on this revision
-    /// (README, "Captured passes").
+    /// Captured passes on a GPU (`on` or `off`): a pass of up to 2,048 tokens (and, where it
+    /// resumes from prefix states, up to 8 sequences and 2,048 prefix tokens) runs padded to a
+    /// (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
+    /// captured as a CUDA graph, later ones replay it (one launch instead of some 300). Off by
+    /// default until its GPU tests have passed on this revision (README, "Captured passes").
     #[arg(long, env = "INSTINCT_CUDA_GRAPHS", default_value = "off", value_parser = parse_on_off,
           action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,

@@ -336,7 +336,7 @@ fn refresh_devices() {
 fn publish_graphs(device: &str, stats: &GraphStats) {
     let device = device.to_string();
     for (shape, replays) in &stats.replays {
-        let bucket = format!("{}x{}", shape.rows, shape.seqs);
+        let bucket = shape.to_string();
         counter!(GRAPH_REPLAYS_TOTAL, "device" => device.clone(), "bucket" => bucket)
             .absolute(*replays);
     }

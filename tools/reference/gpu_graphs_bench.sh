@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Captured passes (CUDA graphs) off against on, on one GPU in one call: `instinct bench` forward
-# rows (one question at 16/139/300/712/2,000 ids; 4 questions of 300 ids in one pass), then
-# the same lengths over HTTP against `instinct serve --prefix-cache-mib 0` (prefix reuse off:
-# passes that carry a prefix state run as launched, so this measures the plain pass). Each pair runs
-# back to back with the same seeded prompts. Writes bench_{off,on}.json, http_{off,on}.json,
+# rows (one question at 16/139/300/712/2,000 ids; 4 questions of 300 ids in one pass: plain
+# passes), then the same lengths over HTTP against `instinct serve` as deployed (prefix reuse on:
+# each question resumes from the cached system turn, a carried pass). Each pair runs back to
+# back with the same seeded prompts. Writes bench_{off,on}.json, http_{off,on}.json,
 # serve_{off,on}.log and summary.txt (medians, ratios, the servers' graph metrics) into $OUT.
 #
 #   OUT=/tmp/graphs [REAL=/tmp/real] [BIN=.carry/bin] [REVISION=...] [RUNS=40] \
@@ -43,7 +43,7 @@ if [[ $STAGES == *forward* ]]; then
 fi
 if [[ $STAGES == *http* ]]; then
   for g in off on; do
-    serve_real "$g" 90 --prefix-cache-mib 0 --cuda-graphs "$g" || continue
+    serve_real "$g" 90 --cuda-graphs "$g" || continue
     timeout 120 "$BIN/instinct" bench --http "http://127.0.0.1:$PORT" "${common[@]}" \
       --out "$OUT/http_$g.json" > "$OUT/http_$g.log" 2>&1
     stamp "http $g exit $?"

@@ -30,7 +30,10 @@ pub(crate) use composed::{
 };
 pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
 pub use layout::{HeadLayout, Strided, Varlen};
-pub use pass::{captured_shape, padded_offsets, PassShape, CAPTURED_MAX_ROWS};
+pub use pass::{
+    captured_prefix_rows, captured_shape, padded_offsets, CarryShape, PassShape,
+    CAPTURED_MAX_PREFIX_ROWS, CAPTURED_MAX_ROWS,
+};
 pub use rope::Rope;
 
 use crate::error::KernelError;
@@ -85,9 +88,9 @@ pub trait Backend: Buffers {
 
     // ---- captured passes ------------------------------------------------------------------------
 
-    /// The shape ([`PassShape`]) a plain pass (no prefix state in or out) of `rows` tokens in
-    /// `seqs` sequences runs its layers at, padded so that a captured launch sequence serves it;
-    /// `None` runs it at its own. The default: its own.
+    /// The shape ([`PassShape`]) a pass of `rows` tokens in `seqs` sequences runs its layers at,
+    /// padded so that a captured launch sequence serves it; `None` runs it at its own. The model
+    /// adds what the sequences carry ([`CarryShape`]). The default: its own.
     fn pass_shape(&self, _rows: usize, _seqs: usize) -> Option<PassShape> {
         None
     }

@@ -8,11 +8,56 @@
 //! sequence ops skip them. So a sequence's answer is the one the unpadded pass gives, as long as
 //! each op's result for a row does not depend on the row count (the batch-invariance rule).
 
-/// The (rows, sequences) a pass runs at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The (rows, sequences) a pass runs at, and what its sequences carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PassShape {
     pub rows: usize,
     pub seqs: usize,
+    pub carry: CarryShape,
+}
+
+/// What the sequences of a pass carry, as far as the launches see it: a pass that resumes from
+/// prefix states or takes snapshots launches other kernels (and a captured one reads the states
+/// from buffers of fixed addresses: the model's carry arena).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CarryShape {
+    /// Prefix rows the attention layers are launched for (0: no sequence resumes; else the
+    /// prefixes' total, padded up).
+    pub prefix_rows: usize,
+    /// Snapshots are written (at the sequences' ends, or also at points inside them).
+    pub snapshot: bool,
+    pub snapshot_inside: bool,
+}
+
+impl CarryShape {
+    /// Whether any sequence resumes.
+    pub fn resumes(&self) -> bool {
+        self.prefix_rows > 0
+    }
+
+    /// Whether the pass carries anything.
+    pub fn carries(&self) -> bool {
+        self.resumes() || self.snapshot
+    }
+}
+
+impl std::fmt::Display for PassShape {
+    /// `ROWSxSEQS`, then `+pPREFIX`, `+s` (snapshots) and `+i` (inside) as the pass carries them:
+    /// the `bucket` label of the graph metrics.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.rows, self.seqs)?;
+        let c = self.carry;
+        if c.resumes() {
+            write!(f, "+p{}", c.prefix_rows)?;
+        }
+        if c.snapshot {
+            write!(f, "+s")?;
+        }
+        if c.snapshot_inside {
+            write!(f, "+i")?;
+        }
+        Ok(())
+    }
 }
 
 /// The largest pass that is padded to a captured shape: above it a pass computes for tens of
@@ -41,7 +86,18 @@ pub fn captured_shape(rows: usize, seqs: usize) -> Option<PassShape> {
     Some(PassShape {
         rows,
         seqs: seqs.next_power_of_two(),
+        carry: CarryShape::default(),
     })
+}
+
+/// The most prefix rows a captured pass resumes from, over all its sequences.
+pub const CAPTURED_MAX_PREFIX_ROWS: usize = 2048;
+
+/// The prefix rows a captured pass that resumes from `prefix_rows` rows is launched for: a power
+/// of two, at least 64 (a snapshot's cut is on the 64-token grid); `None` above
+/// [`CAPTURED_MAX_PREFIX_ROWS`].
+pub fn captured_prefix_rows(prefix_rows: usize) -> Option<usize> {
+    (prefix_rows <= CAPTURED_MAX_PREFIX_ROWS).then(|| prefix_rows.next_power_of_two().max(64))
 }
 
 /// `cu_seqlens` of a pass at `shape`: the real offsets, then the total once per padding sequence.
@@ -69,6 +125,21 @@ mod tests {
         assert_eq!(s(2049, 1), None);
         assert_eq!(s(0, 1), None);
         assert_eq!(s(5, 0), None);
+        assert_eq!(captured_prefix_rows(1), Some(64));
+        assert_eq!(captured_prefix_rows(64), Some(64));
+        assert_eq!(captured_prefix_rows(130), Some(256));
+        assert_eq!(captured_prefix_rows(2048), Some(2048));
+        assert_eq!(captured_prefix_rows(2049), None);
+        let carried = PassShape {
+            carry: CarryShape {
+                prefix_rows: 128,
+                snapshot: true,
+                snapshot_inside: false,
+            },
+            ..captured_shape(100, 3).unwrap()
+        };
+        assert_eq!(carried.to_string(), "128x4+p128+s");
+        assert_eq!(captured_shape(100, 3).unwrap().to_string(), "128x4");
         // Every shape holds what it pads.
         for rows in 1..=CAPTURED_MAX_ROWS {
             let p = captured_shape(rows, 3).unwrap();
@@ -78,7 +149,11 @@ mod tests {
 
     #[test]
     fn padding_sequences_are_empty_at_the_end() {
-        let shape = PassShape { rows: 32, seqs: 4 };
+        let shape = PassShape {
+            rows: 32,
+            seqs: 4,
+            ..PassShape::default()
+        };
         assert_eq!(padded_offsets(&[0, 5, 9], shape), [0, 5, 9, 9, 9]);
         assert_eq!(padded_offsets(&[0, 5, 9, 12, 20], shape), [0, 5, 9, 12, 20]);
     }

@@ -37,10 +37,11 @@ pub struct CudaOptions {
     /// algorithm wins; a sequence's bits then depend on its batch by ~1e-4). See
     /// docs/validation/batch-invariance.md.
     pub batch_invariant: bool,
-    /// Captured passes (CUDA graphs): each plain pass of up to
+    /// Captured passes (CUDA graphs): each pass of up to
     /// [`CAPTURED_MAX_ROWS`](crate::backend::CAPTURED_MAX_ROWS) rows runs padded to a captured
-    /// shape, and is replayed from the second batch of that shape on. The backend then runs on
-    /// a stream of its own (the legacy default stream cannot be captured).
+    /// shape ([`crate::backend::PassShape`]), and is replayed from the second batch of that shape
+    /// on. The backend then runs on a stream of its own (the legacy default stream cannot be
+    /// captured).
     pub cuda_graphs: bool,
 }
 

@@ -1,4 +1,4 @@
-//! Captured passes (CUDA graphs): a plain pass's layers, recorded once per [`PassShape`] and
+//! Captured passes (CUDA graphs): a pass's layers, recorded once per [`PassShape`] and
 //! replayed for every later batch of that shape, so a short pass costs one launch on the host
 //! instead of some 300 kernel and GEMM launches.
 //!
