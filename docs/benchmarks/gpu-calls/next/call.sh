@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planned device call (CALL_S seconds, 590 unless set), in order of need:
-#   1. the captured-pass (CUDA graph) GPU tests: replayed = as launched bit for bit, and passes
-#      that carry prefix states beside captured ones;
+#   1. the captured-pass (CUDA graph) GPU tests: replayed = as launched bit for bit, plain and
+#      carried passes, snapshots included; the prefix-state GPU tests (graphs off);
 #   2. parity on the 84-question corpus with graphs off, then on; the two reports' probabilities
 #      compared question by question (the same bits?);
 #   3. gpu_graphs_bench.sh: forward and HTTP latency, graphs off against on;
@@ -16,6 +16,7 @@ source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
 run_test captured_passes-test 150
+run_test prefix_states-test 60
 tests_summary
 wait_checkpoint
 parity
