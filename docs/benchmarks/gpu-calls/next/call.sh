@@ -29,10 +29,11 @@ grep -E "questions on|captured passes|Error" /tmp/check_graphs.log >> $L
 python3 - "$OUT/check.json" "$OUT/check_graphs.json" >> $L 2>&1 <<'EOF'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
-launched = {r["prompt"]: r["p"] for r in a["rows"]}
+# Row by row: a prompt may be asked twice with different option counts.
 same, differ, worst = 0, 0, 0.0
-for r in b["rows"]:
-    p = launched[r["prompt"]]
+for x, r in zip(a["rows"], b["rows"]):
+    assert (x["prompt"], x["n_options"]) == (r["prompt"], r["n_options"])
+    p = x["p"]
     if p == r["p"]:
         same += 1
     else:
