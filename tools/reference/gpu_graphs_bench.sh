@@ -6,7 +6,8 @@
 # back with the same seeded prompts. Writes bench_{off,on}.json, http_{off,on}.json,
 # serve_{off,on}.log and summary.txt (medians, ratios, the servers' graph metrics) into $OUT.
 #
-#   OUT=/tmp/graphs [REAL=/tmp/real] [BIN=.carry/bin] [REVISION=...] [RUNS=40] \
+#   OUT=/tmp/graphs [REAL=/tmp/real] [BIN=.carry/bin] [REVISION=...] [RUNS=40] [STAGES=forward,http] \
+#     [LENGTHS=16,139,300,712,2000] [BATCHES=4] \
 #     bash tools/reference/gpu_graphs_bench.sh
 # Needs the seeded real-shape checkpoint in $REAL (it is built when missing: real_shapes.py).
 set -uo pipefail
@@ -30,13 +31,13 @@ ensure_checkpoint "$BIN/instinct" "$PYTHON"
 HARDWARE=$(hardware_of cuda:0)
 stamp "hardware: $HARDWARE; revision: $REVISION"
 
-lengths=16,139,300,712,2000
+lengths=${LENGTHS:-16,139,300,712,2000}
 common=(--model "$REAL" --text-adapter "$REAL/adapter-text" --device cuda:0 --hardware "$HARDWARE"
   --revision "$REVISION" --lengths "$lengths" --runs "$RUNS" --warmup 2 --max-row-s 10)
 if [[ $STAGES == *forward* ]]; then
   for g in off on; do
     stamp "forward, graphs $g"
-    timeout 120 "$BIN/instinct" bench "${common[@]}" --batch-sizes 4 --batch-runs "$RUNS" \
+    timeout 120 "$BIN/instinct" bench "${common[@]}" --batch-sizes "${BATCHES:-4}" --batch-runs "$RUNS" \
       --max-batch-tokens 2048 --cuda-graphs "$g" --out "$OUT/bench_$g.json" > "$OUT/bench_$g.log" 2>&1
     stamp "exit $?"
   done
