@@ -93,9 +93,9 @@ fn on_the_gpu_replayed_passes_answer_as_launched_bit_for_bit() {
     let replays = |s: &GraphStats| s.replays.iter().map(|r| r.1).sum::<u64>();
     for (i, lens) in BATCHES.iter().enumerate() {
         let rows: usize = lens.iter().sum();
-        let shape = captured.backend().pass_shape(rows, lens.len()).unwrap();
+        let shape = captured.backend().pass_shape(rows, lens.len());
         let before = stats(&captured);
-        let replay = before.held.contains(&shape);
+        let replay = shape.is_some_and(|shape| before.held.contains(&shape));
         let want = answers(&mut launched, &text, lens);
         let got = answers(&mut captured, &text, lens);
         assert_eq!(
@@ -103,11 +103,20 @@ fn on_the_gpu_replayed_passes_answer_as_launched_bit_for_bit() {
             "batch {i} {lens:?} at {shape:?} (replay: {replay})"
         );
         let after = stats(&captured);
-        if replay {
-            assert_eq!(replays(&after), replays(&before) + 1, "batch {i} replays");
-        } else {
-            assert_eq!(after.captures, before.captures + 1, "batch {i} is captured");
-            assert!(after.held.contains(&shape), "batch {i}: {after:?}");
+        match shape {
+            Some(_) if replay => {
+                assert_eq!(replays(&after), replays(&before) + 1, "batch {i} replays")
+            }
+            Some(shape) => {
+                assert_eq!(after.captures, before.captures + 1, "batch {i} is captured");
+                assert!(after.held.contains(&shape), "batch {i}: {after:?}");
+            }
+            // Too large to capture: run as launched, nothing counted.
+            None => assert_eq!(
+                (after.captures, after.misses, replays(&after)),
+                (before.captures, before.misses, replays(&before)),
+                "batch {i}"
+            ),
         }
     }
     let s = stats(&captured);

@@ -158,7 +158,7 @@ pub struct ServeArgs {
           action = clap::ArgAction::Set)]
     pub batch_invariant: bool,
 
-    /// Captured passes on a GPU (`on` or `off`): a pass of up to 2,048 tokens (and, where it
+    /// Captured passes on a GPU (`on` or `off`): a pass of up to 1,024 tokens (and, where it
     /// resumes from prefix states, up to 8 sequences and 2,048 prefix tokens) runs padded to a
     /// (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
     /// captured as a CUDA graph, later ones replay it (one launch instead of some 300). Off by

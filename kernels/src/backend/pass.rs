@@ -60,31 +60,25 @@ impl std::fmt::Display for PassShape {
     }
 }
 
-/// The largest pass that is padded to a captured shape: above it a pass computes for tens of
-/// milliseconds, and the ~1 ms of launches a capture saves no longer counts.
-pub const CAPTURED_MAX_ROWS: usize = 2048;
+/// The largest pass that is padded to a captured shape. A padding row costs what a real one does
+/// (the GEMMs are compute-bound from ~100 rows: ~13 µs a row for Qwen3.5-4B on an H100) and a
+/// replay saves ~0.5 ms of launches, so shapes are dense (a few percent of padding) and stop where
+/// the launches no longer count.
+pub const CAPTURED_MAX_ROWS: usize = 1024;
 
 /// Rows of the smallest captured shape.
 const CAPTURED_MIN_ROWS: usize = 16;
 
-/// Captured row counts step by this above it (a tile row of the GEMMs: the padding costs a
-/// bandwidth-bound GEMM nothing); powers of two below.
-const CAPTURED_ROW_STEP: usize = 128;
-
-/// The captured shape a pass of `rows` tokens in `seqs` sequences pads to: rows to a power of two
-/// (at least 16) up to 128, then to a multiple of 128; sequences to a power of two. `None` above
-/// [`CAPTURED_MAX_ROWS`] or for an empty pass.
+/// The captured shape a pass of `rows` tokens in `seqs` sequences pads to: rows to a multiple of
+/// 16 up to 256, then of 32; sequences to a power of two. `None` above [`CAPTURED_MAX_ROWS`] or
+/// for an empty pass.
 pub fn captured_shape(rows: usize, seqs: usize) -> Option<PassShape> {
     if rows == 0 || seqs == 0 || rows > CAPTURED_MAX_ROWS {
         return None;
     }
-    let rows = if rows <= CAPTURED_ROW_STEP {
-        rows.next_power_of_two().max(CAPTURED_MIN_ROWS)
-    } else {
-        rows.div_ceil(CAPTURED_ROW_STEP) * CAPTURED_ROW_STEP
-    };
+    let step = if rows <= 256 { CAPTURED_MIN_ROWS } else { 32 };
     Some(PassShape {
-        rows,
+        rows: rows.div_ceil(step) * step,
         seqs: seqs.next_power_of_two(),
         carry: CarryShape::default(),
     })
@@ -118,13 +112,19 @@ mod tests {
         assert_eq!(s(1, 1), Some((16, 1)));
         assert_eq!(s(16, 1), Some((16, 1)));
         assert_eq!(s(17, 3), Some((32, 4)));
-        assert_eq!(s(128, 8), Some((128, 8)));
-        assert_eq!(s(139, 1), Some((256, 1)));
-        assert_eq!(s(257, 5), Some((384, 8)));
-        assert_eq!(s(2048, 32), Some((2048, 32)));
-        assert_eq!(s(2049, 1), None);
+        assert_eq!(s(139, 1), Some((144, 1)));
+        assert_eq!(s(256, 8), Some((256, 8)));
+        assert_eq!(s(257, 5), Some((288, 8)));
+        assert_eq!(s(300, 1), Some((320, 1)));
+        assert_eq!(s(1024, 32), Some((1024, 32)));
+        assert_eq!(s(1025, 1), None);
         assert_eq!(s(0, 1), None);
         assert_eq!(s(5, 0), None);
+        // Every shape holds what it pads, with at most 15 (31) rows more.
+        for rows in 1..=CAPTURED_MAX_ROWS {
+            let p = captured_shape(rows, 3).unwrap();
+            assert!(p.rows >= rows && p.rows - rows < if rows <= 256 { 16 } else { 32 });
+        }
         assert_eq!(captured_prefix_rows(1), Some(64));
         assert_eq!(captured_prefix_rows(64), Some(64));
         assert_eq!(captured_prefix_rows(130), Some(256));
@@ -138,8 +138,8 @@ mod tests {
             },
             ..captured_shape(100, 3).unwrap()
         };
-        assert_eq!(carried.to_string(), "128x4+p128+s");
-        assert_eq!(captured_shape(100, 3).unwrap().to_string(), "128x4");
+        assert_eq!(carried.to_string(), "112x4+p128+s");
+        assert_eq!(captured_shape(100, 3).unwrap().to_string(), "112x4");
         // Every shape holds what it pads.
         for rows in 1..=CAPTURED_MAX_ROWS {
             let p = captured_shape(rows, 3).unwrap();
