@@ -114,11 +114,13 @@ extern "C" __global__ void attention_prologue(float* __restrict__ qkv, int row_s
     const int h = is_q ? it : is_v ? it - q_heads - kv_heads : it - q_heads;
     const float* src = is_q ? row + (i64)h * 2 * head_dim : row + k_at + (i64)((is_v ? kv_heads : 0) + h) * head_dim;
     // With prefix rows (a batch resuming from prefix states), k and v go to the joined key rows:
-    // each sequence's prefix keys, then its own (flash_prefix_rows writes the prefix ones).
+    // each sequence's prefix keys, then its own (flash_prefix_rows writes the prefix ones). A row
+    // in no sequence (a padded pass's) goes past all of them, prefix_rows on: unshifted, it would
+    // land on a sequence's joined keys.
     i64 kv_row = t;
     if (prefix_rows > 0 && !is_q) {
         const int s = sequence_of_row(cu_seqlens, num_seqs, (u32)t);
-        if (s >= 0) kv_row += min(cu_prefix[s + 1], prefix_rows);
+        kv_row += s >= 0 ? min(cu_prefix[s + 1], prefix_rows) : prefix_rows;
     }
     __nv_bfloat16* dst = is_q ? qb + (t * q_heads + h) * d : (is_v ? vb : kb) + (kv_row * kv_heads + h) * d;
     const float* vals = src;
