@@ -110,7 +110,19 @@ impl AttentionCase {
         last_only: bool,
         bf16_out: bool,
     ) -> [Vec<f32>; 3] {
-        let (dims, rows) = (self.dims, self.rows());
+        self.run_padded(be, (with_prefix, last_only, bf16_out), 0)
+    }
+
+    /// [`Self::run`] launched for `pad` rows more than the sequences hold (rows in no sequence,
+    /// as a pass padded to a captured shape has), returning the sequences' rows only.
+    fn run_padded<B: Backend>(
+        &self,
+        be: &B,
+        (with_prefix, last_only, bf16_out): (bool, bool, bool),
+        pad: usize,
+    ) -> [Vec<f32>; 3] {
+        let (dims, real_rows) = (self.dims, self.rows());
+        let rows = real_rows + pad;
         let kv_w = dims.kv_heads * dims.head_dim;
         let up_idx = |data: &[u32]| {
             let mut b = be.alloc_idx(data.len().max(1)).unwrap();
@@ -124,14 +136,19 @@ impl AttentionCase {
         };
         let cu = up_idx(&cu_of(&self.own));
         let cu_prefix = up_idx(&cu_of(&self.prefix));
-        let positions = up_idx(&self.positions);
+        let mut positions = self.positions.clone();
+        positions.resize(3 * rows, 0);
+        let positions = up_idx(&positions);
         let (q_norm, k_norm) = (
             be.upload(&self.q_norm).unwrap(),
             be.upload(&self.k_norm).unwrap(),
         );
         let (pk, pv) = (act(&self.prefix_k), act(&self.prefix_v));
-        let mut qkv = act(&self.qkv);
+        let mut padded_qkv = self.qkv.clone();
+        padded_qkv.resize(rows * dims.stacked_width(), 3.0);
+        let mut qkv = act(&padded_qkv);
         let out_rows = if last_only { self.own.len() } else { rows };
+        let real_out_rows = if last_only { self.own.len() } else { real_rows };
         let width = dims.q_heads * dims.head_dim;
         // One spare row that must stay untouched.
         let out_len = (out_rows + 1) * width;
@@ -181,9 +198,9 @@ impl AttentionCase {
             be.name()
         );
         [
-            out[..out_rows * width].to_vec(),
-            be.read(&k_out, rows * kv_w).unwrap(),
-            be.read(&v_out, rows * kv_w).unwrap(),
+            out[..real_out_rows * width].to_vec(),
+            be.read(&k_out, real_rows * kv_w).unwrap(),
+            be.read(&v_out, real_rows * kv_w).unwrap(),
         ]
     }
 }
@@ -227,6 +244,44 @@ fn gated_attention_carried_matches_cpu() {
                     (want, 1e-2)
                 };
                 assert_close(&got, &want, tol, &what);
+            }
+        }
+    }
+}
+
+/// Rows in no sequence (a pass padded to a captured shape) change nothing: the sequences' outputs
+/// and k/v rows are the unpadded launch's bits, with a prefix or without, every row or the last.
+/// (With a prefix, such rows once wrote their keys over a sequence's joined keys.)
+#[test]
+#[ignore = "needs a GPU"]
+fn gated_attention_carried_ignores_rows_in_no_sequence() {
+    attention_ignores_rows_in_no_sequence(&gpu());
+}
+
+/// The same on the CPU reference (which computes sequence by sequence).
+#[test]
+fn on_the_cpu_gated_attention_carried_ignores_rows_in_no_sequence() {
+    attention_ignores_rows_in_no_sequence(&CpuBackend::new());
+}
+
+fn attention_ignores_rows_in_no_sequence<B: Backend>(be: &B) {
+    let mut rng = StdRng::seed_from_u64(67);
+    for &(own, prefix) in BATCHES {
+        let case = AttentionCase::new(&mut rng, REAL, own, prefix);
+        for flags in [
+            (true, false, false),
+            (true, true, true),
+            (false, false, false),
+        ] {
+            let want = case.run(be, flags.0, flags.1, flags.2);
+            for pad in [1, 5, 64] {
+                let got = case.run_padded(be, flags, pad);
+                for (part, (g, w)) in ["out", "k out", "v out"].iter().zip(got.iter().zip(&want)) {
+                    assert!(
+                        g == w,
+                        "own {own:?}, prefix {prefix:?}, flags {flags:?}, {pad} rows padded: {part}"
+                    );
+                }
             }
         }
     }
