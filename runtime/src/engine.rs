@@ -538,6 +538,11 @@ pub fn load(
 ) -> anyhow::Result<Loaded> {
     match device {
         Device::Cpu => {
+            if options.cuda_graphs {
+                tracing::warn!(
+                    "--cuda-graphs applies to GPUs; the CPU runs every pass as it comes"
+                );
+            }
             let parts = load_engines(device, || Ok(CpuBackend::new()), options, source, limits)?;
             let weights_bytes = parts.weights_bytes;
             Ok(parts.into_loaded(weights_bytes, Vec::new()))
