@@ -164,6 +164,12 @@ impl<B: Backend> Decider<B> {
         Self { model, readout }
     }
 
+    /// The model, for this crate's tests of its internals.
+    #[cfg(test)]
+    pub(crate) fn model_mut(&mut self) -> &mut TextModel<B> {
+        &mut self.model
+    }
+
     /// The largest batch one forward pass takes.
     pub fn limits(&self) -> BatchLimits {
         self.model.limits()

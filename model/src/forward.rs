@@ -450,6 +450,23 @@ impl<B: Backend> CarryArena<B> {
         }
     }
 
+    /// Whether it holds every part: a pass that panicked while it held some never gave them back,
+    /// and then every later pass stages its carry on its own.
+    fn is_whole(&self) -> bool {
+        let parts = self.parts.layers.iter().all(|layer| match layer {
+            LayerCarry::DeltaNet {
+                state_in,
+                window_in,
+                state_out,
+                window_out,
+            } => [state_in, window_in, state_out, window_out]
+                .iter()
+                .all(|p| p.is_some()),
+            LayerCarry::Attention { prefix, kv_out } => prefix.is_some() && kv_out.is_some(),
+        });
+        parts && self.parts.cu_prefix.is_some() && self.parts.snapshot_at.is_some()
+    }
+
     /// Puts back what [`Self::lend`] gave.
     fn give_back(&mut self, carry: Carry<B>) {
         fn put<T>(slot: &mut Option<T>, lent: Option<T>) {
@@ -880,7 +897,7 @@ impl<B: Backend> TextModel<B> {
     /// The shape a carried pass of `segs` (`rows` own tokens) is captured at, when the backend
     /// captures it and it fits the arena: its sequences, its rows, its prefixes.
     fn arena_shape(&self, segs: &[Segment<'_>], rows: usize) -> Option<PassShape> {
-        let arena = self.arena.as_ref()?;
+        let arena = self.arena.as_ref().filter(|a| a.is_whole())?;
         let base = self.backend.pass_shape(rows, segs.len())?;
         if base.seqs > arena.seqs || self.limits.check(base.rows, base.seqs).is_err() {
             return None;
@@ -1757,5 +1774,63 @@ fn values(layer: &LayerState) -> Option<&Values> {
     match layer {
         LayerState::Attention { v, .. } => Some(v),
         LayerState::DeltaNet { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod arena_tests {
+    use instinct_kernels::CpuBackend;
+
+    use crate::decider::{load_text, Decider, Prompt, QuestionSegment};
+    use crate::forward::BatchLimits;
+
+    fn demo(backend: CpuBackend) -> (Decider<CpuBackend>, Vec<u32>) {
+        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
+        let loaded = load_text(
+            backend,
+            &demo.model_dir,
+            Some(&demo.text_adapter_dir),
+            BatchLimits::new(512, 8),
+        )
+        .unwrap();
+        let text = loaded
+            .tokenizer
+            .encode(&"Pick the safe action. ".repeat(40))
+            .unwrap();
+        (loaded.decider, text)
+    }
+
+    /// A resumed tail's answer, from a snapshot of the first 64 ids.
+    fn resumed(d: &mut Decider<CpuBackend>, text: &[u32]) -> Vec<f32> {
+        let mut out = d
+            .decide_segments(&[QuestionSegment::prefix(&text[..64], None)])
+            .unwrap();
+        let state = out.remove(0).snapshot.unwrap();
+        let tail = QuestionSegment::answer(Prompt::text(&text[64..150], 4), Some(&state));
+        d.decide_segments(&[tail])
+            .unwrap()
+            .remove(0)
+            .probabilities
+            .unwrap()
+    }
+
+    /// An arena missing a part (a pass that panicked while it held it) is no longer used: later
+    /// carried passes stage their own carry and answer as before, instead of resuming from
+    /// nothing.
+    #[test]
+    fn an_arena_missing_a_part_is_not_used() {
+        let (mut plain, text) = demo(CpuBackend::new());
+        let (mut padded, _) = demo(CpuBackend::padding_passes());
+        let want = resumed(&mut plain, &text);
+        assert_eq!(resumed(&mut padded, &text), want);
+        let model = padded.model_mut();
+        let arena = model.arena.as_mut().unwrap();
+        assert!(arena.is_whole());
+        let lost = arena.parts.cu_prefix.take();
+        assert!(!arena.is_whole());
+        assert_eq!(resumed(&mut padded, &text), want);
+        let arena = padded.model_mut().arena.as_mut().unwrap();
+        arena.parts.cu_prefix = lost;
+        assert!(arena.is_whole());
     }
 }
