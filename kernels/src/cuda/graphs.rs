@@ -241,10 +241,15 @@ impl Graphs {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver_err("beginning a capture", e))?;
+        let recording = Recording {
+            guard,
+            stream: &self.stream,
+        };
         guard.set_capturing(true);
         let body = layers();
-        guard.set_capturing(false);
         // Always ended, so the stream leaves capture mode whatever the body did.
+        std::mem::forget(recording);
+        guard.set_capturing(false);
         let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
         body?;
         ended
@@ -254,5 +259,21 @@ impl Graphs {
 
     fn free_bytes(&self) -> u64 {
         self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
+    }
+}
+
+/// A capture in progress. Dropped only if its body panics (a normal end forgets it): the stream
+/// then leaves capture mode and the guard lets allocations through again, so the engine that
+/// catches the panic can go on with the next batch.
+struct Recording<'a> {
+    guard: &'a CaptureGuard,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Drop for Recording<'_> {
+    fn drop(&mut self) {
+        self.guard.set_capturing(false);
+        // The graph of a capture cut short is discarded.
+        let _ = self.stream.end_capture(CUgraphInstantiate_flags(0));
     }
 }
