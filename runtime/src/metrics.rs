@@ -369,3 +369,52 @@ fn resident_bytes() -> Option<u64> {
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
 }
+
+#[cfg(test)]
+mod tests {
+    use instinct_kernels::backend::{CarryShape, PassShape};
+    use instinct_kernels::cuda::GraphStats;
+
+    /// The captured passes' counts reach `/metrics` with their bucket labels, as set (counters
+    /// hold the backend's totals).
+    #[test]
+    fn graph_counts_are_published_by_bucket() {
+        let plain = PassShape {
+            rows: 144,
+            seqs: 1,
+            carry: CarryShape::default(),
+        };
+        let carried = PassShape {
+            carry: CarryShape {
+                prefix_rows: 64,
+                snapshot: true,
+                snapshot_inside: false,
+            },
+            ..plain
+        };
+        let stats = GraphStats {
+            held: vec![plain, carried],
+            replays: vec![(plain, 7), (carried, 3)],
+            misses: 2,
+            captures: 2,
+            capture_seconds: 0.25,
+            bytes: 4 << 20,
+            failed: 1,
+            last_failure: Some("why".into()),
+        };
+        super::install();
+        super::publish_graphs("cuda:7", &stats);
+        let text = super::render();
+        for line in [
+            r#"instinct_graph_replays_total{device="cuda:7",bucket="144x1"} 7"#,
+            r#"instinct_graph_replays_total{device="cuda:7",bucket="144x1+p64+s"} 3"#,
+            r#"instinct_graph_misses_total{device="cuda:7"} 2"#,
+            r#"instinct_graph_captures_total{device="cuda:7"} 2"#,
+            r#"instinct_graph_capture_seconds{device="cuda:7"} 0.25"#,
+            r#"instinct_graph_failed_shapes{device="cuda:7"} 1"#,
+            r#"instinct_device_memory_bytes{device="cuda:7",kind="graphs"} 4194304"#,
+        ] {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
+    }
+}
