@@ -55,6 +55,8 @@ pub const GRAPH_CAPTURES_TOTAL: &str = "instinct_graph_captures_total";
 pub const GRAPH_CAPTURE_SECONDS: &str = "instinct_graph_capture_seconds";
 /// Gauge, per GPU: shapes whose capture failed (they run as launched; the log says why).
 pub const GRAPH_FAILED_SHAPES: &str = "instinct_graph_failed_shapes";
+/// Counter, per GPU: graphs dropped, least recently used first, to keep at most 256.
+pub const GRAPH_EVICTIONS_TOTAL: &str = "instinct_graph_evictions_total";
 
 /// Gauge: bytes held for requests in flight (bodies, parsed requests, token ids, screenshot
 /// features), against `--max-inflight-mib`.
@@ -291,6 +293,10 @@ fn describe() {
         GRAPH_FAILED_SHAPES,
         "Pass shapes whose capture failed and that run as launched"
     );
+    describe_counter!(
+        GRAPH_EVICTIONS_TOTAL,
+        "CUDA graphs dropped (least recently used) to keep at most 256"
+    );
 }
 
 /// GPUs whose free memory is read at every scrape.
@@ -344,6 +350,7 @@ fn publish_graphs(device: &str, stats: &GraphStats) {
     counter!(GRAPH_CAPTURES_TOTAL, "device" => device.clone()).absolute(stats.captures);
     gauge!(GRAPH_CAPTURE_SECONDS, "device" => device.clone()).set(stats.capture_seconds);
     gauge!(GRAPH_FAILED_SHAPES, "device" => device.clone()).set(stats.failed as f64);
+    counter!(GRAPH_EVICTIONS_TOTAL, "device" => device.clone()).absolute(stats.evictions);
     gauge!(DEVICE_MEMORY_BYTES, "device" => device, "kind" => "graphs").set(stats.bytes as f64);
 }
 
@@ -401,6 +408,7 @@ mod tests {
             bytes: 4 << 20,
             failed: 1,
             last_failure: Some("why".into()),
+            evictions: 3,
         };
         super::install();
         super::publish_graphs("cuda:7", &stats);
@@ -412,6 +420,7 @@ mod tests {
             r#"instinct_graph_captures_total{device="cuda:7"} 2"#,
             r#"instinct_graph_capture_seconds{device="cuda:7"} 0.25"#,
             r#"instinct_graph_failed_shapes{device="cuda:7"} 1"#,
+            r#"instinct_graph_evictions_total{device="cuda:7"} 3"#,
             r#"instinct_device_memory_bytes{device="cuda:7",kind="graphs"} 4194304"#,
         ] {
             assert!(text.contains(line), "{line} not in:\n{text}");

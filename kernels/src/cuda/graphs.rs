@@ -58,11 +58,26 @@ impl CaptureGuard {
     }
 }
 
+/// The most graphs one backend holds (~1 MB of device memory each for Qwen3.5-4B): past it, the
+/// one replayed least recently goes. Shapes multiply (rows × sequences × what they carry), and a
+/// fleet's traffic uses few of them most of the time.
+pub(crate) const MAX_GRAPHS: usize = 256;
+
 /// A graph kept for replay.
 struct Held {
     graph: SendGraph,
     /// The [`CaptureGuard`] generation it was recorded in.
     generation: u64,
+    /// Device bytes it took (approximate: see [`GraphStats::bytes`]).
+    bytes: u64,
+    /// When it was last captured or replayed ([`State::tick`]).
+    used: u64,
+}
+
+/// The shape of the graph used least recently, among `held` (shape, last use).
+fn least_recent(held: impl Iterator<Item = (PassShape, u64)>) -> Option<PassShape> {
+    held.min_by_key(|&(shape, used)| (used, shape))
+        .map(|(shape, _)| shape)
 }
 
 /// A captured graph, moved between threads with its backend.
@@ -93,11 +108,15 @@ pub struct GraphStats {
     /// Shapes whose capture failed, and the last reason.
     pub failed: usize,
     pub last_failure: Option<String>,
+    /// Graphs dropped to stay within [`MAX_GRAPHS`].
+    pub evictions: u64,
 }
 
 #[derive(Default)]
 struct State {
-    held: HashMap<PassShape, (Held, u64)>,
+    held: HashMap<PassShape, Held>,
+    /// Counts graph uses, to order them by recency.
+    tick: u64,
     replays: HashMap<PassShape, u64>,
     failed: HashMap<PassShape, String>,
     stats: GraphStats,
@@ -156,8 +175,11 @@ impl Graphs {
     ) -> KernelResult<()> {
         {
             let mut state = self.state.lock().expect("graph state");
-            if let Some((held, bytes)) = state.held.get(&shape) {
+            state.tick += 1;
+            let tick = state.tick;
+            if let Some(held) = state.held.get_mut(&shape) {
                 if held.generation == guard.generation() {
+                    held.used = tick;
                     held.graph
                         .0
                         .launch()
@@ -165,7 +187,7 @@ impl Graphs {
                     *state.replays.entry(shape).or_default() += 1;
                     return Ok(());
                 }
-                let bytes = *bytes;
+                let bytes = held.bytes;
                 state.held.remove(&shape);
                 state.stats.bytes = state.stats.bytes.saturating_sub(bytes);
             }
@@ -202,12 +224,25 @@ impl Graphs {
             Ok(graph) => {
                 let bytes = free_before.saturating_sub(self.free_bytes());
                 state.stats.captures += 1;
+                while state.held.len() >= MAX_GRAPHS {
+                    let held = state.held.iter().map(|(&s, h)| (s, h.used));
+                    let Some(oldest) = least_recent(held) else {
+                        break;
+                    };
+                    if let Some(gone) = state.held.remove(&oldest) {
+                        state.stats.bytes = state.stats.bytes.saturating_sub(gone.bytes);
+                        state.stats.evictions += 1;
+                    }
+                }
                 state.stats.bytes += bytes;
+                state.tick += 1;
                 let held = Held {
                     graph: SendGraph(graph),
                     generation,
+                    bytes,
+                    used: state.tick,
                 };
-                state.held.insert(shape, (held, bytes));
+                state.held.insert(shape, held);
                 tracing::debug!(
                     rows = shape.rows,
                     seqs = shape.seqs,
@@ -275,5 +310,22 @@ impl Drop for Recording<'_> {
         self.guard.set_capturing(false);
         // The graph of a capture cut short is discarded.
         let _ = self.stream.end_capture(CUgraphInstantiate_flags(0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_graph_used_least_recently_goes_first() {
+        let shape = |rows| PassShape {
+            rows,
+            seqs: 1,
+            ..PassShape::default()
+        };
+        let held = [(shape(16), 5), (shape(32), 2), (shape(48), 9)];
+        assert_eq!(least_recent(held.into_iter()), Some(shape(32)));
+        assert_eq!(least_recent(std::iter::empty()), None);
     }
 }
