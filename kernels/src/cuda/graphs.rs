@@ -6,7 +6,7 @@
 //! it); its layers are then recorded without running (stream capture) for the next batch. While
 //! a capture runs, [`CaptureGuard`] refuses what a recording cannot hold: allocating, copying
 //! through the host, waiting. A capture that fails is dropped with its reason, and that shape runs
-//! as launched from then on. A graph holds the addresses of the scratch it was recorded with, so
+//! as launched until the scratch is next replaced (then it is tried again). A graph holds the addresses of the scratch it was recorded with, so
 //! scratch that is replaced later (a larger batch) makes every graph stale: it is recaptured.
 
 use std::collections::HashMap;
@@ -105,7 +105,8 @@ pub struct GraphStats {
     /// Device memory the held graphs took when instantiated (the drop in free memory around
     /// each, so approximate).
     pub bytes: u64,
-    /// Shapes whose capture failed, and the last reason.
+    /// Shapes whose capture failed (run as launched until their scratch is replaced, then tried
+    /// again), and the last reason.
     pub failed: usize,
     pub last_failure: Option<String>,
     /// Graphs dropped to stay within [`MAX_GRAPHS`].
@@ -118,7 +119,9 @@ struct State {
     /// Counts graph uses, to order them by recency.
     tick: u64,
     replays: HashMap<PassShape, u64>,
-    failed: HashMap<PassShape, String>,
+    /// Shapes whose capture failed, with why and the generation it failed in: tried again once
+    /// the generation moves on (their scratch was replaced), run as launched until then.
+    failed: HashMap<PassShape, (String, u64)>,
     stats: GraphStats,
 }
 
@@ -192,9 +195,15 @@ impl Graphs {
                 state.stats.bytes = state.stats.bytes.saturating_sub(bytes);
             }
             state.stats.misses += 1;
-            if state.failed.contains_key(&shape) {
-                drop(state);
-                return layers();
+            match state.failed.get(&shape) {
+                Some((_, generation)) if *generation == guard.generation() => {
+                    drop(state);
+                    return layers();
+                }
+                Some(_) => {
+                    state.failed.remove(&shape);
+                }
+                None => {}
             }
         }
         layers()?;
@@ -259,7 +268,7 @@ impl Graphs {
                     "a pass could not be captured; its shape runs as launched from now on: {why}"
                 );
                 state.stats.last_failure = Some(why.clone());
-                state.failed.insert(shape, why);
+                state.failed.insert(shape, (why, generation));
                 Ok(())
             }
         }

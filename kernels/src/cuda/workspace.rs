@@ -53,6 +53,10 @@ pub(crate) trait Scratch {
     type Need: Copy;
     /// Whether it holds `need`.
     fn holds(&self, need: Self::Need) -> bool;
+    /// What a replacement must hold: `need` and all this one holds (so a scratch only grows, and
+    /// passes that need more of one part and less of another do not replace it back and forth:
+    /// each replacement makes the captured passes stale).
+    fn covering(&self, need: Self::Need) -> Self::Need;
     /// Device bytes it holds.
     fn bytes(&self) -> u64;
 }
@@ -92,6 +96,7 @@ impl<T: Scratch> GrownScratch<T> {
             .map_err(|_| KernelError::invalid(op, "scratch poisoned by an earlier panic"))?;
         if !slot.as_ref().is_some_and(|s| s.holds(need)) {
             counter.capture.replace(op)?;
+            let need = slot.as_ref().map_or(need, |s| s.covering(need));
             if let Some(old) = slot.take() {
                 counter.release_bytes(old.bytes());
             }
@@ -122,6 +127,14 @@ impl Scratch for FlashScratch {
         self.q.len() >= q_len && self.k.len() >= kv_len && self.partial.len() >= partial_len
     }
 
+    fn covering(&self, (q_len, kv_len, partial_len): Self::Need) -> Self::Need {
+        (
+            q_len.max(self.q.len()),
+            kv_len.max(self.k.len()),
+            partial_len.max(self.partial.len()),
+        )
+    }
+
     fn bytes(&self) -> u64 {
         2 * (self.q.len() + self.k.len() + self.v.len()) as u64 + 4 * self.partial.len() as u64
     }
@@ -148,6 +161,10 @@ impl Scratch for DeltaScratch {
 
     fn holds(&self, pairs: usize) -> bool {
         self.pairs >= pairs
+    }
+
+    fn covering(&self, pairs: usize) -> usize {
+        pairs.max(self.pairs)
     }
 
     fn bytes(&self) -> u64 {
