@@ -933,7 +933,14 @@ impl<B: Backend> TextModel<B> {
     ) -> Result<Carry<B>> {
         let arena = self.arena.as_mut().context("no carry arena")?;
         let mut carry = arena.lend(shape.carry);
-        let filled = Self::fill_carry(&self.backend, &arena.zeros, segs, shapes, shape, &mut carry);
+        let filled = Self::fill_carry(
+            &self.backend,
+            Some(&arena.zeros),
+            segs,
+            shapes,
+            shape.seqs,
+            &mut carry,
+        );
         match filled {
             Ok(()) => Ok(carry),
             Err(err) => {
@@ -943,85 +950,97 @@ impl<B: Backend> TextModel<B> {
         }
     }
 
+    /// Writes what `segs` resume from into the parts of `carry` that are present, packed over the
+    /// sequences (the prefix offsets padded to `seqs` sequences): each sequence's DeltaNet state
+    /// and window at its slot, the attention prefixes back to back. A sequence that resumes from
+    /// nothing gets `zeros` in its slot, or nothing where the buffers are fresh (allocated zeroed).
     fn fill_carry(
         be: &B,
-        zeros: &B::Buf,
+        zeros: Option<&B::Buf>,
         segs: &[Segment<'_>],
         shapes: &[LayerShape],
-        shape: PassShape,
+        seqs: usize,
         carry: &mut Carry<B>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
-        if shape.carry.resumes() {
-            for (i, (layer, layer_shape)) in carry.layers.iter_mut().zip(shapes).enumerate() {
-                match (layer, *layer_shape) {
-                    (
-                        LayerCarry::DeltaNet {
-                            state_in: Some(state_in),
-                            window_in: Some(window_in),
-                            ..
-                        },
-                        LayerShape::DeltaNet {
-                            state_len,
-                            window_len,
-                        },
-                    ) => {
-                        for (s, seg) in segs.iter().enumerate() {
-                            let parts = [(delta_state as Part, state_len, &mut *state_in)];
-                            let parts = parts.into_iter().chain([(
-                                delta_window as Part,
-                                window_len,
-                                &mut *window_in,
-                            )]);
-                            for (part, len, dst) in parts {
-                                match seg.resume.and_then(|st| part(&st.layers()[i])) {
-                                    Some(values) => Self::copy_values(be, values, dst, s * len)?,
-                                    // A sequence that resumes from nothing starts from zeros.
-                                    None => be.copy(zeros, 0, dst, s * len, len).map_err(e)?,
+        for (i, (layer, layer_shape)) in carry.layers.iter_mut().zip(shapes).enumerate() {
+            match (layer, *layer_shape) {
+                (
+                    LayerCarry::DeltaNet {
+                        state_in: Some(state_in),
+                        window_in: Some(window_in),
+                        ..
+                    },
+                    LayerShape::DeltaNet {
+                        state_len,
+                        window_len,
+                    },
+                ) => {
+                    for (s, seg) in segs.iter().enumerate() {
+                        let parts = [
+                            (delta_state as Part, state_len, &mut *state_in),
+                            (delta_window as Part, window_len, &mut *window_in),
+                        ];
+                        for (part, len, dst) in parts {
+                            match (seg.resume.and_then(|st| part(&st.layers()[i])), zeros) {
+                                (Some(values), _) => Self::copy_values(be, values, dst, s * len)?,
+                                (None, Some(zeros)) => {
+                                    be.copy(zeros, 0, dst, s * len, len).map_err(e)?
                                 }
+                                (None, None) => {}
                             }
                         }
                     }
-                    (
-                        LayerCarry::Attention {
-                            prefix: Some((k, v)),
-                            ..
-                        },
-                        LayerShape::Attention { .. },
-                    ) => {
-                        let mut at = 0;
-                        for state in segs.iter().filter_map(|s| s.resume) {
-                            let layer = &state.layers()[i];
-                            let (Some(keys), Some(values)) = (keys(layer), values(layer)) else {
-                                bail!("layer {i}: a prefix state without keys and values");
-                            };
-                            Self::copy_values(be, keys, k, at)?;
-                            Self::copy_values(be, values, v, at)?;
-                            at += keys.len();
-                        }
-                    }
-                    _ => bail!("layer {i}: the arena holds no room for the prefix states"),
                 }
+                (
+                    LayerCarry::Attention {
+                        prefix: Some((k, v)),
+                        ..
+                    },
+                    LayerShape::Attention { .. },
+                ) => {
+                    let mut at = 0;
+                    for state in segs.iter().filter_map(|s| s.resume) {
+                        let layer = &state.layers()[i];
+                        let (Some(keys), Some(values)) = (keys(layer), values(layer)) else {
+                            bail!("layer {i}: a prefix state without keys and values");
+                        };
+                        Self::copy_values(be, keys, k, at)?;
+                        Self::copy_values(be, values, v, at)?;
+                        at += keys.len();
+                    }
+                }
+                (
+                    LayerCarry::DeltaNet {
+                        state_in: None,
+                        window_in: None,
+                        ..
+                    },
+                    LayerShape::DeltaNet { .. },
+                )
+                | (LayerCarry::Attention { prefix: None, .. }, LayerShape::Attention { .. }) => {}
+                _ => bail!("layer {i}: no room staged for the prefix states"),
             }
-            let (cu_prefix, _) = carry.cu_prefix.as_mut().context("no prefix offsets")?;
+        }
+        if let Some((cu_prefix, _)) = carry.cu_prefix.as_mut() {
             let mut cu = vec![0u32];
             for seg in segs {
                 cu.push(cu[cu.len() - 1] + seg.resume.map_or(0, PrefixState::tokens) as u32);
             }
-            be.write_idx(cu_prefix, &padded_offsets(&cu, shape))
+            be.write_idx(cu_prefix, &padded_offsets(&cu, seqs))
                 .map_err(e)?;
         }
-        if shape.carry.snapshot_inside {
+        if let Some(idx) = carry.snapshot_at.as_mut() {
             let mut at: Vec<u32> = segs.iter().map(|s| snapshot_tokens(s) as u32).collect();
-            at.resize(shape.seqs, 0);
-            let idx = carry.snapshot_at.as_mut().context("no snapshot points")?;
+            at.resize(seqs, 0);
             be.write_idx(idx, &at).map_err(e)?;
         }
         Ok(())
     }
 
     /// Packs what `segs` resume from into one buffer per layer and part (device-to-device
-    /// copies) and allocates room for the snapshots they ask for.
+    /// copies, [`Self::fill_carry`]) and allocates room for the snapshots they ask for. An f32
+    /// activation on every backend: a state is never rounded.
     fn stage_carry(
         &self,
         segs: &[Segment<'_>],
@@ -1033,90 +1052,41 @@ impl<B: Backend> TextModel<B> {
         let any_resume = segs.iter().any(|s| s.resume.is_some());
         let any_snapshot = segs.iter().any(|s| s.snapshot);
         let n = segs.len();
+        let prefix_tokens: usize = segs
+            .iter()
+            .filter_map(|s| s.resume)
+            .map(PrefixState::tokens)
+            .sum();
+        let alloc = |on: bool, len: usize| on.then(|| be.alloc(len.max(1)).map_err(e)).transpose();
+        let pair = |on: bool, len: usize| -> Result<Option<(B::Buf, B::Buf)>> {
+            Ok(alloc(on, len)?.zip(alloc(on, len)?))
+        };
         let mut layers = Vec::with_capacity(shapes.len());
-        for (i, shape) in shapes.iter().enumerate() {
-            // One buffer per layer and part, packed over the batch's sequences (zeros, or
-            // nothing, for a sequence that resumes from nothing). An f32 activation on every
-            // backend: a state is never rounded.
-            let gather =
-                |zeros: usize, part: fn(&LayerState) -> Option<&Values>| -> Result<B::Buf> {
-                    let parts: Vec<(Option<&Values>, usize)> = segs
-                        .iter()
-                        .map(|seg| match seg.resume {
-                            Some(state) => {
-                                let values = part(&state.layers()[i]);
-                                (values, values.map_or(0, Values::len))
-                            }
-                            None => (None, zeros),
-                        })
-                        .collect();
-                    let total = parts.iter().map(|&(_, len)| len).sum::<usize>();
-                    let mut buf = be.alloc(total.max(1)).map_err(e)?;
-                    let mut at = 0;
-                    for (values, len) in parts {
-                        if let Some(values) = values {
-                            Self::copy_values(be, values, &mut buf, at)?;
-                        }
-                        at += len;
-                    }
-                    Ok(buf)
-                };
+        for shape in shapes {
             layers.push(match *shape {
                 LayerShape::DeltaNet {
                     state_len,
                     window_len,
                 } => LayerCarry::DeltaNet {
-                    state_in: any_resume
-                        .then(|| gather(state_len, delta_state))
-                        .transpose()?,
-                    window_in: any_resume
-                        .then(|| gather(window_len, delta_window))
-                        .transpose()?,
-                    state_out: any_snapshot
-                        .then(|| be.alloc(n * state_len).map_err(e))
-                        .transpose()?,
-                    window_out: any_snapshot
-                        .then(|| be.alloc(n * window_len).map_err(e))
-                        .transpose()?,
+                    state_in: alloc(any_resume, n * state_len)?,
+                    window_in: alloc(any_resume, n * window_len)?,
+                    state_out: alloc(any_snapshot, n * state_len)?,
+                    window_out: alloc(any_snapshot, n * window_len)?,
                 },
                 LayerShape::Attention { kv_width } => LayerCarry::Attention {
-                    prefix: any_resume
-                        .then(|| Ok::<_, anyhow::Error>((gather(0, keys)?, gather(0, values)?)))
-                        .transpose()?,
-                    kv_out: any_snapshot
-                        .then(|| {
-                            let alloc = || be.alloc(rows * kv_width).map_err(e);
-                            Ok::<_, anyhow::Error>((alloc()?, alloc()?))
-                        })
-                        .transpose()?,
+                    prefix: pair(any_resume, prefix_tokens * kv_width)?,
+                    kv_out: pair(any_snapshot, rows * kv_width)?,
                 },
             });
         }
-        let cu_prefix = if any_resume {
-            let mut cu = vec![0u32];
-            for seg in segs {
-                let tokens = seg.resume.map_or(0, PrefixState::tokens);
-                cu.push(cu[cu.len() - 1] + tokens as u32);
-            }
-            let mut idx = be.alloc_idx(cu.len()).map_err(e)?;
-            be.write_idx(&mut idx, &cu).map_err(e)?;
-            Some((idx, cu[n] as usize))
-        } else {
-            None
-        };
-        let snapshot_at = if segs.iter().any(|s| s.snapshot_at.is_some()) {
-            let at: Vec<u32> = segs.iter().map(|s| snapshot_tokens(s) as u32).collect();
-            let mut idx = be.alloc_idx(at.len()).map_err(e)?;
-            be.write_idx(&mut idx, &at).map_err(e)?;
-            Some(idx)
-        } else {
-            None
-        };
-        Ok(Carry {
+        let idx = |on: bool, len: usize| on.then(|| be.alloc_idx(len).map_err(e)).transpose();
+        let mut carry = Carry {
             layers,
-            cu_prefix,
-            snapshot_at,
-        })
+            cu_prefix: idx(any_resume, n + 1)?.map(|idx| (idx, prefix_tokens)),
+            snapshot_at: idx(segs.iter().any(|s| s.snapshot_at.is_some()), n)?,
+        };
+        Self::fill_carry(be, None, segs, shapes, n, &mut carry)?;
+        Ok(carry)
     }
 
     /// Copies `values` into `dst` from `at`: on the device when this backend holds them, through
@@ -1549,7 +1519,7 @@ impl<B: Backend> TextModel<B> {
         let limits = self.limits;
         let shape = shape_of(be, rows, seqs.len()).filter(|s| limits.check(s.rows, s.seqs).is_ok());
         if let Some(shape) = shape {
-            cu = padded_offsets(&cu, shape);
+            cu = padded_offsets(&cu, shape.seqs);
         }
         be.write_idx(&mut self.ws.ids, &ids).map_err(e)?;
         be.write_idx(&mut self.ws.positions, &positions)

@@ -94,11 +94,12 @@ pub fn captured_prefix_rows(prefix_rows: usize) -> Option<usize> {
     (prefix_rows <= CAPTURED_MAX_PREFIX_ROWS).then(|| prefix_rows.next_power_of_two().max(64))
 }
 
-/// `cu_seqlens` of a pass at `shape`: the real offsets, then the total once per padding sequence.
-pub fn padded_offsets(offsets: &[u32], shape: PassShape) -> Vec<u32> {
+/// Offsets (`cu_seqlens`, `cu_prefix`) of a pass of `seqs` sequences: the real ones, then the
+/// total once per padding sequence.
+pub fn padded_offsets(offsets: &[u32], seqs: usize) -> Vec<u32> {
     let total = offsets.last().copied().unwrap_or(0);
     let mut out = offsets.to_vec();
-    out.resize(shape.seqs + 1, total);
+    out.resize(seqs + 1, total);
     out
 }
 
@@ -149,12 +150,7 @@ mod tests {
 
     #[test]
     fn padding_sequences_are_empty_at_the_end() {
-        let shape = PassShape {
-            rows: 32,
-            seqs: 4,
-            ..PassShape::default()
-        };
-        assert_eq!(padded_offsets(&[0, 5, 9], shape), [0, 5, 9, 9, 9]);
-        assert_eq!(padded_offsets(&[0, 5, 9, 12, 20], shape), [0, 5, 9, 12, 20]);
+        assert_eq!(padded_offsets(&[0, 5, 9], 4), [0, 5, 9, 9, 9]);
+        assert_eq!(padded_offsets(&[0, 5, 9, 12, 20], 4), [0, 5, 9, 12, 20]);
     }
 }
