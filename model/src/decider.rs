@@ -499,15 +499,8 @@ mod tests {
 
     #[test]
     fn decide_runs_one_pass_and_refuses_a_batch_over_its_limits() {
-        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
         let limits = BatchLimits::new(8, 2);
-        let mut loaded = load_text(
-            CpuBackend::new(),
-            &demo.model_dir,
-            Some(&demo.text_adapter_dir),
-            limits,
-        )
-        .unwrap();
+        let mut loaded = crate::demo::load_text(CpuBackend::new(), limits).unwrap();
         let ids: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[6]];
         let prompts: Vec<Prompt> = ids.iter().map(|ids| Prompt::text(ids, 3)).collect();
         let two = loaded.decider.decide(&prompts[..2]).unwrap();

@@ -71,6 +71,21 @@ pub fn materialize(root: &Path) -> std::io::Result<DemoSnapshot> {
     })
 }
 
+/// The demo's language model with its text adapter merged, on `backend` (the snapshot written
+/// under the system's temporary directory first): what tests and tools load to run the demo.
+pub fn load_text<B: instinct_kernels::Backend>(
+    backend: B,
+    limits: crate::forward::BatchLimits,
+) -> anyhow::Result<crate::decider::LoadedText<B>> {
+    let demo = materialize(&std::env::temp_dir())?;
+    crate::decider::load_text(
+        backend,
+        &demo.model_dir,
+        Some(&demo.text_adapter_dir),
+        limits,
+    )
+}
+
 fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }

@@ -1751,18 +1751,11 @@ fn values(layer: &LayerState) -> Option<&Values> {
 mod arena_tests {
     use instinct_kernels::CpuBackend;
 
-    use crate::decider::{load_text, Decider, Prompt, QuestionSegment};
+    use crate::decider::{Decider, Prompt, QuestionSegment};
     use crate::forward::BatchLimits;
 
     fn demo(backend: CpuBackend) -> (Decider<CpuBackend>, Vec<u32>) {
-        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
-        let loaded = load_text(
-            backend,
-            &demo.model_dir,
-            Some(&demo.text_adapter_dir),
-            BatchLimits::new(512, 8),
-        )
-        .unwrap();
+        let loaded = crate::demo::load_text(backend, BatchLimits::new(512, 8)).unwrap();
         let text = loaded
             .tokenizer
             .encode(&"Pick the safe action. ".repeat(40))

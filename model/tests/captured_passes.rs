@@ -7,21 +7,14 @@
 
 use instinct_kernels::cuda::{CudaBackend, CudaOptions, GraphStats};
 use instinct_kernels::{Backend, CpuBackend};
-use instinct_model::decider::{load_text, Decider, Prompt, QuestionSegment};
+use instinct_model::decider::{Decider, Prompt, QuestionSegment};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prefix::LayerState;
 
 const LETTERS: usize = 6;
 
 fn decider<B: Backend>(backend: B) -> (Decider<B>, Vec<u32>) {
-    let demo = instinct_model::demo::materialize(&std::env::temp_dir()).unwrap();
-    let loaded = load_text(
-        backend,
-        &demo.model_dir,
-        Some(&demo.text_adapter_dir),
-        BatchLimits::new(2048, 8),
-    )
-    .unwrap();
+    let loaded = instinct_model::demo::load_text(backend, BatchLimits::new(2048, 8)).unwrap();
     let paragraph = "The agent reads the screen and the question, then picks the letter of the \
                      action that moves the task forward without losing the user's data. ";
     let text = loaded.tokenizer.encode(&paragraph.repeat(20)).unwrap();

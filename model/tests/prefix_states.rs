@@ -9,7 +9,7 @@
 
 use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{Backend, CpuBackend};
-use instinct_model::decider::{load_text, Decider, Prompt, QuestionSegment};
+use instinct_model::decider::{Decider, Prompt, QuestionSegment};
 use instinct_model::forward::BatchLimits;
 use instinct_model::prefix::{LayerState, PrefixState, Values};
 
@@ -97,14 +97,7 @@ fn gpu_fixture() -> Fixture<CudaBackend> {
 }
 
 fn fixture_on<B: Backend>(backend: B) -> Fixture<B> {
-    let demo = instinct_model::demo::materialize(&std::env::temp_dir()).unwrap();
-    let loaded = load_text(
-        backend,
-        &demo.model_dir,
-        Some(&demo.text_adapter_dir),
-        BatchLimits::new(1024, 8),
-    )
-    .unwrap();
+    let loaded = instinct_model::demo::load_text(backend, BatchLimits::new(1024, 8)).unwrap();
     let paragraph = "The agent looks at the screen, reads the question and the options, and picks \
                      the letter of the action that moves the task forward; when two options look \
                      alike it prefers the one that keeps the user's data safe. ";

@@ -929,7 +929,6 @@ pub fn decide_mixed<B: Backend>(
 #[cfg(test)]
 mod tests {
     use instinct_kernels::CpuBackend;
-    use instinct_model::decider::load_text;
 
     use super::*;
 
@@ -941,16 +940,9 @@ mod tests {
     }
 
     fn demo_decider(limits: BatchLimits) -> Decider<CpuBackend> {
-        let demo = instinct_model::demo::materialize(&std::env::temp_dir()).unwrap();
-        let text_adapter = demo.text_adapter_dir;
-        load_text(
-            CpuBackend::new(),
-            &demo.model_dir,
-            Some(&text_adapter),
-            limits,
-        )
-        .unwrap()
-        .decider
+        instinct_model::demo::load_text(CpuBackend::new(), limits)
+            .unwrap()
+            .decider
     }
 
     fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
