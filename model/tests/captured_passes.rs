@@ -68,6 +68,16 @@ fn gpu(cuda_graphs: bool) -> CudaBackend {
     .unwrap_or_else(|e| panic!("CUDA: {e}"))
 }
 
+/// Two deciders on the GPU, graphs off (`launched`) and on (`captured`), both warmed up (which
+/// sizes every scratch and captures the one-sequence shapes), and the text.
+fn warmed_pair() -> (Decider<CudaBackend>, Decider<CudaBackend>, Vec<u32>) {
+    let (mut launched, text) = decider(gpu(false));
+    let (mut captured, _) = decider(gpu(true));
+    launched.warm_shapes().unwrap();
+    captured.warm_shapes().unwrap();
+    (launched, captured, text)
+}
+
 fn stats(d: &Decider<CudaBackend>) -> GraphStats {
     d.backend().graph_probe().expect("graphs on").stats()
 }
@@ -75,12 +85,8 @@ fn stats(d: &Decider<CudaBackend>) -> GraphStats {
 #[test]
 #[ignore = "needs a GPU"]
 fn on_the_gpu_replayed_passes_answer_as_launched_bit_for_bit() {
-    let (mut launched, text) = decider(gpu(false));
-    let (mut captured, _) = decider(gpu(true));
+    let (mut launched, mut captured, text) = warmed_pair();
     assert!(launched.backend().graph_probe().is_none());
-    launched.warm_shapes().unwrap();
-    // The warm-up sizes every scratch and captures its one-sequence shapes.
-    captured.warm_shapes().unwrap();
     let warmed = stats(&captured);
     assert!(!warmed.held.is_empty(), "{warmed:?}");
     let replays = |s: &GraphStats| s.replays.iter().map(|r| r.1).sum::<u64>();
@@ -201,10 +207,7 @@ fn padded_carried_passes_answer_as_unpadded_on_the_cpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn on_the_gpu_replayed_carried_passes_answer_as_launched_bit_for_bit() {
-    let (mut launched, text) = decider(gpu(false));
-    let (mut captured, _) = decider(gpu(true));
-    launched.warm_shapes().unwrap();
-    captured.warm_shapes().unwrap();
+    let (mut launched, mut captured, text) = warmed_pair();
     let (got, want) = (carried(&mut captured, &text), carried(&mut launched, &text));
     let mut failures = Vec::new();
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -252,10 +255,7 @@ fn on_the_gpu_replayed_carried_passes_answer_as_launched_bit_for_bit() {
 #[test]
 #[ignore = "needs a GPU"]
 fn on_the_gpu_each_carried_padding_alone_keeps_the_bits() {
-    let (mut launched, text) = decider(gpu(false));
-    let (mut captured, _) = decider(gpu(true));
-    launched.warm_shapes().unwrap();
-    captured.warm_shapes().unwrap();
+    let (mut launched, mut captured, text) = warmed_pair();
     // Prefixes: a and b of 128 tokens, c of 256, d of 64; (start of the tail in the text).
     let prefixes = [(0, 128), (200, 328), (0, 256), (0, 64)];
     let snaps = |d: &mut Decider<CudaBackend>| {
