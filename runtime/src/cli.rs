@@ -419,27 +419,25 @@ mod tests {
         assert!(err.contains("max_chunk_tokens"), "{err}");
     }
 
-    #[test]
-    fn batch_invariance_is_on_by_default_and_takes_on_or_off() {
-        let invariant = |flags: &[&str]| {
-            serve_args(flags).map(|a| crate::serve::load_options(&a).batch_invariant)
-        };
-        assert_eq!(invariant(&[]), Ok(true));
-        assert_eq!(invariant(&["--batch-invariant", "off"]), Ok(false));
-        assert_eq!(invariant(&["--batch-invariant=on"]), Ok(true));
-        let e = invariant(&["--batch-invariant", "yes"]).unwrap_err();
+    /// `--FLAG` (read from the load options by `get`) is `default` when absent, takes `on` and
+    /// `off` (as `--FLAG on` and `--FLAG=off`), and refuses anything else.
+    fn assert_on_off(flag: &str, default: bool, get: fn(&crate::engine::LoadOptions) -> bool) {
+        let read = |flags: &[&str]| serve_args(flags).map(|a| get(&crate::serve::load_options(&a)));
+        assert_eq!(read(&[]), Ok(default), "--{flag}");
+        assert_eq!(read(&[&format!("--{flag}"), "off"]), Ok(false), "--{flag}");
+        assert_eq!(read(&[&format!("--{flag}=on")]), Ok(true), "--{flag}");
+        let e = read(&[&format!("--{flag}"), "yes"]).unwrap_err();
         assert!(e.contains("expected `on` or `off`"), "{e}");
     }
 
     #[test]
+    fn batch_invariance_is_on_by_default_and_takes_on_or_off() {
+        assert_on_off("batch-invariant", true, |o| o.batch_invariant);
+    }
+
+    #[test]
     fn captured_passes_are_off_by_default_and_take_on_or_off() {
-        let graphs =
-            |flags: &[&str]| serve_args(flags).map(|a| crate::serve::load_options(&a).cuda_graphs);
-        assert_eq!(graphs(&[]), Ok(false));
-        assert_eq!(graphs(&["--cuda-graphs", "on"]), Ok(true));
-        assert_eq!(graphs(&["--cuda-graphs=off"]), Ok(false));
-        let e = graphs(&["--cuda-graphs", "true"]).unwrap_err();
-        assert!(e.contains("expected `on` or `off`"), "{e}");
+        assert_on_off("cuda-graphs", false, |o| o.cuda_graphs);
     }
 
     #[test]
