@@ -588,8 +588,8 @@ pub fn load(
             if graphs.is_some() {
                 tracing::info!(
                     max_rows = instinct_kernels::backend::CAPTURED_MAX_ROWS,
-                    "captured passes on: a plain pass pads to its shape, whose first batch \
-                     runs as launched and is captured; later batches replay it"
+                    "captured passes on: a pass pads to its shape, whose first batch runs as \
+                     launched and is captured; later batches replay it"
                 );
             }
             let memory = DeviceMemory {
