@@ -119,6 +119,11 @@ pub(crate) struct QueueState {
     /// Every engine is lost: nothing queued can ever run.
     no_engine: bool,
     drain_rate: DrainRate,
+    /// The carries of chunked questions whose request left while a chunk was queued (cancelled,
+    /// expired, failed). A carry may hold an engine's device memory, and a device free from
+    /// another thread could land inside a CUDA graph capture on the engine's stream, so an
+    /// engine thread drops them between its batches, never the thread that cancelled.
+    orphaned_carries: Vec<ChunkCarry>,
 }
 
 impl QueueState {
@@ -136,6 +141,7 @@ impl QueueState {
             draining: false,
             stopping: false,
             no_engine: false,
+            orphaned_carries: Vec::new(),
             drain_rate: DrainRate::new(window),
         }
     }
@@ -146,6 +152,16 @@ impl QueueState {
 
     pub fn is_draining(&self) -> bool {
         self.draining
+    }
+
+    /// Whether carries wait for an engine thread to drop them.
+    pub fn has_orphaned_carries(&self) -> bool {
+        !self.orphaned_carries.is_empty()
+    }
+
+    /// The carries for the calling engine thread to drop (after releasing the lock).
+    pub fn take_orphaned_carries(&mut self) -> Vec<ChunkCarry> {
+        std::mem::take(&mut self.orphaned_carries)
     }
 
     pub fn has_queued(&self) -> bool {
@@ -287,7 +303,13 @@ impl QueueState {
         if entry.queued_seqs == 0 {
             return;
         }
-        self.pending.retain(|s| s.request != id);
+        for seq in std::mem::take(&mut self.pending) {
+            if seq.request != id {
+                self.pending.push_back(seq);
+            } else if let Some(chunk) = seq.chunk {
+                self.orphaned_carries.push(chunk.carry);
+            }
+        }
         self.queued_requests -= 1;
         self.queued_tokens -= entry.queued_tokens;
         if let Some(d) = entry.deadline {

@@ -41,8 +41,12 @@ impl Shared {
         self.engines[engine].lock().last_heartbeat = now;
     }
 
-    /// Wakes drain waiters if the last piece of work just finished.
+    /// Wakes drain waiters if the last piece of work just finished, and an engine if carries
+    /// wait for one to drop them.
     pub fn after_change(&self, state: &QueueState) {
+        if state.has_orphaned_carries() {
+            self.work.notify_one();
+        }
         if state.is_draining() && state.is_idle() {
             self.idle.notify_all();
             self.drained.send_replace(true);

@@ -18,6 +18,10 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
     let heartbeat = shared.config.config.heartbeat_interval;
     let mut state = shared.state.lock();
     loop {
+        let orphans = state.take_orphaned_carries();
+        if !orphans.is_empty() {
+            MutexGuard::unlocked(&mut state, || drop(orphans));
+        }
         let now = Instant::now();
         shared.beat(index, now);
         if state.is_stopping() {
@@ -61,7 +65,10 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
             }
         }
     }
+    // Left by requests failed as this engine stopped (the last engine lost fails everything).
+    let orphans = state.take_orphaned_carries();
     drop(state);
+    drop(orphans);
     shared.engines[index].lock().exited = true;
 }
 

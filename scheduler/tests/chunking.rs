@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use instinct_scheduler::{Config, Failure, Question, RejectReason, StartError};
+use instinct_scheduler::{Config, Failure, Question, RejectReason, StartError, Ticket};
 
 fn config(max_batch_tokens: usize, max_chunk_tokens: Option<usize>) -> Config {
     Config {
@@ -35,6 +35,16 @@ fn chunks_of(h: &Harness, q: &Question) -> Vec<(usize, usize, Vec<u32>)> {
         }
     }
     found
+}
+
+/// Every carry the engine left was dropped, each on an engine thread: a carry may hold device
+/// memory, whose free from the thread that cancelled could land inside a graph capture.
+fn assert_carries_dropped_on_engine_threads(h: &Harness) {
+    let threads = h.carries_dropped(LONG);
+    assert!(!threads.is_empty(), "some chunk left a carry");
+    for t in &threads {
+        assert!(t.starts_with("instinct-engine-"), "a carry dropped on {t}");
+    }
 }
 
 fn assert_settled(h: &Harness) {
@@ -174,6 +184,7 @@ fn a_cancelled_chunked_question_runs_no_more_chunks() {
     assert!(h.scheduler.wait_drained(LONG), "no batch left running");
     assert_eq!(chunks_of(&h, &long).len(), ran);
     assert_settled(&h);
+    assert_carries_dropped_on_engine_threads(&h);
 }
 
 #[test]
@@ -191,6 +202,7 @@ fn a_deadline_passing_between_chunks_fails_the_request_and_stops_its_chunks() {
     let ran = chunks_of(&h, &long).len();
     assert!(ran < 10, "all {ran} chunks ran");
     assert_settled(&h);
+    assert_carries_dropped_on_engine_threads(&h);
 }
 
 #[test]
@@ -215,5 +227,76 @@ fn a_failed_chunk_fails_its_request_and_the_rest_never_runs() {
         expected_answer(&[ok])
     );
     assert_eq!(chunks_of(&h, &doomed).len(), 1, "only the failed chunk ran");
+    assert_settled(&h);
+}
+
+/// A request whose long question's second chunk waits in the queue, with the first chunk's carry,
+/// while the engine is held: the request's other question is gated and sorts before that chunk
+/// (a chunk keeps its question's place), and batches hold one sequence. Returns once the gated
+/// question runs.
+fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, Ticket) {
+    let one_per_batch = Config {
+        max_batch_seqs: 1,
+        ..config(32, Some(8))
+    };
+    let h = Harness::new(one_per_batch, 1, Duration::ZERO);
+    let long = question(1, 40, 2);
+    let ticket = h
+        .scheduler
+        .submit(vec![long.clone(), question(GATE_MARK, 4, 2)], deadline)
+        .unwrap();
+    let until = Instant::now() + LONG;
+    while h.times_computed(GATE_MARK) == 0 {
+        assert!(Instant::now() < until, "the gated question never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        chunks_of(&h, &long).len(),
+        1,
+        "the first chunk ran, the second waits"
+    );
+    assert_eq!(h.carries.lock().put, 1);
+    (h, long, ticket)
+}
+
+#[test]
+fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_request_is_cancelled() {
+    let (h, long, ticket) = hold_a_chunk_in_the_queue(None);
+    drop(ticket);
+    assert!(
+        h.carries.lock().dropped_on.is_empty(),
+        "not dropped by the cancelling thread"
+    );
+    h.gate.open();
+    assert_carries_dropped_on_engine_threads(&h);
+    h.scheduler.drain();
+    assert!(h.scheduler.wait_drained(LONG));
+    assert_eq!(
+        chunks_of(&h, &long).len(),
+        1,
+        "no chunk ran after the cancel"
+    );
+    assert_settled(&h);
+}
+
+#[test]
+fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_deadline_passes() {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    let (h, long, ticket) = hold_a_chunk_in_the_queue(Some(deadline));
+    // The engine is still held: the deadline thread fails the request.
+    assert_eq!(wait(ticket, LONG), Err(Failure::DeadlineExceeded));
+    assert!(
+        h.carries.lock().dropped_on.is_empty(),
+        "not dropped by the deadline thread"
+    );
+    h.gate.open();
+    assert_carries_dropped_on_engine_threads(&h);
+    h.scheduler.drain();
+    assert!(h.scheduler.wait_drained(LONG));
+    assert_eq!(
+        chunks_of(&h, &long).len(),
+        1,
+        "no chunk ran after the deadline"
+    );
     assert_settled(&h);
 }

@@ -167,6 +167,7 @@ fn a_slow_engine_and_a_fast_one_share_the_queue_by_speed_and_lose_nothing() {
                 delay,
                 log: log.clone(),
                 gate: gate.clone(),
+                carries: Default::default(),
             }) as Box<dyn Engine>
         })
         .collect();

@@ -40,6 +40,29 @@ impl Record {
 
 pub type Log = Arc<Mutex<Vec<Record>>>;
 
+/// Every chunk carry the mock left, and the name of the thread each was dropped on.
+#[derive(Debug, Default)]
+pub struct CarryLog {
+    pub put: usize,
+    pub dropped_on: Vec<String>,
+}
+
+/// What the mock leaves between chunks: where the next chunk starts and the hash so far. Its drop
+/// is logged, as a real engine's device state would be freed.
+struct MockCarry {
+    at: usize,
+    hash: u64,
+    log: Arc<Mutex<CarryLog>>,
+}
+
+impl Drop for MockCarry {
+    fn drop(&mut self) {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed").to_string();
+        self.log.lock().dropped_on.push(name);
+    }
+}
+
 /// A latch the gated batch waits on.
 #[derive(Default)]
 pub struct Gate {
@@ -67,6 +90,7 @@ pub struct MockEngine {
     pub delay: Duration,
     pub log: Log,
     pub gate: Arc<Gate>,
+    pub carries: Arc<Mutex<CarryLog>>,
 }
 
 impl Engine for MockEngine {
@@ -114,7 +138,11 @@ impl Engine for MockEngine {
         if first_ids.contains(&PANIC_MARK) {
             panic!("mock panic");
         }
-        let mut out: Vec<Vec<f32>> = batch.seqs.iter().map(answer_or_carry).collect();
+        let mut out: Vec<Vec<f32>> = batch
+            .seqs
+            .iter()
+            .map(|s| answer_or_carry(s, &self.carries))
+            .collect();
         if first_ids.contains(&SHORT_MARK) {
             out.pop();
         }
@@ -125,25 +153,31 @@ impl Engine for MockEngine {
 /// The mock's work on one sequence: [`expected`] of a whole question; for a chunk, the hash
 /// resumed from what the previous chunk left in the carry, then the answer (last chunk) or the
 /// hash left for the next one (no probabilities).
-fn answer_or_carry(s: &SeqInput<'_>) -> Vec<f32> {
+fn answer_or_carry(s: &SeqInput<'_>, carries: &Arc<Mutex<CarryLog>>) -> Vec<f32> {
     let Some(chunk) = s.chunk else {
         return expected(s.ids, s.n_options);
     };
-    let start = match chunk.carry.take() {
-        Some(held) => *held
-            .downcast::<(usize, u64)>()
-            .expect("the mock's own carry"),
+    let (at, hash) = match chunk.carry.take() {
+        Some(held) => {
+            let held = held.downcast::<MockCarry>().expect("the mock's own carry");
+            (held.at, held.hash)
+        }
         None => (0, FNV_START),
     };
     assert_eq!(
-        start.0, chunk.start,
+        at, chunk.start,
         "a chunk resumes where the previous one ended"
     );
-    let h = fnv(start.1, s.ids);
+    let h = fnv(hash, s.ids);
     if chunk.last {
         return weights(h, s.n_options);
     }
-    chunk.carry.put(Box::new((chunk.start + s.ids.len(), h)));
+    carries.lock().put += 1;
+    chunk.carry.put(Box::new(MockCarry {
+        at: chunk.start + s.ids.len(),
+        hash: h,
+        log: Arc::clone(carries),
+    }));
     Vec::new()
 }
 
@@ -202,12 +236,14 @@ pub struct Harness {
     pub scheduler: Scheduler,
     pub log: Log,
     pub gate: Arc<Gate>,
+    pub carries: Arc<Mutex<CarryLog>>,
 }
 
 impl Harness {
     pub fn new(config: Config, engines: usize, delay: Duration) -> Self {
         let log = Log::default();
         let gate = Arc::new(Gate::default());
+        let carries = Arc::default();
         let engines: Vec<Box<dyn Engine>> = (0..engines)
             .map(|id| {
                 Box::new(MockEngine {
@@ -215,6 +251,7 @@ impl Harness {
                     delay,
                     log: Arc::clone(&log),
                     gate: Arc::clone(&gate),
+                    carries: Arc::clone(&carries),
                 }) as Box<dyn Engine>
             })
             .collect();
@@ -223,6 +260,27 @@ impl Harness {
             scheduler,
             log,
             gate,
+            carries,
+        }
+    }
+
+    /// Waits until every carry the engines left is dropped; the threads that dropped them.
+    pub fn carries_dropped(&self, within: Duration) -> Vec<String> {
+        let until = Instant::now() + within;
+        loop {
+            {
+                let log = self.carries.lock();
+                if log.dropped_on.len() == log.put {
+                    return log.dropped_on.clone();
+                }
+                assert!(
+                    Instant::now() < until,
+                    "{} of {} carries dropped",
+                    log.dropped_on.len(),
+                    log.put
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
