@@ -28,10 +28,11 @@ fn fits(buckets: &[Bucket], tokens: usize, seqs: usize) -> bool {
     buckets.iter().any(|b| b.holds(tokens, seqs))
 }
 
-/// Plans a batch over the queued questions' token counts (oldest first). `buckets` is sorted
-/// smallest first. Returns `None` if nothing is queued.
+/// Plans a batch over the queued questions' token counts (oldest first; `None` for one this
+/// engine cannot run: a chunk whose state another engine holds). `buckets` is sorted smallest
+/// first. Returns `None` if nothing this engine can run is queued.
 pub(crate) fn plan(
-    lengths: impl ExactSizeIterator<Item = usize>,
+    lengths: impl ExactSizeIterator<Item = Option<usize>>,
     buckets: &[Bucket],
     max_seqs: usize,
     max_scan: usize,
@@ -41,6 +42,9 @@ pub(crate) fn plan(
     let mut tokens = 0usize;
     let mut full = queued > max_scan;
     for (i, len) in lengths.take(max_scan).enumerate() {
+        let Some(len) = len else {
+            continue;
+        };
         if picked.len() == max_seqs {
             full = true;
             break;
@@ -66,7 +70,17 @@ mod tests {
     use super::*;
 
     fn plan_of(lengths: &[usize], buckets: &[Bucket], max_seqs: usize) -> Option<Plan> {
-        plan(lengths.iter().copied(), buckets, max_seqs, 1024)
+        plan(lengths.iter().copied().map(Some), buckets, max_seqs, 1024)
+    }
+
+    #[test]
+    fn skips_what_another_engine_must_run() {
+        let b = [Bucket::new(100, 4)];
+        let p = plan([None, Some(30), None, Some(20)].into_iter(), &b, 4, 1024).unwrap();
+        assert_eq!(p.picked, vec![1, 3]);
+        assert_eq!(p.tokens, 50);
+        assert!(!p.full, "waiting could still fill it");
+        assert_eq!(plan([None, None].into_iter(), &b, 4, 1024), None);
     }
 
     #[test]
@@ -167,7 +181,7 @@ mod tests {
     fn scan_limit_bounds_the_work_and_counts_as_full() {
         let b = [Bucket::new(1000, 100)];
         let lengths = [1usize; 10];
-        let p = plan(lengths.iter().copied(), &b, 100, 4).unwrap();
+        let p = plan(lengths.iter().copied().map(Some), &b, 100, 4).unwrap();
         assert_eq!(p.picked, vec![0, 1, 2, 3]);
         assert!(p.full);
     }

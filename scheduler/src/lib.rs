@@ -27,12 +27,16 @@
 //! batches and engines; answers are reassembled in order. With `max_chunk_tokens`, a resumable
 //! question longer than it is queued as consecutive chunks: the next chunk is queued, in the
 //! question's place, only when the one before it has completed, and the engine carries its state
-//! between them ([`ChunkInput`]).
+//! between them ([`ChunkInput`]). Only the engine that ran a chunk takes the next one (the state
+//! may be in its device's memory); a carry whose request goes while its next chunk is queued is
+//! dropped by that engine's thread between batches, never by the thread that cancelled (a device
+//! free from another thread could land inside a CUDA graph capture).
 //!
 //! **Failures**: a deadline passing while any question of the request is queued fails it with
 //! `DeadlineExceeded` (its queued questions never run); an engine error or panic fails exactly
 //! the requests of that batch (counted by kind in `instinct_engine_failures_total`). An engine
-//! that returns a [`FatalEngineError`] (its device is lost) also takes no more batches; once every
+//! that returns a [`FatalEngineError`] (its device is lost) also takes no more batches, and the
+//! requests whose next chunk needs the state it held fail; once every
 //! engine is lost, what is left fails, new requests are refused (`NoEngine`) and
 //! [`Scheduler::all_engines_lost`] resolves. Every admitted request is replied to exactly once.
 

@@ -42,6 +42,19 @@ pub(crate) struct Chunk {
     pub start: usize,
     pub end: usize,
     pub carry: ChunkCarry,
+    /// The engine that ran the previous chunk: its state lives on that engine's device, so this
+    /// chunk runs there too (`None` for a first chunk).
+    pub engine: Option<usize>,
+}
+
+impl QueuedSeq {
+    /// Whether `engine` can run this entry: anything but a chunk whose state another engine holds.
+    fn runs_on(&self, engine: usize) -> bool {
+        self.chunk
+            .as_ref()
+            .and_then(|c| c.engine)
+            .is_none_or(|e| e == engine)
+    }
 }
 
 impl QueuedSeq {
@@ -60,8 +73,8 @@ impl QueuedSeq {
             .is_none_or(|c| c.end == self.question.ids.len())
     }
 
-    /// The entry for the chunk after this one (which must not be the last).
-    fn next_chunk(self, max_chunk: usize) -> Self {
+    /// The entry for the chunk after this one (which must not be the last), run by `engine`.
+    fn next_chunk(self, max_chunk: usize, engine: usize) -> Self {
         let chunk = self.chunk.expect("only a chunk has a next one");
         let len = self.question.ids.len();
         Self {
@@ -69,6 +82,7 @@ impl QueuedSeq {
                 start: chunk.end,
                 end: len.min(chunk.end + max_chunk),
                 carry: chunk.carry,
+                engine: Some(engine),
             }),
             ..self
         }
@@ -123,7 +137,10 @@ pub(crate) struct QueueState {
     /// expired, failed). A carry may hold an engine's device memory, and a device free from
     /// another thread could land inside a CUDA graph capture on the engine's stream, so an
     /// engine thread drops them between its batches, never the thread that cancelled.
-    orphaned_carries: Vec<ChunkCarry>,
+    /// Each with the engine that must drop it.
+    orphaned_carries: Vec<(usize, ChunkCarry)>,
+    /// Engines lost for good: their chunks' states went with their devices.
+    lost_engines: BTreeSet<usize>,
 }
 
 impl QueueState {
@@ -142,6 +159,7 @@ impl QueueState {
             stopping: false,
             no_engine: false,
             orphaned_carries: Vec::new(),
+            lost_engines: BTreeSet::new(),
             drain_rate: DrainRate::new(window),
         }
     }
@@ -159,9 +177,13 @@ impl QueueState {
         !self.orphaned_carries.is_empty()
     }
 
-    /// The carries for the calling engine thread to drop (after releasing the lock).
-    pub fn take_orphaned_carries(&mut self) -> Vec<ChunkCarry> {
-        std::mem::take(&mut self.orphaned_carries)
+    /// The carries for `engine`'s thread to drop (after releasing the lock).
+    pub fn take_orphaned_carries(&mut self, engine: usize) -> Vec<ChunkCarry> {
+        let (mine, others) = std::mem::take(&mut self.orphaned_carries)
+            .into_iter()
+            .partition(|(e, _)| *e == engine);
+        self.orphaned_carries = others;
+        mine.into_iter().map(|(_, carry)| carry).collect()
     }
 
     pub fn has_queued(&self) -> bool {
@@ -265,6 +287,7 @@ impl QueueState {
                 start: 0,
                 end: max_chunk,
                 carry: ChunkCarry::default(),
+                engine: None,
             });
             self.pending.push_back(QueuedSeq {
                 request: id,
@@ -306,8 +329,18 @@ impl QueueState {
         for seq in std::mem::take(&mut self.pending) {
             if seq.request != id {
                 self.pending.push_back(seq);
-            } else if let Some(chunk) = seq.chunk {
-                self.orphaned_carries.push(chunk.carry);
+                continue;
+            }
+            // A first chunk holds nothing; a lost engine's device is gone.
+            if let Some(Chunk {
+                carry,
+                engine: Some(engine),
+                ..
+            }) = seq.chunk
+            {
+                if !self.lost_engines.contains(&engine) {
+                    self.orphaned_carries.push((engine, carry));
+                }
             }
         }
         self.queued_requests -= 1;
@@ -362,20 +395,29 @@ impl QueueState {
     /// at once when no engine is running a batch (an idle device never waits: what arrives while
     /// it computes forms the next batch), the batch is full or the scheduler is draining;
     /// otherwise, while another engine's batch runs, once the oldest queued question has waited
-    /// `max_wait`.
-    pub fn next_batch(&mut self, now: Instant) -> Next {
-        let Some(oldest) = self.pending.front().map(|s| s.enqueued) else {
+    /// `max_wait`. `engine` asks; a chunk whose state another engine holds is left to that one.
+    pub fn next_batch(&mut self, now: Instant, engine: usize) -> Next {
+        // Beyond the scan, what this engine may run waits for the others to take theirs.
+        let Some(first) = self
+            .pending
+            .iter()
+            .take(self.cfg.config.max_scan)
+            .position(|s| s.runs_on(engine))
+        else {
             return Next::Idle;
         };
+        let oldest = self.pending[first].enqueued;
         let Some(plan) = batching::plan(
-            self.pending.iter().map(|s| s.ids().len()),
+            self.pending
+                .iter()
+                .map(|s| s.runs_on(engine).then(|| s.ids().len())),
             &self.cfg.buckets,
             self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
         ) else {
             // Unreachable through `admit`, which refuses questions larger than every bucket; kept
             // so such a question could never wedge the queue (TEI #723).
-            if let Some(head) = self.pending.front().map(|s| s.request) {
+            if let Some(head) = self.pending.get(first).map(|s| s.request) {
                 self.fail(
                     head,
                     Failure::Internal("a question fits no batch bucket".into()),
@@ -457,6 +499,7 @@ impl QueueState {
     /// age: usually first, so a long question moves one chunk per batch).
     pub fn complete(
         &mut self,
+        engine: usize,
         batch: TakenBatch,
         outcome: Result<Vec<Vec<f32>>, String>,
         start: Instant,
@@ -470,7 +513,7 @@ impl QueueState {
                     if seq.answers() {
                         self.deliver(seq.request, seq.index, probs, end);
                     } else if self.requests.contains_key(&seq.request) {
-                        self.requeue_next_chunk(seq);
+                        self.requeue_next_chunk(seq, engine);
                     }
                 }
             }
@@ -485,9 +528,9 @@ impl QueueState {
         self.publish_gauges();
     }
 
-    fn requeue_next_chunk(&mut self, seq: QueuedSeq) {
+    fn requeue_next_chunk(&mut self, seq: QueuedSeq, engine: usize) {
         let max_chunk = self.cfg.config.max_chunk_tokens.unwrap_or(usize::MAX);
-        let next = seq.next_chunk(max_chunk);
+        let next = seq.next_chunk(max_chunk, engine);
         let at = self
             .pending
             .partition_point(|s| s.enqueued <= next.enqueued);
@@ -538,6 +581,28 @@ impl QueueState {
 
     /// The last engine is lost: fails every unanswered request (nothing can run them) and
     /// refuses new ones with `NoEngine`.
+    /// Engine `engine` is lost for good while others serve: the requests whose next chunk needs
+    /// the state it held fail.
+    pub fn lose_engine(&mut self, engine: usize, why: &str) {
+        self.lost_engines.insert(engine);
+        let stranded: BTreeSet<u64> = self
+            .pending
+            .iter()
+            .filter(|s| s.chunk.as_ref().and_then(|c| c.engine) == Some(engine))
+            .map(|s| s.request)
+            .collect();
+        for id in stranded {
+            self.fail(
+                id,
+                Failure::Internal(format!(
+                    "the engine holding its chunked question's state was lost: {why}"
+                )),
+            );
+        }
+        self.orphaned_carries.retain(|(e, _)| *e != engine);
+        self.publish_gauges();
+    }
+
     pub fn lose_all_engines(&mut self, why: &str) {
         self.no_engine = true;
         let ids: Vec<u64> = self.requests.keys().copied().collect();
@@ -587,4 +652,88 @@ pub(crate) fn check_shape(
         }
     }
     Ok(outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn chunking_queue() -> QueueState {
+        let cfg = Config {
+            max_batch_tokens: 32,
+            max_batch_seqs: 4,
+            max_chunk_tokens: Some(8),
+            ..Config::default()
+        };
+        QueueState::new(cfg.validate().expect("a valid configuration"))
+    }
+
+    fn taken(next: Next) -> TakenBatch {
+        match next {
+            Next::Run(batch) => batch,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    /// Completes `batch` on `engine` with one empty result per sequence (what a chunk returns).
+    fn complete_chunks(state: &mut QueueState, engine: usize, batch: TakenBatch) {
+        let now = Instant::now();
+        let outputs = batch
+            .seqs
+            .iter()
+            .map(|s| vec![0.5; if s.answers() { 2 } else { 0 }])
+            .collect();
+        state.complete(engine, batch, Ok(outputs), now, now);
+    }
+
+    #[test]
+    fn a_chunk_is_taken_only_by_the_engine_that_ran_the_one_before() {
+        let mut state = chunking_queue();
+        let now = Instant::now();
+        let long = Question::text((0..20).collect(), 2);
+        let (_id, _reply, _) = state.admit(vec![long], None, now).unwrap();
+        let first = taken(state.next_batch(now, 1));
+        assert_eq!(first.seqs[0].ids().len(), 8);
+        complete_chunks(&mut state, 1, first);
+        assert!(state.has_queued());
+        assert!(
+            matches!(state.next_batch(now, 0), Next::Idle),
+            "engine 0 holds none of its state"
+        );
+        let second = taken(state.next_batch(now, 1));
+        assert_eq!(second.seqs[0].chunk.as_ref().map(|c| c.start), Some(8));
+    }
+
+    #[test]
+    fn a_cancelled_chunks_carry_waits_for_its_own_engine() {
+        let mut state = chunking_queue();
+        let now = Instant::now();
+        let long = Question::text((0..20).collect(), 2);
+        let (id, _reply, _) = state.admit(vec![long], None, now).unwrap();
+        let first = taken(state.next_batch(now, 1));
+        complete_chunks(&mut state, 1, first);
+        assert!(state.cancel(id));
+        assert!(!state.has_queued());
+        assert!(state.take_orphaned_carries(0).is_empty());
+        assert_eq!(state.take_orphaned_carries(1).len(), 1);
+        assert!(!state.has_orphaned_carries());
+    }
+
+    #[test]
+    fn losing_an_engine_fails_the_requests_whose_state_it_held() {
+        let mut state = chunking_queue();
+        let now = Instant::now();
+        let long = Question::text((0..20).collect(), 2);
+        let (_id, mut reply, _) = state.admit(vec![long], None, now).unwrap();
+        let first = taken(state.next_batch(now, 1));
+        complete_chunks(&mut state, 1, first);
+        state.lose_engine(1, "device lost");
+        assert!(!state.has_queued());
+        assert!(!state.has_orphaned_carries());
+        match reply.try_recv() {
+            Ok(Err(Failure::Internal(why))) => assert!(why.contains("device lost"), "{why}"),
+            other => panic!("expected an internal failure, got {other:?}"),
+        }
+    }
 }

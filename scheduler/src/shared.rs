@@ -45,7 +45,8 @@ impl Shared {
     /// wait for one to drop them.
     pub fn after_change(&self, state: &QueueState) {
         if state.has_orphaned_carries() {
-            self.work.notify_one();
+            // Each carry is for its own engine to drop.
+            self.work.notify_all();
         }
         if state.is_draining() && state.is_idle() {
             self.idle.notify_all();

@@ -18,7 +18,7 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
     let heartbeat = shared.config.config.heartbeat_interval;
     let mut state = shared.state.lock();
     loop {
-        let orphans = state.take_orphaned_carries();
+        let orphans = state.take_orphaned_carries(index);
         if !orphans.is_empty() {
             MutexGuard::unlocked(&mut state, || drop(orphans));
         }
@@ -30,7 +30,7 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
         if state.expire_overdue(now) > 0 {
             shared.after_change(&state);
         }
-        match state.next_batch(now) {
+        match state.next_batch(now, index) {
             Next::Idle => {
                 shared.work.wait_for(&mut state, heartbeat);
             }
@@ -51,7 +51,7 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
                     }
                     _ => None,
                 };
-                state.complete(batch, outcome.map_err(|f| f.message), start, end);
+                state.complete(index, batch, outcome.map_err(|f| f.message), start, end);
                 if state.has_queued() {
                     // A chunk's successor may have been queued: any idle engine may take it.
                     shared.work.notify_one();
@@ -66,7 +66,7 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
         }
     }
     // Left by requests failed as this engine stopped (the last engine lost fails everything).
-    let orphans = state.take_orphaned_carries();
+    let orphans = state.take_orphaned_carries(index);
     drop(state);
     drop(orphans);
     shared.engines[index].lock().exited = true;
@@ -88,9 +88,12 @@ fn lose_engine(shared: &Shared, state: &mut crate::queue::QueueState, index: usi
     if lost == shared.engines.len() {
         state.lose_all_engines(why);
         shared.all_lost.send_replace(true);
-    } else if state.has_queued() {
-        // What this engine would have taken goes to the others.
-        shared.work.notify_all();
+    } else {
+        state.lose_engine(index, why);
+        if state.has_queued() {
+            // What this engine would have taken goes to the others.
+            shared.work.notify_all();
+        }
     }
 }
 
