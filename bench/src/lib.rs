@@ -143,7 +143,7 @@ pub struct BenchArgs {
     pub out: Option<PathBuf>,
     /// Captured passes on a GPU (`on` or `off`), as `instinct serve --cuda-graphs`: each row's
     /// first warm-up run captures its shape, the timed runs replay it.
-    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
 }
 

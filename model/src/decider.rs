@@ -180,6 +180,11 @@ impl<B: Backend> Decider<B> {
         self.model.backend()
     }
 
+    /// See [`TextModel::release_carry_arena`]; the bytes freed.
+    pub fn release_carry_arena(&mut self) -> usize {
+        self.model.release_carry_arena()
+    }
+
     /// What a prefix-state snapshot of its model costs.
     pub fn snapshot_cost(&self) -> crate::prefix::SnapshotCost {
         self.model.snapshot_cost()

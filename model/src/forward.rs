@@ -359,6 +359,8 @@ struct CarryArena<B: Buffers> {
     zeros: B::Buf,
     /// Sequences it holds.
     seqs: usize,
+    /// The device memory it holds.
+    bytes: usize,
 }
 
 impl<B: Backend> CarryArena<B> {
@@ -366,7 +368,11 @@ impl<B: Backend> CarryArena<B> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let seqs = limits.max_seqs.min(ARENA_SEQS);
         let rows = limits.max_tokens.min(CAPTURED_MAX_ROWS);
-        let alloc = |len: usize| be.alloc(len.max(1)).map_err(e);
+        let allocated = std::cell::Cell::new(0);
+        let alloc = |len: usize| {
+            allocated.set(allocated.get() + 4 * len.max(1));
+            be.alloc(len.max(1)).map_err(e)
+        };
         let mut zeros_len = 1;
         let mut layers = Vec::with_capacity(shapes.len());
         for shape in shapes {
@@ -392,14 +398,17 @@ impl<B: Backend> CarryArena<B> {
                 }
             });
         }
+        let parts = Carry {
+            layers,
+            cu_prefix: Some((be.alloc_idx(seqs + 1).map_err(e)?, 0)),
+            snapshot_at: Some(be.alloc_idx(seqs).map_err(e)?),
+        };
+        let zeros = alloc(zeros_len)?;
         Ok(Self {
-            parts: Carry {
-                layers,
-                cu_prefix: Some((be.alloc_idx(seqs + 1).map_err(e)?, 0)),
-                snapshot_at: Some(be.alloc_idx(seqs).map_err(e)?),
-            },
-            zeros: alloc(zeros_len)?,
+            parts,
+            zeros,
             seqs,
+            bytes: allocated.get() + 4 * (2 * seqs + 1),
         })
     }
 
@@ -710,6 +719,13 @@ impl<B: Backend> TextModel<B> {
     /// The backend the model runs on.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Frees the carry arena (about 1 GB for Qwen3.5-4B where the backend captures passes), for a
+    /// server that never runs a carried pass (prefix reuse and chunking off). A carried pass
+    /// would still answer the same, staged and run as launched.
+    pub fn release_carry_arena(&mut self) -> usize {
+        self.arena.take().map_or(0, |a| a.bytes)
     }
 
     /// The batch limits the buffers were sized for.
@@ -1788,6 +1804,7 @@ mod arena_tests {
         assert_eq!(resumed(&mut padded, &text), want);
         let model = padded.model_mut();
         let arena = model.arena.as_mut().unwrap();
+        assert!(arena.bytes > 0);
         assert!(arena.is_whole());
         let lost = arena.parts.cu_prefix.take();
         assert!(!arena.is_whole());
@@ -1795,5 +1812,17 @@ mod arena_tests {
         let arena = padded.model_mut().arena.as_mut().unwrap();
         arena.parts.cu_prefix = lost;
         assert!(arena.is_whole());
+    }
+
+    /// Without the arena (released by a server that runs no carried pass), a carried pass is
+    /// staged on its own and answers the same.
+    #[test]
+    fn a_released_arena_leaves_carried_passes_exact() {
+        let (mut plain, text) = demo(CpuBackend::new());
+        let (mut padded, _) = demo(CpuBackend::padding_passes());
+        let want = resumed(&mut plain, &text);
+        assert!(padded.release_carry_arena() > 0);
+        assert_eq!(padded.release_carry_arena(), 0, "released once");
+        assert_eq!(resumed(&mut padded, &text), want);
     }
 }

@@ -48,7 +48,7 @@ pub struct CheckArgs {
     pub max_ids: Option<usize>,
     /// Captured passes on a GPU (`on` or `off`), as `instinct serve --cuda-graphs`: compare the
     /// two reports' probabilities to see that replayed passes answer as launched.
-    #[arg(long, default_value = "off", value_parser = instinct_bench::parse_on_off,
+    #[arg(long, default_value = "on", value_parser = instinct_bench::parse_on_off,
           action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
 }

@@ -161,9 +161,9 @@ pub struct ServeArgs {
     /// Captured passes on a GPU (`on` or `off`): a pass of up to 1,024 tokens (and, where it
     /// resumes from prefix states, up to 8 sequences and 2,048 prefix tokens) runs padded to a
     /// (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
-    /// captured as a CUDA graph, later ones replay it (one launch instead of some 300). Off by
-    /// default until its GPU tests have passed on this revision (README, "Captured passes").
-    #[arg(long, env = "INSTINCT_CUDA_GRAPHS", default_value = "off", value_parser = parse_on_off,
+    /// captured as a CUDA graph, later ones replay it (one launch instead of some 300); answers
+    /// are the same bits as launched. The CPU ignores it (README, "Captured passes").
+    #[arg(long, env = "INSTINCT_CUDA_GRAPHS", default_value = "on", value_parser = parse_on_off,
           action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
 
@@ -436,8 +436,8 @@ mod tests {
     }
 
     #[test]
-    fn captured_passes_are_off_by_default_and_take_on_or_off() {
-        assert_on_off("cuda-graphs", false, |o| o.cuda_graphs);
+    fn captured_passes_are_on_by_default_and_take_on_or_off() {
+        assert_on_off("cuda-graphs", true, |o| o.cuda_graphs);
     }
 
     #[test]

@@ -520,7 +520,7 @@ impl Default for LoadOptions {
             prefix_cache_bytes: None,
             max_chunk_tokens: None,
             batch_invariant: true,
-            cuda_graphs: false,
+            cuda_graphs: true,
             snapshots_within: None,
         }
     }
@@ -538,11 +538,6 @@ pub fn load(
 ) -> anyhow::Result<Loaded> {
     match device {
         Device::Cpu => {
-            if options.cuda_graphs {
-                tracing::warn!(
-                    "--cuda-graphs applies to GPUs; the CPU runs every pass as it comes"
-                );
-            }
             let parts = load_engines(device, || Ok(CpuBackend::new()), options, source, limits)?;
             let weights_bytes = parts.weights_bytes;
             Ok(parts.into_loaded(weights_bytes, Vec::new()))
@@ -799,7 +794,7 @@ fn load_engines<B: ServingBackend>(
     let mut reuse: Option<Arc<PrefixReuse>> = None;
     let mut weights_bytes = 0;
     for _ in 0..options.cpu_engines {
-        let text = load_text(
+        let mut text = load_text(
             start()?,
             &source.model_dir,
             source.text_adapter.as_deref(),
@@ -813,7 +808,7 @@ fn load_engines<B: ServingBackend>(
             }
             None => None,
         };
-        let (multimodal, vision) = match path {
+        let (mut multimodal, vision) = match path {
             Some(p) => (
                 Some(p.decider),
                 Some(VisionSide {
@@ -834,6 +829,21 @@ fn load_engines<B: ServingBackend>(
                 r
             }
         };
+        // Without prefix reuse or chunks no pass carries states: the arena of captured carried
+        // passes would only hold memory.
+        if !reuse.enabled() && options.max_chunk_tokens.is_none() {
+            let mut freed = text.decider.release_carry_arena();
+            if let Some(m) = &mut multimodal {
+                freed += m.release_carry_arena();
+            }
+            if freed > 0 {
+                tracing::info!(
+                    %device,
+                    mib = freed >> 20,
+                    "carry arena released: prefix reuse and chunking are off"
+                );
+            }
+        }
         // Every engine loads the same files; one preparer (tokenizer, template, tower) serves all.
         if preparer.is_none() {
             preparer = Some(Preparer::new(
