@@ -10,7 +10,18 @@ stop_server() {
   fi
   server_pid=
 }
-trap stop_server EXIT
+# On exit, the script's other background jobs too (a loadtest sending beside), so that a script
+# cut off by `timeout` leaves nothing sending to the next server on the same port (it happened:
+# gpu-calls/2026-12-06-9ec1406-h100). TERM and INT exit through the EXIT trap.
+stop_all() {
+  local others
+  others=$(jobs -p)
+  # shellcheck disable=SC2086 # a list of pids
+  [[ -n $others ]] && kill -TERM $others 2>/dev/null
+  stop_server
+}
+trap stop_all EXIT
+trap 'exit 143' TERM INT
 
 # require_carried PATH...: stop at once, naming the first path that did not travel with the call.
 require_carried() {
