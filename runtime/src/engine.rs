@@ -478,8 +478,9 @@ pub struct DeviceMemory {
     pub activations_bytes: u64,
     /// Reads (free, total) at scrape time.
     pub probe: instinct_kernels::cuda::MemoryProbe,
-    /// Reads the captured passes' counts at scrape time (`--cuda-graphs on`).
-    pub graphs: Option<instinct_kernels::cuda::GraphProbe>,
+    /// Read the captured passes' counts at scrape time, one per language copy that captures
+    /// (none with `--cuda-graphs off`).
+    pub graphs: Vec<instinct_kernels::cuda::GraphProbe>,
 }
 
 /// The engines' batch limits: the largest batch the scheduler plans
@@ -577,10 +578,19 @@ pub fn load(
                 ms = t0.elapsed().as_secs_f64() * 1e3,
                 "warm-up forwards run (the limit, and each row bucket without stored GEMM picks)"
             );
+            // Every language copy (text, screenshots) and tower on the device.
+            let (mut weights_bytes, mut activations_bytes) = parts.tower_bytes;
+            let mut graphs = Vec::new();
+            for engine in &parts.engines {
+                for decider in std::iter::once(&engine.decider).chain(&engine.multimodal) {
+                    let (w, a) = decider.backend().allocated_bytes();
+                    weights_bytes += w;
+                    activations_bytes += a;
+                    graphs.extend(decider.backend().graph_probe());
+                }
+            }
             let backend = parts.engines[0].decider.backend();
-            let (weights_bytes, activations_bytes) = backend.allocated_bytes();
-            let graphs = backend.graph_probe();
-            if graphs.is_some() {
+            if !graphs.is_empty() {
                 tracing::info!(
                     max_rows = instinct_kernels::backend::CAPTURED_MAX_ROWS,
                     "captured passes on: a pass pads to its shape, whose first batch runs as \
@@ -638,6 +648,8 @@ trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
     const STATES_ON_DEVICE: bool;
     /// The prefix cache's budget when none is asked for, once the model is loaded on `backend`.
     fn default_prefix_cache_bytes(backend: &Self) -> usize;
+    /// Device memory it allocated: (weights, activations and scratch); none on the host.
+    fn device_bytes(&self) -> (u64, u64);
 }
 
 /// The CPU backend's default prefix-cache budget.
@@ -652,6 +664,9 @@ impl ServingBackend for CpuBackend {
     const STATES_ON_DEVICE: bool = false;
     fn default_prefix_cache_bytes(_: &Self) -> usize {
         CPU_PREFIX_CACHE_BYTES
+    }
+    fn device_bytes(&self) -> (u64, u64) {
+        (0, 0)
     }
 }
 
@@ -673,12 +688,17 @@ impl ServingBackend for CudaBackend {
             }
         }
     }
+    fn device_bytes(&self) -> (u64, u64) {
+        self.allocated_bytes()
+    }
 }
 
 /// One engine's screenshot path: the multimodal language copy and the vision tower.
 struct ScreenshotPath<B: Backend> {
     decider: Decider<B>,
     encoder: Box<dyn ImageEncoder>,
+    /// The tower's device memory (weights, buffers), read at load.
+    tower_bytes: (u64, u64),
     image_token_id: u32,
     merge: u32,
 }
@@ -691,11 +711,12 @@ fn screenshot_path<B>(
     limits: BatchLimits,
 ) -> anyhow::Result<ScreenshotPath<B>>
 where
-    B: VisionBackend + 'static,
+    B: ServingBackend,
     VisionTower<B>: Send + Sync,
 {
     let loaded = load_multimodal(start()?, start()?, model_dir, adapter, limits)?;
     Ok(ScreenshotPath {
+        tower_bytes: loaded.vision.backend().device_bytes(),
         merge: loaded.vision.config().spatial_merge_size as u32,
         encoder: Box::new(TowerBatcher::new(loaded.vision)),
         decider: loaded.decider,
@@ -711,6 +732,8 @@ struct EngineParts<B: Backend> {
     /// Bytes of f32 weights read for all engines (a screenshot path counts one more language
     /// copy; the small vision tower is not counted).
     weights_bytes: u64,
+    /// The vision towers' device memory (weights, buffers), read at load.
+    tower_bytes: (u64, u64),
 }
 
 impl<B> EngineParts<B>
@@ -793,6 +816,7 @@ fn load_engines<B: ServingBackend>(
     let mut preparer: Option<Preparer> = None;
     let mut reuse: Option<Arc<PrefixReuse>> = None;
     let mut weights_bytes = 0;
+    let mut tower_bytes = (0, 0);
     for _ in 0..options.cpu_engines {
         let mut text = load_text(
             start()?,
@@ -809,15 +833,19 @@ fn load_engines<B: ServingBackend>(
             None => None,
         };
         let (mut multimodal, vision) = match path {
-            Some(p) => (
-                Some(p.decider),
-                Some(VisionSide {
-                    encoder: p.encoder,
-                    image_token_id: p.image_token_id,
-                    merge: p.merge,
-                    cache: ImageCache::new(options.image_cache_bytes),
-                }),
-            ),
+            Some(p) => {
+                tower_bytes.0 += p.tower_bytes.0;
+                tower_bytes.1 += p.tower_bytes.1;
+                (
+                    Some(p.decider),
+                    Some(VisionSide {
+                        encoder: p.encoder,
+                        image_token_id: p.image_token_id,
+                        merge: p.merge,
+                        cache: ImageCache::new(options.image_cache_bytes),
+                    }),
+                )
+            }
             None => (None, None),
         };
         // One cache for the device's engines: they hold the same weights.
@@ -865,6 +893,7 @@ fn load_engines<B: ServingBackend>(
         reuse: reuse.expect("at least one engine was loaded"),
         engines,
         weights_bytes,
+        tower_bytes,
     })
 }
 

@@ -332,8 +332,9 @@ fn refresh_devices() {
             gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => "total")
                 .set(total as f64);
         }
-        if let Some(graphs) = &d.graphs {
-            publish_graphs(&d.device, &graphs.stats());
+        if !d.graphs.is_empty() {
+            let stats = d.graphs.iter().map(|g| g.stats()).sum::<GraphStats>();
+            publish_graphs(&d.device, &stats);
         }
     }
 }
@@ -425,5 +426,43 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} not in:\n{text}");
         }
+    }
+
+    /// A device's language copies (text, screenshots) each capture their own graphs: their
+    /// counts add up, a shape replayed by both once with the sum.
+    #[test]
+    fn graph_counts_of_a_devices_copies_add_up() {
+        let shape = |rows| PassShape {
+            rows,
+            seqs: 1,
+            carry: CarryShape::default(),
+        };
+        let text = GraphStats {
+            held: vec![shape(144), shape(256)],
+            replays: vec![(shape(144), 7), (shape(256), 1)],
+            misses: 2,
+            captures: 2,
+            capture_seconds: 0.25,
+            bytes: 2 << 20,
+            ..GraphStats::default()
+        };
+        let screenshots = GraphStats {
+            held: vec![shape(144)],
+            replays: vec![(shape(144), 5)],
+            misses: 1,
+            captures: 1,
+            capture_seconds: 0.5,
+            bytes: 1 << 20,
+            failed: 1,
+            last_failure: Some("why".into()),
+            evictions: 4,
+        };
+        let sum: GraphStats = [text, screenshots].into_iter().sum();
+        assert_eq!(sum.held, vec![shape(144), shape(144), shape(256)]);
+        assert_eq!(sum.replays, vec![(shape(144), 12), (shape(256), 1)]);
+        assert_eq!((sum.misses, sum.captures, sum.bytes), (3, 3, 3 << 20));
+        assert_eq!(sum.capture_seconds, 0.75);
+        assert_eq!((sum.failed, sum.evictions), (1, 4));
+        assert_eq!(sum.last_failure.as_deref(), Some("why"));
     }
 }

@@ -113,6 +113,33 @@ pub struct GraphStats {
     pub evictions: u64,
 }
 
+/// The counts of several backends on one device (the text and screenshot language copies): shapes
+/// held by both are listed once per backend, replays of one shape added up.
+impl std::iter::Sum for GraphStats {
+    fn sum<I: Iterator<Item = Self>>(all: I) -> Self {
+        let mut total = Self::default();
+        for s in all {
+            total.held.extend(s.held);
+            for (shape, n) in s.replays {
+                match total.replays.iter_mut().find(|(t, _)| *t == shape) {
+                    Some((_, m)) => *m += n,
+                    None => total.replays.push((shape, n)),
+                }
+            }
+            total.misses += s.misses;
+            total.captures += s.captures;
+            total.capture_seconds += s.capture_seconds;
+            total.bytes += s.bytes;
+            total.failed += s.failed;
+            total.last_failure = total.last_failure.or(s.last_failure);
+            total.evictions += s.evictions;
+        }
+        total.held.sort();
+        total.replays.sort();
+        total
+    }
+}
+
 #[derive(Default)]
 struct State {
     held: HashMap<PassShape, Held>,

@@ -59,6 +59,11 @@ pub struct VisionTower<B: VisionBackend> {
 }
 
 impl<B: VisionBackend> VisionTower<B> {
+    /// The backend the tower runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// Uploads `weights` (already adapter-merged, shapes checked at load).
     pub fn new(backend: B, cfg: &VisionConfig, weights: &VisionWeights) -> Result<Self> {
         ensure!(
