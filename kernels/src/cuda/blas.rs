@@ -13,6 +13,7 @@
 //! picks with the K split removed) whose output equals the reference's bit for bit on the real
 //! operands, at the bucket's first and smallest row counts. docs/validation/batch-invariance.md.
 
+use super::lock;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::size_of;
@@ -247,7 +248,7 @@ impl Blas {
     /// Whether every shape with a winner at `like`'s row bucket has one at `rows`' bucket too
     /// (and there is at least one).
     pub fn has_winners_like(&self, rows: usize, like: usize) -> bool {
-        let state = self.state.lock().expect("blas state");
+        let state = lock(&self.state);
         let (bucket, like) = (row_bucket(rows), row_bucket(like));
         let mut shapes = state.tuned.keys().filter(|k| k.0 == like).peekable();
         shapes.peek().is_some()
@@ -268,14 +269,14 @@ impl Blas {
 
     /// Device bytes held: the workspace and the input scratch.
     pub fn bytes(&self) -> u64 {
-        let state = self.state.lock().expect("blas state");
+        let state = lock(&self.state);
         let scratch = state.scratch.as_ref().map_or(0, |s| 2 * s.len());
         (WORKSPACE_BYTES + scratch) as u64
     }
 
     /// Makes room for `values` bf16 activation values, so no GEMM allocates later.
     pub fn reserve(&self, values: usize) -> KernelResult<()> {
-        let mut state = self.state.lock().expect("blas state");
+        let mut state = lock(&self.state);
         self.scratch(&mut state, values).map(|_| ())
     }
 
@@ -320,7 +321,7 @@ impl Blas {
                 "only an f32 output can be added to",
             ));
         }
-        let mut state = self.state.lock().expect("blas state");
+        let mut state = lock(&self.state);
         let key = (rows, in_dim, out_dim, bf16_out, add);
         // The tuning's key: the same shape with its rows' bucket.
         let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);

@@ -9,6 +9,7 @@
 //! as launched until the scratch is next replaced (then it is tried again). A graph holds the addresses of the scratch it was recorded with, so
 //! scratch that is replaced later (a larger batch) makes every graph stale: it is recaptured.
 
+use super::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -167,7 +168,7 @@ pub struct GraphProbe {
 
 impl GraphProbe {
     pub fn stats(&self) -> GraphStats {
-        let state = self.state.lock().expect("graph state");
+        let state = lock(&self.state);
         let mut stats = state.stats.clone();
         stats.held = state.held.keys().copied().collect();
         stats.held.sort();
@@ -204,7 +205,7 @@ impl Graphs {
         layers: &mut dyn FnMut() -> KernelResult<()>,
     ) -> KernelResult<()> {
         {
-            let mut state = self.state.lock().expect("graph state");
+            let mut state = lock(&self.state);
             state.tick += 1;
             let tick = state.tick;
             if let Some(held) = state.held.get_mut(&shape) {
@@ -254,7 +255,7 @@ impl Graphs {
                 .map_err(|e| driver_err("uploading a captured pass", e))?;
             Ok(graph)
         });
-        let mut state = self.state.lock().expect("graph state");
+        let mut state = lock(&self.state);
         state.stats.capture_seconds += t0.elapsed().as_secs_f64();
         match recorded {
             Ok(graph) => {

@@ -42,7 +42,7 @@ impl Staging {
         // SAFETY: every value is written below (the parts fill the buffer exactly) before the
         // buffer is handed out.
         let mut dst = unsafe { stream.alloc::<bf16>(total) }.map_err(err)?;
-        let mut guard = self.buf.lock().expect("staging buffer");
+        let mut guard = crate::cuda::lock(&self.buf);
         if guard.is_none() {
             // SAFETY: the buffer is only read after the chunk it holds has been written into it.
             *guard = Some(unsafe { ctx.alloc_pinned::<bf16>(STAGE_VALUES) }.map_err(err)?);

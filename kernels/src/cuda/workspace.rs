@@ -11,7 +11,6 @@ use half::bf16;
 use super::device::driver_err;
 use super::graphs::CaptureGuard;
 use crate::backend::KernelResult;
-use crate::error::KernelError;
 
 /// Tokens per chunk of the chunked delta rule (`DC_CHUNK` in delta_chunked.cu). A sequence resumed
 /// from a prefix state at a multiple of it runs the whole prompt's chunks.
@@ -90,10 +89,7 @@ impl<T: Scratch> GrownScratch<T> {
         need: T::Need,
         make: impl FnOnce(T::Need) -> KernelResult<T>,
     ) -> KernelResult<ScratchGuard<'_, T>> {
-        let mut slot = self
-            .0
-            .lock()
-            .map_err(|_| KernelError::invalid(op, "scratch poisoned by an earlier panic"))?;
+        let mut slot = super::lock(&self.0);
         if !slot.as_ref().is_some_and(|s| s.holds(need)) {
             counter.capture.replace(op)?;
             let need = slot.as_ref().map_or(need, |s| s.covering(need));

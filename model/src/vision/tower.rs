@@ -179,7 +179,7 @@ impl<B: VisionBackend> VisionTower<B> {
         let mut kept = self
             .positions
             .lock()
-            .map_err(|_| anyhow!("position tables poisoned by an earlier panic"))?;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut packed = if images.len() > 1 {
             Some(be.alloc(total).map_err(e)?)
         } else {
