@@ -712,15 +712,23 @@ mod tests {
         state.complete(engine, batch, Ok(outputs), now, now);
     }
 
-    #[test]
-    fn a_chunk_is_taken_only_by_the_engine_that_ran_the_one_before() {
+    /// A question of 20 tokens in chunks of 8 whose first chunk engine 1 ran: the queue, the
+    /// request's id and its reply.
+    fn first_chunk_run_by_engine_1() -> (QueueState, u64, crate::queue::ReplyReceiver) {
         let mut state = chunking_queue();
         let now = Instant::now();
         let long = Question::text((0..20).collect(), 2);
-        let (_id, _reply, _) = state.admit(vec![long], None, now).unwrap();
+        let (id, reply, _) = state.admit(vec![long], None, now).unwrap();
         let first = taken(state.next_batch(now, 1));
         assert_eq!(first.seqs[0].ids().len(), 8);
         complete_chunks(&mut state, 1, first);
+        (state, id, reply)
+    }
+
+    #[test]
+    fn a_chunk_is_taken_only_by_the_engine_that_ran_the_one_before() {
+        let (mut state, _id, _reply) = first_chunk_run_by_engine_1();
+        let now = Instant::now();
         assert!(state.has_queued());
         assert!(
             matches!(state.next_batch(now, 0), Next::Idle),
@@ -732,12 +740,7 @@ mod tests {
 
     #[test]
     fn a_cancelled_chunks_carry_waits_for_its_own_engine() {
-        let mut state = chunking_queue();
-        let now = Instant::now();
-        let long = Question::text((0..20).collect(), 2);
-        let (id, _reply, _) = state.admit(vec![long], None, now).unwrap();
-        let first = taken(state.next_batch(now, 1));
-        complete_chunks(&mut state, 1, first);
+        let (mut state, id, _reply) = first_chunk_run_by_engine_1();
         assert!(state.cancel(id));
         assert!(!state.has_queued());
         assert!(state.take_orphaned_carries(0).is_empty());
@@ -747,12 +750,7 @@ mod tests {
 
     #[test]
     fn losing_an_engine_fails_the_requests_whose_state_it_held() {
-        let mut state = chunking_queue();
-        let now = Instant::now();
-        let long = Question::text((0..20).collect(), 2);
-        let (_id, mut reply, _) = state.admit(vec![long], None, now).unwrap();
-        let first = taken(state.next_batch(now, 1));
-        complete_chunks(&mut state, 1, first);
+        let (mut state, _id, mut reply) = first_chunk_run_by_engine_1();
         state.lose_engine(1, "device lost");
         assert!(!state.has_queued());
         assert!(!state.has_orphaned_carries());

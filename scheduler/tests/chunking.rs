@@ -259,24 +259,26 @@ fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, T
     (h, long, ticket)
 }
 
+/// After the request of [`hold_a_chunk_in_the_queue`] went (by `why`): its carry was not dropped
+/// by the thread that ended it, but by the engine once released, and no chunk ran after.
+fn release_the_held_chunk(h: &Harness, long: &Question, why: &str) {
+    assert!(
+        h.carries.lock().dropped_on.is_empty(),
+        "not dropped by the thread of the {why}"
+    );
+    h.gate.open();
+    assert_carries_dropped_on_engine_threads(h);
+    h.scheduler.drain();
+    assert!(h.scheduler.wait_drained(LONG));
+    assert_eq!(chunks_of(h, long).len(), 1, "no chunk ran after the {why}");
+    assert_settled(h);
+}
+
 #[test]
 fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_request_is_cancelled() {
     let (h, long, ticket) = hold_a_chunk_in_the_queue(None);
     drop(ticket);
-    assert!(
-        h.carries.lock().dropped_on.is_empty(),
-        "not dropped by the cancelling thread"
-    );
-    h.gate.open();
-    assert_carries_dropped_on_engine_threads(&h);
-    h.scheduler.drain();
-    assert!(h.scheduler.wait_drained(LONG));
-    assert_eq!(
-        chunks_of(&h, &long).len(),
-        1,
-        "no chunk ran after the cancel"
-    );
-    assert_settled(&h);
+    release_the_held_chunk(&h, &long, "cancel");
 }
 
 #[test]
@@ -285,20 +287,7 @@ fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_deadline_passes() {
     let (h, long, ticket) = hold_a_chunk_in_the_queue(Some(deadline));
     // The engine is still held: the deadline thread fails the request.
     assert_eq!(wait(ticket, LONG), Err(Failure::DeadlineExceeded));
-    assert!(
-        h.carries.lock().dropped_on.is_empty(),
-        "not dropped by the deadline thread"
-    );
-    h.gate.open();
-    assert_carries_dropped_on_engine_threads(&h);
-    h.scheduler.drain();
-    assert!(h.scheduler.wait_drained(LONG));
-    assert_eq!(
-        chunks_of(&h, &long).len(),
-        1,
-        "no chunk ran after the deadline"
-    );
-    assert_settled(&h);
+    release_the_held_chunk(&h, &long, "deadline");
 }
 
 #[test]
