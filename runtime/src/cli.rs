@@ -77,14 +77,6 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 
-    /// Chunks that yield (with --max-chunk-tokens): a chunk in a batch with whole questions
-    /// takes only what they leave of --max-chunk-tokens, cut down to a multiple of this and
-    /// never fewer, so a long question adds little to the batches of the short ones beside it;
-    /// alone it takes whole chunks. Must divide --max-chunk-tokens (and be a multiple of 64 on a
-    /// GPU). 0 (the default): every chunk takes --max-chunk-tokens.
-    #[arg(long, env = "INSTINCT_MIN_CHUNK_TOKENS", default_value_t = 0)]
-    pub min_chunk_tokens: usize,
-
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
     #[arg(long, env = "INSTINCT_MAX_SCREENSHOT_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
@@ -425,27 +417,6 @@ mod tests {
         let too_big = config(&["--max-batch-tokens=16384", "--max-chunk-tokens=20000"]).unwrap();
         let err = too_big.batch_capacity().unwrap_err().to_string();
         assert!(err.contains("max_chunk_tokens"), "{err}");
-    }
-
-    #[test]
-    fn chunks_yield_only_when_asked_and_their_minimum_divides_the_chunk() {
-        let config = |flags: &[&str]| crate::serve::scheduler_config(&serve_args(flags).unwrap());
-        let chunked = config(&["--max-chunk-tokens=1024"]).unwrap();
-        assert_eq!(chunked.min_chunk_tokens, None);
-        let yielding = config(&["--max-chunk-tokens=1024", "--min-chunk-tokens=256"]).unwrap();
-        assert_eq!(yielding.min_chunk_tokens, Some(256));
-        assert!(yielding.batch_capacity().is_ok());
-        for bad in [
-            &["--max-chunk-tokens=1024", "--min-chunk-tokens=384"][..],
-            &["--min-chunk-tokens=256"][..],
-        ] {
-            let err = config(bad)
-                .unwrap()
-                .batch_capacity()
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("min_chunk_tokens"), "{bad:?}: {err}");
-        }
     }
 
     /// `--FLAG` (read from the load options by `get`) is `default` when absent, takes `on` and

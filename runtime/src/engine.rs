@@ -107,27 +107,19 @@ impl Preparer {
     }
 
     /// Bytes the prefix states of `questions` may hold at once while they run as chunks of at
-    /// most `max_chunk` tokens cut at multiples of `boundaries` (the chunk size, or the minimum
-    /// of chunks that yield): per chunked question, the state before its last chunk and the one
-    /// before that, at most (an engine holds both while it runs a chunk). 0 without chunking.
-    pub fn chunk_state_bytes(
-        &self,
-        questions: &[Question],
-        max_chunk: Option<usize>,
-        boundaries: Option<usize>,
-    ) -> usize {
+    /// most `max_chunk` tokens: per chunked question, the state before its last chunk and the one
+    /// before that (an engine holds both while it runs a chunk). 0 without chunking.
+    pub fn chunk_state_bytes(&self, questions: &[Question], max_chunk: Option<usize>) -> usize {
         let (Some(cost), Some(max_chunk)) = (self.snapshot_cost, max_chunk) else {
             return 0;
         };
-        let step = boundaries.unwrap_or(max_chunk);
         questions
             .iter()
             .filter(|q| q.resumable && q.ids.len() > max_chunk)
             .map(|q| {
-                // The last chunk starts on a boundary short of the end, at the latest; the
-                // chunk before it a boundary earlier.
-                let before_last = (q.ids.len() - 1) / step * step;
-                cost.bytes(before_last) + cost.bytes(before_last - step)
+                // Tokens before the last chunk: whole chunks, at least one.
+                let before_last = (q.ids.len() - 1) / max_chunk * max_chunk;
+                cost.bytes(before_last) + cost.bytes(before_last - max_chunk)
             })
             .sum()
     }
@@ -510,8 +502,6 @@ pub struct LoadOptions {
     pub prefix_cache_bytes: Option<usize>,
     /// `--max-chunk-tokens` (checked against the backend's resume grid).
     pub max_chunk_tokens: Option<usize>,
-    /// `--min-chunk-tokens` (checked against the backend's resume grid).
-    pub min_chunk_tokens: Option<usize>,
     /// `--batch-invariant` (GPUs; the CPU is invariant anyway).
     pub batch_invariant: bool,
     /// `--cuda-graphs` (GPUs).
@@ -530,7 +520,6 @@ impl Default for LoadOptions {
             image_cache_bytes: 0,
             prefix_cache_bytes: None,
             max_chunk_tokens: None,
-            min_chunk_tokens: None,
             batch_invariant: true,
             cuda_graphs: true,
             snapshots_within: None,
@@ -800,16 +789,11 @@ fn prefix_reuse_for<B: ServingBackend>(
 /// Refuses a prefill chunk size off `B`'s resume grid: its chunks would not compute what the
 /// whole prompt does.
 fn check_chunk_size<B: ServingBackend>(device: Device, options: LoadOptions) -> anyhow::Result<()> {
-    let flags = [
-        ("--max-chunk-tokens", options.max_chunk_tokens),
-        ("--min-chunk-tokens", options.min_chunk_tokens),
-    ];
-    for (flag, chunk) in flags {
-        let Some(chunk) = chunk else { continue };
+    if let Some(chunk) = options.max_chunk_tokens {
         ensure!(
             chunk.is_multiple_of(B::RESUME_GRID),
-            "{flag} {chunk} is not a multiple of {}: on {device} a prompt is resumed exactly \
-             only at multiples of the delta rule's {}-token chunk",
+            "--max-chunk-tokens {chunk} is not a multiple of {}: on {device} a prompt is resumed \
+             exactly only at multiples of the delta rule's {}-token chunk",
             B::RESUME_GRID,
             B::RESUME_GRID
         );

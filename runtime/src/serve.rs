@@ -45,7 +45,6 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
             .collect(),
         max_wait: Duration::from_micros(args.batch_wait_us),
         max_chunk_tokens: max_chunk_tokens(args),
-        min_chunk_tokens: min_chunk_tokens(args),
         ..Config::default()
     })
 }
@@ -88,11 +87,6 @@ fn max_chunk_tokens(args: &ServeArgs) -> Option<usize> {
     (args.max_chunk_tokens > 0).then_some(args.max_chunk_tokens)
 }
 
-/// `--min-chunk-tokens`, 0 meaning chunks that do not yield.
-fn min_chunk_tokens(args: &ServeArgs) -> Option<usize> {
-    (args.min_chunk_tokens > 0).then_some(args.min_chunk_tokens)
-}
-
 /// What the loader takes from the flags.
 pub fn load_options(args: &ServeArgs) -> LoadOptions {
     LoadOptions {
@@ -100,7 +94,6 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         image_cache_bytes: args.image_cache_mib << 20,
         prefix_cache_bytes: args.prefix_cache_mib.map(|mib| mib << 20),
         max_chunk_tokens: max_chunk_tokens(args),
-        min_chunk_tokens: min_chunk_tokens(args),
         batch_invariant: args.batch_invariant,
         cuda_graphs: args.cuda_graphs,
         snapshots_within: args.snapshots_within,

@@ -511,11 +511,9 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     // being refused.
     let holding = body_bytes + crate::engine::held_bytes(&questions);
     let ready = state.ready().expect("checked above");
-    let chunk_states = ready.preparer.chunk_state_bytes(
-        &questions,
-        ready.scheduler.max_chunk_tokens(),
-        ready.scheduler.chunk_boundaries(),
-    );
+    let chunk_states = ready
+        .preparer
+        .chunk_state_bytes(&questions, ready.scheduler.max_chunk_tokens());
     let device_budget = ready
         .preparer
         .chunk_states_on_device()

@@ -190,34 +190,3 @@ async fn chunked_questions_answer_as_whole_ones() {
     assert!(tight_state.inflight.peak() <= 512 << 10);
     assert_eq!(tight_state.inflight.used(), 0, "everything was given back");
 }
-
-/// Chunks that yield (`min_chunk_tokens`): a long question in one request with short ones runs
-/// its first chunk beside them cut down to what they leave (here the minimum, 64 tokens), the
-/// rest in whole chunks of 512, and still answers as it does whole; so do the short ones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn yielding_chunks_answer_as_whole_ones() {
-    let whole = server(None, 0).await;
-    let config = Config {
-        max_batch_seqs: 16,
-        max_chunk_tokens: Some(512),
-        min_chunk_tokens: Some(64),
-        ..Config::default()
-    };
-    let (ready, _) = demo_ready_with_prefix(config, 1, 0);
-    let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
-    state.set_ready(ready);
-    let yielding = serve_state(state).await;
-    let goal: String = (0..300).map(|i| format!("w{} ", i % 97)).collect();
-    let body = format!(
-        r#"{{"state":"- Button ok","questions":{{"long":{{"type":"choice","instructions":"{goal}","criteria":{{"a":"Open","b":"Close","c":"Wait"}}}},"s1":{{"type":"choice","instructions":"pick","criteria":{{"a":"Open","b":"Close"}}}},"s2":{{"type":"choice","instructions":"go","criteria":{{"a":"Yes","b":"No","c":"Later"}}}}}}}}"#
-    );
-    let (want, tokens) = answers(&post(whole, &body).await);
-    // The long question is some 1,100 tokens, the short ones some 270 each (whole).
-    assert!(tokens > 1500, "{tokens} tokens in all");
-    let before = chunks_counted(yielding).await;
-    let (got, got_tokens) = answers(&post(yielding, &body).await);
-    assert_eq!(got_tokens, tokens);
-    assert_close(&got, &want, "chunks that yield");
-    // 64 tokens beside the short questions, then chunks of 512: one more than whole chunks.
-    assert!(chunks_counted(yielding).await >= before + 4.0);
-}

@@ -54,12 +54,6 @@ pub struct Config {
     /// questions queued behind a long one run beside its chunks. `None`: every question runs
     /// whole (and none may exceed the largest bucket).
     pub max_chunk_tokens: Option<usize>,
-    /// Chunks that yield: a chunk in a batch with whole questions takes only what they leave of
-    /// `max_chunk_tokens`, cut down to a multiple of this and never fewer than this, so a long
-    /// question adds little to the batches of the short ones it runs beside (it takes whole
-    /// chunks when it runs alone). Must divide `max_chunk_tokens`; every chunk boundary is then a
-    /// multiple of it. `None`: every chunk takes `max_chunk_tokens`.
-    pub min_chunk_tokens: Option<usize>,
     /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
     pub drain_rate_window: Duration,
     /// `Retry-After` given before any batch has completed.
@@ -82,7 +76,6 @@ impl Default for Config {
             max_scan: 1_024,
             heartbeat_interval: Duration::from_millis(100),
             max_chunk_tokens: None,
-            min_chunk_tokens: None,
             drain_rate_window: Duration::from_secs(10),
             retry_after_default: Duration::from_secs(1),
             retry_after_min: Duration::from_secs(1),
@@ -167,16 +160,6 @@ impl Config {
                      tokens)",
                     capacity.tokens
                 ));
-            }
-        }
-        if let Some(min) = self.min_chunk_tokens {
-            match self.max_chunk_tokens {
-                Some(max) if min > 0 && max.is_multiple_of(min) => {}
-                max => {
-                    return bad(format!(
-                        "min_chunk_tokens {min} must be positive and divide max_chunk_tokens                          ({max:?})"
-                    ))
-                }
             }
         }
         Ok(Validated {

@@ -452,7 +452,6 @@ impl QueueState {
         for seq in skipped.into_iter().rev() {
             self.pending.push_front(seq);
         }
-        self.yield_chunks(&mut seqs);
 
         for seq in &seqs {
             let len = seq.ids().len();
@@ -527,30 +526,6 @@ impl QueueState {
             }
         }
         self.publish_gauges();
-    }
-
-    /// With `min_chunk_tokens`, shortens the chunks of a batch that holds whole questions to what
-    /// those leave of `max_chunk_tokens` (a multiple of the minimum, at least the minimum). The
-    /// rest of a shortened chunk runs in its next one.
-    fn yield_chunks(&self, seqs: &mut [QueuedSeq]) {
-        let (Some(min), Some(max)) = (
-            self.cfg.config.min_chunk_tokens,
-            self.cfg.config.max_chunk_tokens,
-        ) else {
-            return;
-        };
-        let whole: usize = seqs
-            .iter()
-            .filter(|s| s.chunk.is_none())
-            .map(|s| s.ids().len())
-            .sum();
-        if whole == 0 {
-            return;
-        }
-        let room = (max.saturating_sub(whole) / min * min).max(min);
-        for chunk in seqs.iter_mut().filter_map(|s| s.chunk.as_mut()) {
-            chunk.end = chunk.end.min(chunk.start + room);
-        }
     }
 
     fn requeue_next_chunk(&mut self, seq: QueuedSeq, engine: usize) {

@@ -117,13 +117,6 @@ impl Scheduler {
         self.shared.config.config.max_chunk_tokens
     }
 
-    /// Where chunks may be cut: every chunk boundary is a multiple of it (`min_chunk_tokens`
-    /// where chunks yield, else the chunk size; `None` without chunking).
-    pub fn chunk_boundaries(&self) -> Option<usize> {
-        let c = &self.shared.config.config;
-        c.min_chunk_tokens.or(c.max_chunk_tokens)
-    }
-
     pub fn is_draining(&self) -> bool {
         self.shared.state.lock().is_draining()
     }

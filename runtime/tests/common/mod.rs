@@ -48,7 +48,6 @@ pub fn demo_ready_with(config: Config) -> Ready {
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(0),
         max_chunk_tokens: config.max_chunk_tokens,
-        min_chunk_tokens: config.min_chunk_tokens,
         ..LoadOptions::default()
     };
     let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
@@ -72,7 +71,6 @@ pub fn demo_ready_with_prefix(
         image_cache_bytes: 64 << 20,
         prefix_cache_bytes: Some(prefix_cache_bytes),
         max_chunk_tokens: config.max_chunk_tokens,
-        min_chunk_tokens: config.min_chunk_tokens,
         ..LoadOptions::default()
     };
     let mut loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
