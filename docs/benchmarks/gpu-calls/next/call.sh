@@ -1,40 +1,41 @@
 #!/usr/bin/env bash
 # The planned device call (CALL_S seconds, 590 unless set), in order of need. Captured passes are
-# on by default since 0c598bb; this call checks what changed after 9ec1406 and what the default
-# had not been run on (little device time left: the measurement first):
-#   1. the long mix on a chunked server (chunks of 1,024) with chunks that yield
-#      (--min-chunk-tokens 256), then without (the baseline, same call): issue 19's p99 alone
-#      against beside ~14,500-token questions;
-#   2. if 110 s are left, gpu_vl_check.sh with the defaults: screenshot parity and latency with
-#      captured passes on (the multimodal copy captures its own passes);
-#   3. if 40 s are left, the captured-pass GPU tests (the CUDA locks now go on past a panicked
-#      holder).
+# on by default since 0c598bb; text parity, prefix reuse and chunking were checked with them on
+# (gpu-calls/2026-12-06-9ec1406-h100, -cace793-h100), screenshots were not. This call:
+#   1. the captured-pass GPU tests and the kernel test of rows in no sequence;
+#   2. gpu_vl_check.sh with the defaults: screenshot parity and latency with captured passes on
+#      (the multimodal copy captures its own passes), and /metrics' device memory summed over
+#      both language copies and the tower (a1dfeee);
+#   3. gpu_mixed_load.sh (half text, half screenshots) with the defaults, if 150 s are left;
+#   4. gpu_graphs_bench.sh around the rows where replays were slower than launched passes at
+#      51581dd (300 ids: 304 rows, 2x300: 608 rows), if 100 s are left.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/captured_passes-test,
 # tests/cuda_carried-test), .cache/qwen-tokenizer, .cache/fixtures. Results in $OUT: call.log,
-# tests.log, vl.tgz, yield256.tgz, chunked.tgz.
+# tests.log, vl.tgz, mixed.tgz, graphs.tgz.
 #   REV=<sha> [CALL_S=450] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
+run_test captured_passes-test 120
+run_test cuda_carried-test 60 ignores_rows_in_no_sequence
+tests_summary
 wait_checkpoint
-for run in yield256 chunked; do
-  (( $(left) > 75 )) || break
-  flags=""; [[ $run == yield256 ]] && flags="--min-chunk-tokens 256"
-  OUT=/tmp/$run SERVERS=chunked STAGES=bench CHUNK=1024 CHUNK_FLAGS="$flags" REVISION=$REV \
-    timeout $(( $(left) - 5 < 90 ? $(left) - 5 : 90 )) bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
-  t "$run exit $?"
-  grep -E "^long_chunked|^long chunked" /tmp/$run/gpu_prefix_bench.log >> $L
-  tar czf $OUT/$run.tgz --exclude=workloads -C /tmp $run
-done
-if (( $(left) > 110 )); then
-  OUT=/tmp/vl timeout $(( $(left) - 10 < 160 ? $(left) - 10 : 160 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
-  t "vl exit $?"
-  grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
-  grep -E "instinct_graph_(captures|replays)_total|kind=\"(graphs|weights|activations)\"" /tmp/vl/metrics*.txt 2>/dev/null | head -8 >> $L
-  tar czf $OUT/vl.tgz --exclude=extras.tgz -C /tmp vl
+OUT=/tmp/vl timeout $(( $(left) - 10 < 200 ? $(left) - 10 : 200 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+t "vl exit $?"
+grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
+tar czf $OUT/vl.tgz --exclude=extras.tgz -C /tmp vl
+if (( $(left) > 150 )); then
+  OUT=/tmp/mixed REVISION=$REV timeout 140 bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
+  t "mixed exit $?"
+  grep -E "^mixed_closed|image stages" /tmp/mixed/gpu_mixed_load.log >> $L
+  grep -E "kind=\"(weights|activations|graphs)\"" /tmp/mixed/metrics.txt >> $L 2>/dev/null
+  tar czf $OUT/mixed.tgz -C /tmp mixed
 fi
-if (( $(left) > 40 )); then
-  run_test captured_passes-test $(( $(left) - 5 ))
-  tests_summary
+if (( $(left) > 100 )); then
+  OUT=/tmp/graphs REVISION=$REV RUNS=30 LENGTHS=256,288,300,304,320,384 BATCHES=2 \
+    timeout $(( $(left) - 5 )) bash tools/reference/gpu_graphs_bench.sh > /dev/null 2>&1
+  t "graphs bench exit $?"
+  grep -E "^(bench|http)|probabilities" /tmp/graphs/summary.txt >> $L
+  tar czf $OUT/graphs.tgz -C /tmp graphs
 fi
 t done
