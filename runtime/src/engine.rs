@@ -539,7 +539,12 @@ pub fn load(
 ) -> anyhow::Result<Loaded> {
     match device {
         Device::Cpu => {
-            let parts = load_engines(device, || Ok(CpuBackend::new()), options, source, limits)?;
+            let start = || Ok(CpuBackend::new());
+            let starts = Starts {
+                text: start,
+                screenshots: start,
+            };
+            let parts = load_engines(device, starts, options, source, limits)?;
             let weights_bytes = parts.weights_bytes;
             Ok(parts.into_loaded(weights_bytes, Vec::new()))
         }
@@ -554,15 +559,23 @@ pub fn load(
                 cpu_engines: 1,
                 ..options
             };
-            let start = || {
-                Ok(CudaBackend::new(CudaOptions {
-                    ordinal,
-                    batch_invariant: options.batch_invariant,
-                    cuda_graphs: options.cuda_graphs,
-                    ..CudaOptions::default()
-                })?)
+            let start = |cuda_graphs| {
+                move || {
+                    Ok(CudaBackend::new(CudaOptions {
+                        ordinal,
+                        batch_invariant: options.batch_invariant,
+                        cuda_graphs,
+                        ..CudaOptions::default()
+                    })?)
+                }
             };
-            let mut parts = load_engines(device, start, options, source, limits)?;
+            // Screenshots run as launched: their parity and latency were checked on a GPU with
+            // captured passes off only (the text path was checked with them on).
+            let starts = Starts {
+                text: start(options.cuda_graphs),
+                screenshots: start(false),
+            };
+            let mut parts = load_engines(device, starts, options, source, limits)?;
             // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now,
             // not on requests.
             let t0 = Instant::now();
@@ -803,9 +816,16 @@ fn check_chunk_size<B: ServingBackend>(device: Device, options: LoadOptions) -> 
 
 /// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
 /// every device.
+/// How `load_engines` starts a backend: for the text copy, and for the screenshot path (its
+/// language copy and its tower).
+struct Starts<T, S> {
+    text: T,
+    screenshots: S,
+}
+
 fn load_engines<B: ServingBackend>(
     device: Device,
-    start: impl Fn() -> anyhow::Result<B>,
+    starts: Starts<impl Fn() -> anyhow::Result<B>, impl Fn() -> anyhow::Result<B>>,
     options: LoadOptions,
     source: &ModelSource,
     limits: BatchLimits,
@@ -819,7 +839,7 @@ fn load_engines<B: ServingBackend>(
     let mut tower_bytes = (0, 0);
     for _ in 0..options.cpu_engines {
         let mut text = load_text(
-            start()?,
+            (starts.text)()?,
             &source.model_dir,
             source.text_adapter.as_deref(),
             limits,
@@ -828,7 +848,12 @@ fn load_engines<B: ServingBackend>(
         let path = match &source.multimodal_adapter {
             Some(dir) => {
                 weights_bytes += text.weights_bytes;
-                Some(screenshot_path(&start, &source.model_dir, dir, limits)?)
+                Some(screenshot_path(
+                    &starts.screenshots,
+                    &source.model_dir,
+                    dir,
+                    limits,
+                )?)
             }
             None => None,
         };
