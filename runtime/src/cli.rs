@@ -162,11 +162,17 @@ pub struct ServeArgs {
     /// resumes from prefix states, up to 8 sequences and 2,048 prefix tokens) runs padded to a
     /// (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
     /// captured as a CUDA graph, later ones replay it (one launch instead of some 300); answers
-    /// are the same bits as launched. Text questions only for now (screenshot questions run as
-    /// launched); the CPU ignores it (README, "Captured passes").
+    /// are the same bits as launched. Text questions; the CPU ignores it (README, "Captured
+    /// passes").
     #[arg(long, env = "INSTINCT_CUDA_GRAPHS", default_value = "on", value_parser = parse_on_off,
           action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
+
+    /// Captured passes for screenshot questions too (`on` or `off`; with --cuda-graphs on). Off
+    /// by default until the screenshot GPU check has passed with them.
+    #[arg(long, env = "INSTINCT_SCREENSHOT_CUDA_GRAPHS", default_value = "off",
+          value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub screenshot_cuda_graphs: bool,
 
     /// Prefix snapshots taken on the way (`on` or `off`): when one question alone would resume
     /// from a prefix the cache lacks (the system turn and image of the one question on a new
@@ -439,6 +445,9 @@ mod tests {
     #[test]
     fn captured_passes_are_on_by_default_and_take_on_or_off() {
         assert_on_off("cuda-graphs", true, |o| o.cuda_graphs);
+        assert_on_off("screenshot-cuda-graphs", false, |o| {
+            o.screenshot_cuda_graphs
+        });
     }
 
     #[test]

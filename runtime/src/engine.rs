@@ -506,6 +506,8 @@ pub struct LoadOptions {
     pub batch_invariant: bool,
     /// `--cuda-graphs` (GPUs).
     pub cuda_graphs: bool,
+    /// `--screenshot-cuda-graphs` (GPUs, with `cuda_graphs`).
+    pub screenshot_cuda_graphs: bool,
     /// `--snapshots-within` (`None`: on, [`PrefixReuse`]'s default on every backend; the snapshot
     /// taken inside a pass is the prefix's own, bit for bit on the GPU too:
     /// docs/benchmarks/gpu-calls/2026-12-06-1fe910d-h100).
@@ -522,6 +524,7 @@ impl Default for LoadOptions {
             max_chunk_tokens: None,
             batch_invariant: true,
             cuda_graphs: true,
+            screenshot_cuda_graphs: false,
             snapshots_within: None,
         }
     }
@@ -569,11 +572,11 @@ pub fn load(
                     })?)
                 }
             };
-            // Screenshots run as launched: their parity and latency were checked on a GPU with
-            // captured passes off only (the text path was checked with them on).
+            // Screenshots run as launched unless asked: their parity and latency were checked
+            // on a GPU with captured passes off only (the text path was checked with them on).
             let starts = Starts {
                 text: start(options.cuda_graphs),
-                screenshots: start(false),
+                screenshots: start(options.cuda_graphs && options.screenshot_cuda_graphs),
             };
             let mut parts = load_engines(device, starts, options, source, limits)?;
             // GEMM algorithms are timed once per row bucket (`Backend::warm_rows`): do it now,

@@ -96,6 +96,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         max_chunk_tokens: max_chunk_tokens(args),
         batch_invariant: args.batch_invariant,
         cuda_graphs: args.cuda_graphs,
+        screenshot_cuda_graphs: args.screenshot_cuda_graphs,
         snapshots_within: args.snapshots_within,
     }
 }

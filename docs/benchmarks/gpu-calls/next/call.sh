@@ -3,10 +3,11 @@
 # on by default since 0c598bb; text parity, prefix reuse and chunking were checked with them on
 # (gpu-calls/2026-12-06-9ec1406-h100, -cace793-h100), screenshots were not. This call:
 #   1. the captured-pass GPU tests and the kernel test of rows in no sequence;
-#   2. gpu_vl_check.sh with the defaults: screenshot parity and latency with captured passes on
-#      (the multimodal copy captures its own passes), and /metrics' device memory summed over
-#      both language copies and the tower (a1dfeee);
-#   3. gpu_mixed_load.sh (half text, half screenshots) with the defaults, if 150 s are left;
+#   2. gpu_vl_check.sh with --screenshot-cuda-graphs on: screenshot parity and latency with
+#      captured passes on (the multimodal copy captures its own passes; off by default until this
+#      passes);
+#   3. gpu_mixed_load.sh (half text, half screenshots) with --screenshot-cuda-graphs on, if 150 s
+#      are left, and /metrics' device memory summed over both language copies and the tower;
 #   4. gpu_graphs_bench.sh around the rows where replays were slower than launched passes at
 #      51581dd (300 ids: 304 rows, 2x300: 608 rows), if 100 s are left.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/captured_passes-test,
@@ -20,12 +21,12 @@ run_test captured_passes-test 120
 run_test cuda_carried-test 60 ignores_rows_in_no_sequence
 tests_summary
 wait_checkpoint
-OUT=/tmp/vl timeout $(( $(left) - 10 < 200 ? $(left) - 10 : 200 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+SERVE_FLAGS="--screenshot-cuda-graphs on" OUT=/tmp/vl timeout $(( $(left) - 10 < 200 ? $(left) - 10 : 200 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
 t "vl exit $?"
 grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
 tar czf $OUT/vl.tgz --exclude=extras.tgz -C /tmp vl
 if (( $(left) > 150 )); then
-  OUT=/tmp/mixed REVISION=$REV timeout 140 bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
+  SERVE_FLAGS="--screenshot-cuda-graphs on" OUT=/tmp/mixed REVISION=$REV timeout 140 bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
   t "mixed exit $?"
   grep -E "^mixed_closed|image stages" /tmp/mixed/gpu_mixed_load.log >> $L
   grep -E "kind=\"(weights|activations|graphs)\"" /tmp/mixed/metrics.txt >> $L 2>/dev/null
