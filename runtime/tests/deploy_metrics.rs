@@ -19,7 +19,13 @@ const PROMETHEUS_OWN: &[&str] = &["up"];
 
 /// Metrics the server exports only on a GPU (`--device cuda:N`), with the constant that names
 /// them, so a rename on the server side still fails this test.
-const GPU_ONLY: &[&str] = &[instinct::metrics::DEVICE_MEMORY_BYTES];
+const GPU_ONLY: &[&str] = &[
+    instinct::metrics::DEVICE_MEMORY_BYTES,
+    instinct::metrics::GRAPH_REPLAYS_TOTAL,
+    instinct::metrics::GRAPH_MISSES_TOTAL,
+    instinct::metrics::GRAPH_FAILED_SHAPES,
+    instinct::metrics::GRAPH_EVICTIONS_TOTAL,
+];
 
 fn repo_file(path: &str) -> String {
     let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -293,7 +293,8 @@ impl Graphs {
             Err(e) => {
                 let why = format!("{} rows × {} sequences: {e}", shape.rows, shape.seqs);
                 tracing::warn!(
-                    "a pass could not be captured; its shape runs as launched from now on: {why}"
+                    "a pass could not be captured; its shape runs as launched until the scratch is next \
+                     replaced: {why}"
                 );
                 state.stats.last_failure = Some(why.clone());
                 state.failed.insert(shape, (why, generation));
