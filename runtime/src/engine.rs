@@ -605,6 +605,7 @@ pub fn load(
                     graphs.extend(decider.backend().graph_probe());
                 }
             }
+            activations_bytes = activations_bytes.saturating_sub(parts.released_bytes);
             let backend = parts.engines[0].decider.backend();
             if !graphs.is_empty() {
                 tracing::info!(
@@ -748,8 +749,12 @@ struct EngineParts<B: Backend> {
     /// Bytes of f32 weights read for all engines (a screenshot path counts one more language
     /// copy; the small vision tower is not counted).
     weights_bytes: u64,
-    /// The vision towers' device memory (weights, buffers), read at load.
+    /// The vision towers' device memory (weights, buffers), read at load: their scratch grows
+    /// on the first images after it.
     tower_bytes: (u64, u64),
+    /// Device memory freed after allocation (carry arenas no pass will use), which the backends'
+    /// allocation counts still hold.
+    released_bytes: u64,
 }
 
 impl<B> EngineParts<B>
@@ -840,6 +845,7 @@ fn load_engines<B: ServingBackend>(
     let mut reuse: Option<Arc<PrefixReuse>> = None;
     let mut weights_bytes = 0;
     let mut tower_bytes = (0, 0);
+    let mut released_bytes = 0;
     for _ in 0..options.cpu_engines {
         let mut text = load_text(
             (starts.text)()?,
@@ -892,6 +898,7 @@ fn load_engines<B: ServingBackend>(
             if let Some(m) = &mut multimodal {
                 freed += m.release_carry_arena();
             }
+            released_bytes += freed as u64;
             if freed > 0 {
                 tracing::info!(
                     %device,
@@ -922,6 +929,7 @@ fn load_engines<B: ServingBackend>(
         engines,
         weights_bytes,
         tower_bytes,
+        released_bytes,
     })
 }
 

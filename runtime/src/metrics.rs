@@ -332,9 +332,16 @@ fn refresh_devices() {
             gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => "total")
                 .set(total as f64);
         }
-        if !d.graphs.is_empty() {
-            let stats = d.graphs.iter().map(|g| g.stats()).sum::<GraphStats>();
-            publish_graphs(&d.device, &stats);
+    }
+    // A GPU named twice runs two engines, each with its own graphs: one sum per device.
+    let mut graphs: std::collections::BTreeMap<String, Vec<GraphStats>> = Default::default();
+    for d in DEVICES.lock().expect("device list").iter() {
+        let stats = d.graphs.iter().map(|g| g.stats());
+        graphs.entry(d.device.clone()).or_default().extend(stats);
+    }
+    for (device, stats) in graphs {
+        if !stats.is_empty() {
+            publish_graphs(&device, &stats.into_iter().sum());
         }
     }
 }

@@ -177,6 +177,11 @@ impl QueueState {
         !self.orphaned_carries.is_empty()
     }
 
+    /// Whether carries wait for `engine`'s thread to drop them.
+    pub fn has_orphaned_carries_of(&self, engine: usize) -> bool {
+        self.orphaned_carries.iter().any(|(e, _)| *e == engine)
+    }
+
     /// The carries for `engine`'s thread to drop (after releasing the lock).
     pub fn take_orphaned_carries(&mut self, engine: usize) -> Vec<ChunkCarry> {
         let (mine, others) = std::mem::take(&mut self.orphaned_carries)
@@ -579,8 +584,6 @@ impl QueueState {
         self.publish_gauges();
     }
 
-    /// The last engine is lost: fails every unanswered request (nothing can run them) and
-    /// refuses new ones with `NoEngine`.
     /// Engine `engine` is lost for good while others serve: the requests whose next chunk needs
     /// the state it held fail.
     pub fn lose_engine(&mut self, engine: usize, why: &str) {
@@ -603,6 +606,8 @@ impl QueueState {
         self.publish_gauges();
     }
 
+    /// The last engine is lost: fails every unanswered request (nothing can run them) and
+    /// refuses new ones with `NoEngine`.
     pub fn lose_all_engines(&mut self, why: &str) {
         self.no_engine = true;
         let ids: Vec<u64> = self.requests.keys().copied().collect();

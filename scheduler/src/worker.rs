@@ -31,6 +31,9 @@ pub(crate) fn engine_loop(shared: Arc<Shared>, index: usize, mut engine: Box<dyn
             shared.after_change(&state);
         }
         match state.next_batch(now, index) {
+            // Carries left for this engine while it dropped the last ones (their wake-up came
+            // before it waited): drop them first.
+            Next::Idle | Next::WaitUntil(_) if state.has_orphaned_carries_of(index) => {}
             Next::Idle => {
                 shared.work.wait_for(&mut state, heartbeat);
             }

@@ -132,7 +132,7 @@ impl std::iter::Sum for GraphStats {
             total.capture_seconds += s.capture_seconds;
             total.bytes += s.bytes;
             total.failed += s.failed;
-            total.last_failure = total.last_failure.or(s.last_failure);
+            total.last_failure = s.last_failure.or(total.last_failure);
             total.evictions += s.evictions;
         }
         total.held.sort();
