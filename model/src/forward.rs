@@ -345,6 +345,70 @@ enum LayerCarry<B: Buffers> {
     },
 }
 
+/// What a [`Carry`] is allocated for: `seqs` sequences' DeltaNet states in (`resume`) and out
+/// (`snapshot`), `prefix_rows` rows of prefix k and v (`resume`), `rows` rows of k and v out
+/// (`snapshot`), and the snapshot offsets (`snapshot_at`).
+#[derive(Clone, Copy)]
+struct CarryRoom {
+    seqs: usize,
+    prefix_rows: usize,
+    rows: usize,
+    resume: bool,
+    snapshot: bool,
+    snapshot_at: bool,
+}
+
+impl<B: Backend> Carry<B> {
+    /// Allocates the parts `room` asks for (the others `None`, the prefix total
+    /// `room.prefix_rows`), with the bytes they take.
+    fn allocate(be: &B, shapes: &[LayerShape], room: CarryRoom) -> Result<(Self, usize)> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let bytes = std::cell::Cell::new(0);
+        let alloc = |on: bool, len: usize| {
+            on.then(|| {
+                bytes.set(bytes.get() + 4 * len.max(1));
+                be.alloc(len.max(1)).map_err(e)
+            })
+            .transpose()
+        };
+        let pair = |on: bool, len: usize| -> Result<Option<(B::Buf, B::Buf)>> {
+            Ok(alloc(on, len)?.zip(alloc(on, len)?))
+        };
+        let idx = |on: bool, len: usize| {
+            on.then(|| {
+                bytes.set(bytes.get() + 4 * len);
+                be.alloc_idx(len).map_err(e)
+            })
+            .transpose()
+        };
+        let CarryRoom { seqs: n, .. } = room;
+        let mut layers = Vec::with_capacity(shapes.len());
+        for shape in shapes {
+            layers.push(match *shape {
+                LayerShape::DeltaNet {
+                    state_len,
+                    window_len,
+                } => LayerCarry::DeltaNet {
+                    state_in: alloc(room.resume, n * state_len)?,
+                    window_in: alloc(room.resume, n * window_len)?,
+                    state_out: alloc(room.snapshot, n * state_len)?,
+                    window_out: alloc(room.snapshot, n * window_len)?,
+                },
+                LayerShape::Attention { kv_width } => LayerCarry::Attention {
+                    prefix: pair(room.resume, room.prefix_rows * kv_width)?,
+                    kv_out: pair(room.snapshot, room.rows * kv_width)?,
+                },
+            });
+        }
+        let carry = Self {
+            layers,
+            cu_prefix: idx(room.resume, n + 1)?.map(|idx| (idx, room.prefix_rows)),
+            snapshot_at: idx(room.snapshot_at, n)?,
+        };
+        Ok((carry, bytes.get()))
+    }
+}
+
 /// How many sequences a captured carried pass holds at most: the arena holds the DeltaNet states
 /// of that many in and out (for Qwen3.5-4B, ~50 MB each way per sequence: 0.8 GB for 8).
 const ARENA_SEQS: usize = 8;
@@ -365,50 +429,35 @@ struct CarryArena<B: Buffers> {
 
 impl<B: Backend> CarryArena<B> {
     fn new(be: &B, shapes: &[LayerShape], limits: BatchLimits) -> Result<Self> {
-        let e = |err| anyhow!("{}: {err}", be.name());
         let seqs = limits.max_seqs.min(ARENA_SEQS);
-        let rows = limits.max_tokens.min(CAPTURED_MAX_ROWS);
-        let allocated = std::cell::Cell::new(0);
-        let alloc = |len: usize| {
-            allocated.set(allocated.get() + 4 * len.max(1));
-            be.alloc(len.max(1)).map_err(e)
+        let room = CarryRoom {
+            seqs,
+            prefix_rows: CAPTURED_MAX_PREFIX_ROWS,
+            rows: limits.max_tokens.min(CAPTURED_MAX_ROWS),
+            resume: true,
+            snapshot: true,
+            snapshot_at: true,
         };
-        let mut zeros_len = 1;
-        let mut layers = Vec::with_capacity(shapes.len());
-        for shape in shapes {
-            layers.push(match *shape {
+        let (parts, bytes) = Carry::allocate(be, shapes, room)?;
+        let zeros_len = shapes
+            .iter()
+            .map(|shape| match *shape {
                 LayerShape::DeltaNet {
                     state_len,
                     window_len,
-                } => {
-                    zeros_len = zeros_len.max(state_len).max(window_len);
-                    LayerCarry::DeltaNet {
-                        state_in: Some(alloc(seqs * state_len)?),
-                        window_in: Some(alloc(seqs * window_len)?),
-                        state_out: Some(alloc(seqs * state_len)?),
-                        window_out: Some(alloc(seqs * window_len)?),
-                    }
-                }
-                LayerShape::Attention { kv_width } => {
-                    let prefix = CAPTURED_MAX_PREFIX_ROWS * kv_width;
-                    LayerCarry::Attention {
-                        prefix: Some((alloc(prefix)?, alloc(prefix)?)),
-                        kv_out: Some((alloc(rows * kv_width)?, alloc(rows * kv_width)?)),
-                    }
-                }
-            });
-        }
-        let parts = Carry {
-            layers,
-            cu_prefix: Some((be.alloc_idx(seqs + 1).map_err(e)?, 0)),
-            snapshot_at: Some(be.alloc_idx(seqs).map_err(e)?),
-        };
-        let zeros = alloc(zeros_len)?;
+                } => state_len.max(window_len),
+                LayerShape::Attention { .. } => 1,
+            })
+            .max()
+            .unwrap_or(1);
+        let zeros = be
+            .alloc(zeros_len)
+            .map_err(|err| anyhow!("{}: {err}", be.name()))?;
         Ok(Self {
             parts,
             zeros,
             seqs,
-            bytes: allocated.get() + 4 * (2 * seqs + 1),
+            bytes: bytes + 4 * zeros_len,
         })
     }
 
@@ -1064,43 +1113,20 @@ impl<B: Backend> TextModel<B> {
         rows: usize,
     ) -> Result<Carry<B>> {
         let be = &self.backend;
-        let e = |err| anyhow!("{}: {err}", be.name());
-        let any_resume = segs.iter().any(|s| s.resume.is_some());
-        let any_snapshot = segs.iter().any(|s| s.snapshot);
         let n = segs.len();
-        let prefix_tokens: usize = segs
-            .iter()
-            .filter_map(|s| s.resume)
-            .map(PrefixState::tokens)
-            .sum();
-        let alloc = |on: bool, len: usize| on.then(|| be.alloc(len.max(1)).map_err(e)).transpose();
-        let pair = |on: bool, len: usize| -> Result<Option<(B::Buf, B::Buf)>> {
-            Ok(alloc(on, len)?.zip(alloc(on, len)?))
+        let room = CarryRoom {
+            seqs: n,
+            prefix_rows: segs
+                .iter()
+                .filter_map(|s| s.resume)
+                .map(PrefixState::tokens)
+                .sum(),
+            rows,
+            resume: segs.iter().any(|s| s.resume.is_some()),
+            snapshot: segs.iter().any(|s| s.snapshot),
+            snapshot_at: segs.iter().any(|s| s.snapshot_at.is_some()),
         };
-        let mut layers = Vec::with_capacity(shapes.len());
-        for shape in shapes {
-            layers.push(match *shape {
-                LayerShape::DeltaNet {
-                    state_len,
-                    window_len,
-                } => LayerCarry::DeltaNet {
-                    state_in: alloc(any_resume, n * state_len)?,
-                    window_in: alloc(any_resume, n * window_len)?,
-                    state_out: alloc(any_snapshot, n * state_len)?,
-                    window_out: alloc(any_snapshot, n * window_len)?,
-                },
-                LayerShape::Attention { kv_width } => LayerCarry::Attention {
-                    prefix: pair(any_resume, prefix_tokens * kv_width)?,
-                    kv_out: pair(any_snapshot, rows * kv_width)?,
-                },
-            });
-        }
-        let idx = |on: bool, len: usize| on.then(|| be.alloc_idx(len).map_err(e)).transpose();
-        let mut carry = Carry {
-            layers,
-            cu_prefix: idx(any_resume, n + 1)?.map(|idx| (idx, prefix_tokens)),
-            snapshot_at: idx(segs.iter().any(|s| s.snapshot_at.is_some()), n)?,
-        };
+        let (mut carry, _) = Carry::allocate(be, shapes, room)?;
         Self::fill_carry(be, None, segs, shapes, n, &mut carry)?;
         Ok(carry)
     }
