@@ -324,6 +324,8 @@ pub fn register_devices(devices: &[DeviceMemory]) {
 }
 
 fn refresh_devices() {
+    // A GPU named twice runs two engines, each with its own graphs: one sum per device.
+    let mut graphs: std::collections::BTreeMap<String, Vec<GraphStats>> = Default::default();
     for d in DEVICES.lock().expect("device list").iter() {
         // A failed read leaves the last values: a scrape must not fail because of it.
         if let Ok((free, total)) = d.probe.read() {
@@ -332,10 +334,6 @@ fn refresh_devices() {
             gauge!(DEVICE_MEMORY_BYTES, "device" => d.device.clone(), "kind" => "total")
                 .set(total as f64);
         }
-    }
-    // A GPU named twice runs two engines, each with its own graphs: one sum per device.
-    let mut graphs: std::collections::BTreeMap<String, Vec<GraphStats>> = Default::default();
-    for d in DEVICES.lock().expect("device list").iter() {
         let stats = d.graphs.iter().map(|g| g.stats());
         graphs.entry(d.device.clone()).or_default().extend(stats);
     }

@@ -48,12 +48,14 @@ pub(crate) struct Chunk {
 }
 
 impl QueuedSeq {
+    /// The engine that holds this entry's state (a chunk after the first).
+    fn held_by(&self) -> Option<usize> {
+        self.chunk.as_ref().and_then(|c| c.engine)
+    }
+
     /// Whether `engine` can run this entry: anything but a chunk whose state another engine holds.
     fn runs_on(&self, engine: usize) -> bool {
-        self.chunk
-            .as_ref()
-            .and_then(|c| c.engine)
-            .is_none_or(|e| e == engine)
+        self.held_by().is_none_or(|e| e == engine)
     }
 }
 
@@ -136,8 +138,8 @@ pub(crate) struct QueueState {
     /// The carries of chunked questions whose request left while a chunk was queued (cancelled,
     /// expired, failed). A carry may hold an engine's device memory, and a device free from
     /// another thread could land inside a CUDA graph capture on the engine's stream, so an
-    /// engine thread drops them between its batches, never the thread that cancelled.
-    /// Each with the engine that must drop it.
+    /// engine thread drops them between its batches, never the thread that cancelled: each
+    /// with the engine that must drop it.
     orphaned_carries: Vec<(usize, ChunkCarry)>,
     /// Engines lost for good: their chunks' states went with their devices.
     lost_engines: BTreeSet<usize>,
@@ -591,7 +593,7 @@ impl QueueState {
         let stranded: BTreeSet<u64> = self
             .pending
             .iter()
-            .filter(|s| s.chunk.as_ref().and_then(|c| c.engine) == Some(engine))
+            .filter(|s| s.held_by() == Some(engine))
             .map(|s| s.request)
             .collect();
         for id in stranded {
