@@ -168,9 +168,10 @@ pub struct ServeArgs {
           action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
 
-    /// Captured passes for screenshot questions too (`on` or `off`; with --cuda-graphs on). Off
-    /// by default until the screenshot GPU check has passed with them.
-    #[arg(long, env = "INSTINCT_SCREENSHOT_CUDA_GRAPHS", default_value = "off",
+    /// Captured passes for screenshot questions too (`on` or `off`; with --cuda-graphs on). On by
+    /// default: their GPU check gave the same bits with them on as off
+    /// (docs/benchmarks/gpu-calls/2026-12-06-553662a-h100).
+    #[arg(long, env = "INSTINCT_SCREENSHOT_CUDA_GRAPHS", default_value = "on",
           value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub screenshot_cuda_graphs: bool,
 
@@ -445,7 +446,7 @@ mod tests {
     #[test]
     fn captured_passes_are_on_by_default_and_take_on_or_off() {
         assert_on_off("cuda-graphs", true, |o| o.cuda_graphs);
-        assert_on_off("screenshot-cuda-graphs", false, |o| {
+        assert_on_off("screenshot-cuda-graphs", true, |o| {
             o.screenshot_cuda_graphs
         });
     }

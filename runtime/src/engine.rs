@@ -524,7 +524,7 @@ impl Default for LoadOptions {
             max_chunk_tokens: None,
             batch_invariant: true,
             cuda_graphs: true,
-            screenshot_cuda_graphs: false,
+            screenshot_cuda_graphs: true,
             snapshots_within: None,
         }
     }

@@ -15,7 +15,7 @@
 # Needs, carried: .carry/bin/{instinct,instinct-loadtest}, .cache/qwen-tokenizer,
 # .cache/fixtures/cua-s1-4b-0.2-text.json (real_shapes.py reads it).
 #   OUT=$OUT/mixed REVISION=$(git rev-parse --short HEAD) bash tools/reference/gpu_mixed_load.sh
-# SERVE_FLAGS adds flags to `instinct serve` (e.g. "--screenshot-cuda-graphs on").
+# SERVE_FLAGS adds flags to `instinct serve` (e.g. "--screenshot-cuda-graphs off").
 set -uo pipefail
 
 cd "$(dirname "$0")/../.."

@@ -276,9 +276,15 @@ def main() -> int:
         print(f"[vl_parity] {args.url} not ready within {args.wait_ready_s} s", file=sys.stderr)
         return 2
     ready_s = time.time() - started
+    # Every request below is a screenshot question: the captured passes counted over them are the
+    # multimodal language copy's (0 replays where it runs as launched).
+    graph_counters = ("instinct_graph_replays_total", "instinct_graph_captures_total", "instinct_graph_misses_total")
     try:
+        graphs_before = {name: metric(client, name) for name in graph_counters}
         parity = check_parity(client, goldens, base)
         latency = None if args.no_latency else measure_latency(client, goldens, base, args.hit_repeats)
+        graphs = {name.removeprefix("instinct_graph_").removesuffix("_total"): (metric(client, name) or 0.0) - before
+                  for name, before in graphs_before.items() if before is not None}
     except OSError as error:  # the server went away
         print(f"[vl_parity] {args.url}: {error!r}", file=sys.stderr)
         return 2
@@ -295,6 +301,7 @@ def main() -> int:
         "margin >= 0.05",
         "summary": {k: v for k, v in parity.items() if k not in ("rows", "requests")},
         "latency": latency,
+        "captured_passes_during_run": graphs,
         "parity_requests": parity["requests"],
         "rows": parity["rows"],
     }
@@ -316,6 +323,7 @@ def main() -> int:
               f"{latency.get('ratio_4q_over_1q_hit')}, miss {latency.get('ratio_4q_over_1q_miss')}; "
               f"image cache {json.dumps(latency['image_cache'])}; a miss's stages {json.dumps(latency['miss_stages'])}; "
               f"errors {len(latency['errors'])}")
+    print(f"[vl_parity] captured passes over the screenshot questions: {json.dumps(graphs)}")
     return 0 if parity["passed"] else 1
 
 
