@@ -69,16 +69,25 @@ pub const CAPTURED_MAX_ROWS: usize = 1024;
 /// Rows of the smallest captured shape.
 const CAPTURED_MIN_ROWS: usize = 16;
 
-/// The captured shape a pass of `rows` tokens in `seqs` sequences pads to: rows to a multiple of
-/// 16 up to 256, then of 32; sequences to a power of two. `None` above [`CAPTURED_MAX_ROWS`] or
-/// for an empty pass.
-pub fn captured_shape(rows: usize, seqs: usize) -> Option<PassShape> {
-    if rows == 0 || seqs == 0 || rows > CAPTURED_MAX_ROWS {
+/// The rows a captured pass of `rows` rows runs: a multiple of 16 up to 256, then of 32. `None`
+/// above [`CAPTURED_MAX_ROWS`] or for no rows.
+pub fn captured_rows(rows: usize) -> Option<usize> {
+    if rows == 0 || rows > CAPTURED_MAX_ROWS {
         return None;
     }
     let step = if rows <= 256 { CAPTURED_MIN_ROWS } else { 32 };
+    Some(rows.div_ceil(step) * step)
+}
+
+/// The captured shape a pass of `rows` tokens in `seqs` sequences pads to: rows as
+/// [`captured_rows`] says, sequences to a power of two. `None` above [`CAPTURED_MAX_ROWS`] or
+/// for an empty pass.
+pub fn captured_shape(rows: usize, seqs: usize) -> Option<PassShape> {
+    if seqs == 0 {
+        return None;
+    }
     Some(PassShape {
-        rows: rows.div_ceil(step) * step,
+        rows: captured_rows(rows)?,
         seqs: seqs.next_power_of_two(),
         carry: CarryShape::default(),
     })
