@@ -180,9 +180,9 @@ impl<B: Backend> Decider<B> {
         self.model.backend()
     }
 
-    /// See [`TextModel::release_carry_arena`]; the bytes freed.
-    pub fn release_carry_arena(&mut self) -> usize {
-        self.model.release_carry_arena()
+    /// See [`TextModel::reserve_carry_arena`]; the bytes allocated.
+    pub fn reserve_carry_arena(&mut self) -> Result<usize> {
+        self.model.reserve_carry_arena()
     }
 
     /// What a prefix-state snapshot of its model costs.

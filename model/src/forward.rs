@@ -588,7 +588,8 @@ pub struct TextModel<B: Backend> {
     final_norm: B::Buf,
     layers: Vec<LayerBufs<B>>,
     ws: Workspace<B>,
-    /// The carries of captured passes, where the backend captures them.
+    /// The carries of captured passes, once [`Self::reserve_carry_arena`] allocated them (only
+    /// where the backend captures passes).
     arena: Option<CarryArena<B>>,
 }
 
@@ -643,7 +644,7 @@ impl<B: Backend> TextModel<B> {
             );
         }
         let ws = Self::allocate(&backend, &dims, limits)?;
-        let mut model = Self {
+        Ok(Self {
             backend,
             dims,
             limits,
@@ -652,13 +653,7 @@ impl<B: Backend> TextModel<B> {
             layers,
             ws,
             arena: None,
-        };
-        if model.backend.pass_shape(1, 1).is_some() {
-            let arena = CarryArena::new(&model.backend, &model.layer_shapes(), limits)
-                .context("allocating the carry arena of captured passes")?;
-            model.arena = Some(arena);
-        }
-        Ok(model)
+        })
     }
 
     fn upload_layer(
@@ -770,11 +765,24 @@ impl<B: Backend> TextModel<B> {
         &self.backend
     }
 
-    /// Frees the carry arena (about 1 GB for Qwen3.5-4B where the backend captures passes), for a
-    /// server that never runs a carried pass (prefix reuse and chunking off). A carried pass
-    /// would still answer the same, staged and run as launched.
-    pub fn release_carry_arena(&mut self) -> usize {
-        self.arena.take().map_or(0, |a| a.bytes)
+    /// Allocates the carry arena, where a pass that carries prefix states (prefix reuse, chunks)
+    /// stages them when the backend captures it: buffers of fixed addresses, which its capture
+    /// holds (about 1 GB for Qwen3.5-4B). [`Self::new`] allocates none: a server reserves it at
+    /// load, before the warm-up and before serving, only where carried passes can run (a capture
+    /// refuses allocations, so it is never reserved inside one). Without it a carried pass answers
+    /// the same, its carry staged for its own batch and run as launched.
+    ///
+    /// Returns the bytes allocated: 0 where the backend captures no passes
+    /// ([`Backend::pass_shape`]) or the arena is already there.
+    pub fn reserve_carry_arena(&mut self) -> Result<usize> {
+        if self.arena.is_some() || self.backend.pass_shape(1, 1).is_none() {
+            return Ok(0);
+        }
+        let arena = CarryArena::new(&self.backend, &self.layer_shapes(), self.limits)
+            .context("allocating the carry arena of captured passes")?;
+        let bytes = arena.bytes;
+        self.arena = Some(arena);
+        Ok(bytes)
     }
 
     /// The batch limits the buffers were sized for.
@@ -1794,7 +1802,8 @@ mod arena_tests {
     use instinct_kernels::CpuBackend;
 
     use crate::decider::{Decider, Prompt, QuestionSegment};
-    use crate::forward::BatchLimits;
+    use crate::forward::{BatchLimits, Segment, SequenceInput};
+    use crate::prefix::PrefixState;
 
     fn demo(backend: CpuBackend) -> (Decider<CpuBackend>, Vec<u32>) {
         let loaded = crate::demo::load_text(backend, BatchLimits::new(512, 8)).unwrap();
@@ -1805,18 +1814,35 @@ mod arena_tests {
         (loaded.decider, text)
     }
 
-    /// A resumed tail's answer, from a snapshot of the first 64 ids.
-    fn resumed(d: &mut Decider<CpuBackend>, text: &[u32]) -> Vec<f32> {
+    /// The snapshot of the first 64 ids.
+    fn prefix(d: &mut Decider<CpuBackend>, text: &[u32]) -> PrefixState {
         let mut out = d
             .decide_segments(&[QuestionSegment::prefix(&text[..64], None)])
             .unwrap();
-        let state = out.remove(0).snapshot.unwrap();
+        out.remove(0).snapshot.unwrap()
+    }
+
+    /// A resumed tail's answer, from a snapshot of the first 64 ids.
+    fn resumed(d: &mut Decider<CpuBackend>, text: &[u32]) -> Vec<f32> {
+        let state = prefix(d, text);
         let tail = QuestionSegment::answer(Prompt::text(&text[64..150], 4), Some(&state));
         d.decide_segments(&[tail])
             .unwrap()
             .remove(0)
             .probabilities
             .unwrap()
+    }
+
+    /// Whether the tail [`resumed`] runs would stage its carry in the arena (at a captured shape).
+    fn tail_uses_the_arena(d: &mut Decider<CpuBackend>, text: &[u32]) -> bool {
+        let state = prefix(d, text);
+        let tail = Segment {
+            input: SequenceInput::text(&text[64..150]),
+            resume: Some(&state),
+            snapshot: false,
+            snapshot_at: None,
+        };
+        d.model_mut().arena_shape(&[tail], 86).is_some()
     }
 
     /// An arena missing a part (a pass that panicked while it held it) is no longer used: later
@@ -1826,6 +1852,7 @@ mod arena_tests {
     fn an_arena_missing_a_part_is_not_used() {
         let (mut plain, text) = demo(CpuBackend::new());
         let (mut padded, _) = demo(CpuBackend::padding_passes());
+        assert!(padded.reserve_carry_arena().unwrap() > 0);
         let want = resumed(&mut plain, &text);
         assert_eq!(resumed(&mut padded, &text), want);
         let model = padded.model_mut();
@@ -1834,21 +1861,44 @@ mod arena_tests {
         assert!(arena.is_whole());
         let lost = arena.parts.cu_prefix.take();
         assert!(!arena.is_whole());
+        assert!(!tail_uses_the_arena(&mut padded, &text));
         assert_eq!(resumed(&mut padded, &text), want);
         let arena = padded.model_mut().arena.as_mut().unwrap();
         arena.parts.cu_prefix = lost;
         assert!(arena.is_whole());
+        assert!(tail_uses_the_arena(&mut padded, &text));
     }
 
-    /// Without the arena (released by a server that runs no carried pass), a carried pass is
-    /// staged on its own and answers the same.
+    /// A model holds no arena until [`super::TextModel::reserve_carry_arena`] allocates it (a
+    /// server reserves it only where prefix reuse or chunking is on); reserving returns its bytes
+    /// once, then 0, and 0 on a backend that captures no passes. A carried pass answers the same
+    /// bits without the arena (staged on its own, run as launched) as from it.
     #[test]
-    fn a_released_arena_leaves_carried_passes_exact() {
+    fn the_arena_is_allocated_only_when_reserved_and_changes_no_answer() {
         let (mut plain, text) = demo(CpuBackend::new());
         let (mut padded, _) = demo(CpuBackend::padding_passes());
+        assert!(plain.model_mut().arena.is_none());
+        assert!(padded.model_mut().arena.is_none(), "none after loading");
         let want = resumed(&mut plain, &text);
-        assert!(padded.release_carry_arena() > 0);
-        assert_eq!(padded.release_carry_arena(), 0, "released once");
-        assert_eq!(resumed(&mut padded, &text), want);
+        assert!(!tail_uses_the_arena(&mut padded, &text));
+        assert_eq!(resumed(&mut padded, &text), want, "without the arena");
+        assert!(
+            padded.model_mut().arena.is_none(),
+            "a carried pass reserves none"
+        );
+
+        assert_eq!(
+            plain.reserve_carry_arena().unwrap(),
+            0,
+            "no captured passes"
+        );
+        assert!(plain.model_mut().arena.is_none());
+        let bytes = padded.reserve_carry_arena().unwrap();
+        assert!(bytes > 0);
+        assert_eq!(padded.model_mut().arena.as_ref().unwrap().bytes, bytes);
+        assert_eq!(padded.reserve_carry_arena().unwrap(), 0, "reserved once");
+        assert!(tail_uses_the_arena(&mut padded, &text));
+        assert_eq!(resumed(&mut padded, &text), want, "from the arena");
+        assert!(padded.model_mut().arena.as_ref().unwrap().is_whole());
     }
 }

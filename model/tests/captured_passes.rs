@@ -1,8 +1,9 @@
 //! Captured passes (CUDA graphs) on the tiny demo model: a pass padded to its captured shape and
 //! replayed answers as the same batch run as launched, bit for bit, for every batch of a shape
 //! (the batch-invariance rule makes the padding invisible), plain passes and passes that carry
-//! prefix states (staged in the model's carry arena) alike, snapshots included. On the CPU, the padding alone (`CpuBackend::padding_passes`)
-//! against the CPU unpadded; on the GPU (`cargo test -p instinct-model --test captured_passes --
+//! prefix states (staged in the model's carry arena, reserved as a server with prefix reuse or
+//! chunking on does) alike, snapshots included. On the CPU, the padding alone
+//! (`CpuBackend::padding_passes`) against the CPU unpadded; on the GPU (`cargo test -p instinct-model --test captured_passes --
 //! --ignored`), a backend with `cuda_graphs` against one without.
 
 use instinct_kernels::cuda::{CudaBackend, CudaOptions, GraphStats};
@@ -68,11 +69,14 @@ fn gpu(cuda_graphs: bool) -> CudaBackend {
     .unwrap_or_else(|e| panic!("CUDA: {e}"))
 }
 
-/// Two deciders on the GPU, graphs off (`launched`) and on (`captured`), both warmed up (which
+/// Two deciders on the GPU, graphs off (`launched`) and on (`captured`, with its carry arena
+/// reserved before the warm-up, as a server with prefix reuse on does), both warmed up (which
 /// sizes every scratch and captures the one-sequence shapes), and the text.
 fn warmed_pair() -> (Decider<CudaBackend>, Decider<CudaBackend>, Vec<u32>) {
     let (mut launched, text) = decider(gpu(false));
     let (mut captured, _) = decider(gpu(true));
+    assert_eq!(launched.reserve_carry_arena().unwrap(), 0, "graphs off");
+    assert!(captured.reserve_carry_arena().unwrap() > 0);
     launched.warm_shapes().unwrap();
     captured.warm_shapes().unwrap();
     (launched, captured, text)
@@ -199,6 +203,7 @@ fn carried<B: Backend>(d: &mut Decider<B>, text: &[u32]) -> Vec<Outputs> {
 fn padded_carried_passes_answer_as_unpadded_on_the_cpu() {
     let (mut own, text) = decider(CpuBackend::new());
     let (mut padded, _) = decider(CpuBackend::padding_passes());
+    assert!(padded.reserve_carry_arena().unwrap() > 0);
     let (got, want) = (carried(&mut padded, &text), carried(&mut own, &text));
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

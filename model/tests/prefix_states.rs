@@ -85,10 +85,13 @@ fn fixture() -> Fixture<CpuBackend> {
     fixture_on(CpuBackend::new())
 }
 
-/// The CPU padding its passes as a backend that captures them does: carried passes then stage
-/// their states in the model's arena, at padded shapes.
+/// The CPU padding its passes as a backend that captures them does, its carry arena reserved (as
+/// a server with prefix reuse or chunking on does): carried passes then stage their states in the
+/// arena, at padded shapes.
 fn padded_fixture() -> Fixture<CpuBackend> {
-    fixture_on(CpuBackend::padding_passes())
+    let mut f = fixture_on(CpuBackend::padding_passes());
+    assert!(f.decider.reserve_carry_arena().unwrap() > 0);
+    f
 }
 
 fn gpu_fixture() -> Fixture<CudaBackend> {

@@ -446,9 +446,7 @@ mod tests {
     #[test]
     fn captured_passes_are_on_by_default_and_take_on_or_off() {
         assert_on_off("cuda-graphs", true, |o| o.cuda_graphs);
-        assert_on_off("screenshot-cuda-graphs", true, |o| {
-            o.screenshot_cuda_graphs
-        });
+        assert_on_off("screenshot-cuda-graphs", true, |o| o.screenshot_cuda_graphs);
     }
 
     #[test]

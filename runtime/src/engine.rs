@@ -594,7 +594,9 @@ pub fn load(
                 ms = t0.elapsed().as_secs_f64() * 1e3,
                 "warm-up forwards run (the limit, and each row bucket without stored GEMM picks)"
             );
-            // Every language copy (text, screenshots) and tower on the device.
+            // Every language copy (text, screenshots) and tower on the device. A backend's count
+            // holds every buffer it allocated (one dropped is not taken off it), read here before
+            // any request: a carry arena is counted where it was reserved, nothing where not.
             let (mut weights_bytes, mut activations_bytes) = parts.tower_bytes;
             let mut graphs = Vec::new();
             for engine in &parts.engines {
@@ -605,7 +607,6 @@ pub fn load(
                     graphs.extend(decider.backend().graph_probe());
                 }
             }
-            activations_bytes = activations_bytes.saturating_sub(parts.released_bytes);
             let backend = parts.engines[0].decider.backend();
             if !graphs.is_empty() {
                 tracing::info!(
@@ -694,8 +695,9 @@ impl ServingBackend for CudaBackend {
     // on the seeded real-shape checkpoint (docs/benchmarks/prefix-reuse-gpu/).
     const RESUME_GRID: usize = instinct_kernels::cuda::DELTA_CHUNK_TOKENS;
     const STATES_ON_DEVICE: bool = true;
-    /// A quarter of the device memory free once the model and its activations are loaded, at
-    /// most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB.
+    /// A quarter of the device memory free once the model and its activation buffers are loaded,
+    /// at most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB. Read before the carry arena (reserved
+    /// only once this budget turns reuse on) and the warm-up's scratch are allocated.
     fn default_prefix_cache_bytes(backend: &Self) -> usize {
         match backend.memory_info() {
             Ok((free, _)) => (free / 4).min(GPU_PREFIX_CACHE_MAX_BYTES) >> 20 << 20,
@@ -752,9 +754,6 @@ struct EngineParts<B: Backend> {
     /// The vision towers' device memory (weights, buffers), read at load: their scratch grows
     /// on the first images after it.
     tower_bytes: (u64, u64),
-    /// Device memory freed after allocation (carry arenas no pass will use), which the backends'
-    /// allocation counts still hold.
-    released_bytes: u64,
 }
 
 impl<B> EngineParts<B>
@@ -845,7 +844,6 @@ fn load_engines<B: ServingBackend>(
     let mut reuse: Option<Arc<PrefixReuse>> = None;
     let mut weights_bytes = 0;
     let mut tower_bytes = (0, 0);
-    let mut released_bytes = 0;
     for _ in 0..options.cpu_engines {
         let mut text = load_text(
             (starts.text)()?,
@@ -891,19 +889,23 @@ fn load_engines<B: ServingBackend>(
                 r
             }
         };
-        // Without prefix reuse or chunks no pass carries states: the arena of captured carried
-        // passes would only hold memory.
-        if !reuse.enabled() && options.max_chunk_tokens.is_none() {
-            let mut freed = text.decider.release_carry_arena();
+        // Passes carry states only with prefix reuse or chunks: only then does a language copy
+        // whose backend captures passes get the arena its captured carried passes stage them in
+        // (about 1 GB for Qwen3.5-4B). Reserved here, before the warm-up captures any pass and
+        // before serving; the activations metric, read after the warm-up, counts it where it is.
+        if reuse.enabled() || options.max_chunk_tokens.is_some() {
+            let mut reserved = text
+                .decider
+                .reserve_carry_arena()
+                .context("the text copy")?;
             if let Some(m) = &mut multimodal {
-                freed += m.release_carry_arena();
+                reserved += m.reserve_carry_arena().context("the screenshot copy")?;
             }
-            released_bytes += freed as u64;
-            if freed > 0 {
+            if reserved > 0 {
                 tracing::info!(
                     %device,
-                    mib = freed >> 20,
-                    "carry arena released: prefix reuse and chunking are off"
+                    mib = reserved >> 20,
+                    "carry arena reserved: prefix reuse or chunking is on"
                 );
             }
         }
@@ -929,7 +931,6 @@ fn load_engines<B: ServingBackend>(
         engines,
         weights_bytes,
         tower_bytes,
-        released_bytes,
     })
 }
 
