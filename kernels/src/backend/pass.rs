@@ -61,22 +61,27 @@ impl std::fmt::Display for PassShape {
 }
 
 /// The largest pass that is padded to a captured shape. A padding row costs what a real one does
-/// (the GEMMs are compute-bound from ~100 rows: ~13 µs a row for Qwen3.5-4B on an H100) and a
-/// replay saves ~0.5 ms of launches, so shapes are dense (a few percent of padding) and stop where
-/// the launches no longer count.
+/// (the GEMMs are compute-bound from ~300 rows for Qwen3.5-4B on an H100) and a replay saves
+/// ~0.5 ms of launches, so shapes are dense and stop where the launches no longer count.
 pub const CAPTURED_MAX_ROWS: usize = 1024;
 
 /// Rows of the smallest captured shape.
 const CAPTURED_MIN_ROWS: usize = 16;
 
-/// The rows a captured pass of `rows` rows runs: a multiple of 16 up to 256, then of 32. `None`
-/// above [`CAPTURED_MAX_ROWS`] or for no rows.
+/// Captured row counts are multiples of this. cuBLASLt's GEMM tiles are multiples of 8 rows tall
+/// (32 to 256 seen, 120 and 200 among them), so a pass padded to a multiple of 8 needs no tile
+/// row more than the pass itself. Padded to 32, a 600-row pass ran 608 rows, one more tile row of
+/// 200 and of 120: 11.7-12.0 ms against 10.4-10.6 launched at 600 (H100,
+/// docs/benchmarks/gpu-calls/2026-12-06-553662a-h100).
+const CAPTURED_ROW_STEP: usize = 8;
+
+/// The rows a captured pass of `rows` rows runs: at least 16, a multiple of 8. `None` above
+/// [`CAPTURED_MAX_ROWS`] or for no rows.
 pub fn captured_rows(rows: usize) -> Option<usize> {
     if rows == 0 || rows > CAPTURED_MAX_ROWS {
         return None;
     }
-    let step = if rows <= 256 { CAPTURED_MIN_ROWS } else { 32 };
-    Some(rows.div_ceil(step) * step)
+    Some(rows.max(CAPTURED_MIN_ROWS).div_ceil(CAPTURED_ROW_STEP) * CAPTURED_ROW_STEP)
 }
 
 /// The captured shape a pass of `rows` tokens in `seqs` sequences pads to: rows as
@@ -121,19 +126,30 @@ mod tests {
         let s = |rows, seqs| captured_shape(rows, seqs).map(|p| (p.rows, p.seqs));
         assert_eq!(s(1, 1), Some((16, 1)));
         assert_eq!(s(16, 1), Some((16, 1)));
-        assert_eq!(s(17, 3), Some((32, 4)));
+        assert_eq!(s(17, 3), Some((24, 4)));
         assert_eq!(s(139, 1), Some((144, 1)));
         assert_eq!(s(256, 8), Some((256, 8)));
-        assert_eq!(s(257, 5), Some((288, 8)));
-        assert_eq!(s(300, 1), Some((320, 1)));
+        assert_eq!(s(257, 5), Some((264, 8)));
+        assert_eq!(s(300, 1), Some((304, 1)));
+        assert_eq!(s(600, 2), Some((600, 2)));
         assert_eq!(s(1024, 32), Some((1024, 32)));
         assert_eq!(s(1025, 1), None);
         assert_eq!(s(0, 1), None);
         assert_eq!(s(5, 0), None);
-        // Every shape holds what it pads, with at most 15 (31) rows more.
+        // Every shape holds what it pads, with fewer than 8 rows more (16 at the least), and a
+        // tile of any multiple of 8 rows fits it as often as the rows it pads.
         for rows in 1..=CAPTURED_MAX_ROWS {
             let p = captured_shape(rows, 3).unwrap();
-            assert!(p.rows >= rows && p.rows - rows < if rows <= 256 { 16 } else { 32 });
+            assert!(
+                p.rows >= rows && (p.rows - rows < 8 || p.rows == 16),
+                "{rows}"
+            );
+            for tile in [48, 72, 120, 160, 200] {
+                assert_eq!(
+                    p.rows.div_ceil(tile),
+                    rows.div_ceil(tile).max(16_usize.div_ceil(tile))
+                );
+            }
         }
         assert_eq!(captured_prefix_rows(1), Some(64));
         assert_eq!(captured_prefix_rows(64), Some(64));
@@ -148,13 +164,8 @@ mod tests {
             },
             ..captured_shape(100, 3).unwrap()
         };
-        assert_eq!(carried.to_string(), "112x4+p128+s");
-        assert_eq!(captured_shape(100, 3).unwrap().to_string(), "112x4");
-        // Every shape holds what it pads.
-        for rows in 1..=CAPTURED_MAX_ROWS {
-            let p = captured_shape(rows, 3).unwrap();
-            assert!(p.rows >= rows && p.rows < 2 * rows.max(CAPTURED_MIN_ROWS));
-        }
+        assert_eq!(carried.to_string(), "104x4+p128+s");
+        assert_eq!(captured_shape(100, 3).unwrap().to_string(), "104x4");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::buffers::OutBuf;
 use super::device::driver_err;
 use super::graphs::CaptureGuard;
 use super::tuning::{splits_no_k, without_split, TuningFile};
-use crate::backend::{captured_rows, KernelResult, Store, CAPTURED_MAX_ROWS};
+use crate::backend::{KernelResult, Store};
 use crate::error::KernelError;
 
 /// cuBLASLt's recommended workspace on Hopper (also enough elsewhere).
@@ -101,7 +101,7 @@ type Family = (usize, usize, bool, bool);
 /// The rows of a tuning file's line holding a family's reference (no bucket has them).
 const REFERENCE_LINE_ROWS: usize = 0;
 
-/// Row buckets are multiples of this from `CAPTURED_MAX_ROWS` to `FINE_BUCKETS_UP_TO` rows.
+/// Row buckets are multiples of this from 128 to `FINE_BUCKETS_UP_TO` rows.
 const BUCKET_STEP: usize = 128;
 /// Above this, buckets are powers of two again (a tile row more or less matters little there).
 const FINE_BUCKETS_UP_TO: usize = 4096;
@@ -109,37 +109,30 @@ const FINE_BUCKETS_UP_TO: usize = 4096;
 /// The row count a tuning result is shared across (the top of the bucket `rows` falls in). Serving
 /// sees a new total row count with almost every batch; timing candidates for each would put the
 /// tuning cost on requests, so each bucket is timed once (at start-up: `warm_rows`) and its winner
-/// reused. The GEMM tiles are 48 to 384 rows tall, and a winner timed at one row count can need a
-/// tile row more at another of its bucket: with 128-row buckets, the winner timed at 640 rows (tiles
-/// of 200 and 120) ran 608 rows, the captured shape of a 600-row pass, in 12.4 ms against 10.4 at
-/// 600 (H100, `docs/benchmarks/gpu-calls/2026-12-06-553662a-h100/profile`). So up to
-/// `CAPTURED_MAX_ROWS` the buckets are the captured passes' row counts ([`captured_rows`]: a replay
-/// runs the algorithm timed at its own rows), powers of two below 16; then multiples of 128 up to
-/// 4,096 (one winner timed at 761 rows ran the 773-952-row prompts of the parity corpus at a
-/// median of 17.9 ms with power-of-two buckets; 14.7 ms with these); powers of two above.
+/// reused. Powers of two up to 128 rows, then multiples of 128 up to 4,096: the GEMM tiles are 64
+/// to 384 rows tall, so inside such a bucket a shape needs (nearly) the number of tile rows the
+/// winner was timed with. (With power-of-two buckets, one winner timed at 761 rows ran the
+/// 773-952-row prompts of the parity corpus at a median of 17.9 ms; with these, 14.7 ms.) Powers
+/// of two above. (Buckets at every captured row count, multiples of 16 and 32 up to 1,024 rows,
+/// were tried at 7e9a798: no pass ran faster on an H100, and a first start took 18.4 s instead of
+/// ~7 s for the forward passes that time them.)
 pub(crate) fn row_bucket(rows: usize) -> usize {
-    if rows <= 16 || rows > FINE_BUCKETS_UP_TO {
+    if rows <= BUCKET_STEP || rows > FINE_BUCKETS_UP_TO {
         rows.next_power_of_two()
-    } else if let Some(captured) = captured_rows(rows) {
-        captured
     } else {
         rows.div_ceil(BUCKET_STEP) * BUCKET_STEP
     }
 }
 
-/// The smallest row count of `rows`' bucket (see [`row_bucket`], which never decreases).
+/// The smallest row count of `rows`' bucket (see [`row_bucket`]).
 pub(crate) fn bucket_floor(rows: usize) -> usize {
     let top = row_bucket(rows);
-    let (mut low, mut high) = (1, rows.max(1));
-    while low < high {
-        let mid = low + (high - low) / 2;
-        if row_bucket(mid) < top {
-            low = mid + 1;
-        } else {
-            high = mid;
-        }
-    }
-    low
+    let below = if top <= BUCKET_STEP || top > FINE_BUCKETS_UP_TO {
+        top / 2
+    } else {
+        top - BUCKET_STEP
+    };
+    below + 1
 }
 
 struct State {
@@ -250,7 +243,7 @@ impl Blas {
             String::new()
         };
         format!(
-            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets=captured-{CAPTURED_MAX_ROWS}/128-{FINE_BUCKETS_UP_TO}{invariant}"
+            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets=128-{FINE_BUCKETS_UP_TO}{invariant}"
         )
     }
 
@@ -787,14 +780,11 @@ impl Blas {
 #[cfg(test)]
 mod tests {
     use super::{bucket_floor, row_bucket};
-    use crate::backend::{bucket_tops, captured_rows, CAPTURED_MAX_ROWS};
+    use crate::backend::bucket_tops;
 
     #[test]
     fn a_bucket_floor_is_its_smallest_row_count() {
-        for rows in [
-            1, 2, 3, 16, 17, 64, 65, 128, 129, 256, 257, 600, 608, 700, 768, 1024, 1025, 1100,
-            4096, 4097, 15_446,
-        ] {
+        for rows in [1, 2, 3, 64, 65, 128, 129, 700, 768, 4096, 4097, 15_446] {
             let floor = bucket_floor(rows);
             assert!(
                 floor <= rows && row_bucket(floor) == row_bucket(rows),
@@ -805,31 +795,16 @@ mod tests {
                 "{rows}"
             );
         }
-        assert_eq!(
-            [600, 608, 609, 1025].map(bucket_floor),
-            [577, 577, 609, 1025]
-        );
     }
 
     #[test]
-    fn row_buckets_are_the_captured_rows_then_multiples_of_128_up_to_4096() {
-        // Powers of two up to 16 rows.
-        assert_eq!([1, 2, 3, 5, 16].map(row_bucket), [1, 2, 4, 8, 16]);
-        // Then the rows captured passes run: multiples of 16 to 256, of 32 to 1,024. A replay of
-        // 600 rows pads to 608 and runs the winner timed at 608.
+    fn row_buckets_keep_tile_rows_alike_up_to_4096() {
+        // Powers of two up to 128 rows.
+        assert_eq!([1, 2, 3, 100, 128].map(row_bucket), [1, 2, 4, 128, 128]);
+        // Then multiples of 128: 700 and 761 share a bucket, 775 does not.
         assert_eq!(
-            [17, 139, 144, 256, 257, 300, 600, 608, 609, 1024].map(row_bucket),
-            [32, 144, 144, 256, 288, 320, 608, 608, 640, 1024]
-        );
-        for rows in 1..=CAPTURED_MAX_ROWS {
-            let captured = captured_rows(rows).unwrap();
-            assert_eq!(row_bucket(captured), captured, "{rows}");
-            assert!(row_bucket(rows) <= captured, "{rows}");
-        }
-        // Then multiples of 128: 1,100 and 1,152 share a bucket, 1,153 does not.
-        assert_eq!(
-            [1025, 1100, 1152, 1153].map(row_bucket),
-            [1152, 1152, 1152, 1280]
+            [129, 700, 761, 768, 775].map(row_bucket),
+            [256, 768, 768, 768, 896]
         );
         assert_eq!(
             [4095, 4096, 4097, 15_446].map(row_bucket),
@@ -837,9 +812,9 @@ mod tests {
         );
         // Every bucket is warmed once, at its top, and the limit itself last.
         let tops = bucket_tops(5000, row_bucket);
-        assert_eq!(&tops[..7], &[1, 2, 4, 8, 16, 32, 48]);
+        assert_eq!(&tops[..9], &[1, 2, 4, 8, 16, 32, 64, 128, 256]);
         assert_eq!(&tops[tops.len() - 3..], &[3968, 4096, 5000]);
-        assert_eq!(tops.len(), 5 + 15 + 24 + 24 + 1);
+        assert_eq!(tops.len(), 8 + 31 + 1);
         assert!(tops.iter().all(|&t| row_bucket(t) == t || t == 5000));
     }
 }

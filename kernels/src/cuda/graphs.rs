@@ -59,10 +59,11 @@ impl CaptureGuard {
     }
 }
 
-/// The most graphs one backend holds (~1 MB of device memory each for Qwen3.5-4B): past it, the
-/// one replayed least recently goes. Shapes multiply (rows × sequences × what they carry), and a
+/// The most graphs one backend holds (~1.3 MB of device memory each for Qwen3.5-4B, so at most
+/// ~0.65 GB): past it, the one replayed least recently goes. Shapes multiply (rows in steps of 8 ×
+/// sequences × what they carry: 177 under the upstream mix with rows in steps of 16 and 32), and a
 /// fleet's traffic uses few of them most of the time.
-pub(crate) const MAX_GRAPHS: usize = 256;
+pub(crate) const MAX_GRAPHS: usize = 512;
 
 /// A graph kept for replay.
 struct Held {
