@@ -6,6 +6,7 @@
 //! (`CpuBackend::padding_passes`) against the CPU unpadded; on the GPU (`cargo test -p instinct-model --test captured_passes --
 //! --ignored`), a backend with `cuda_graphs` against one without.
 
+use instinct_kernels::backend::captured_shape;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions, GraphStats};
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::decider::{Decider, Prompt, QuestionSegment};
@@ -172,9 +173,8 @@ fn carried<B: Backend>(d: &mut Decider<B>, text: &[u32]) -> Vec<Outputs> {
         first[2].snapshot.clone().unwrap(),
     );
     all.push(host(d, first));
-    // Tails of one captured shape each way: 248, 250 and 252 rows pad to 256; the batches
-    // snapshotting inside, 212 to 216 rows, to 224.
-    for tail in [300, 301, 302] {
+    // Tails of one captured shape each way (`carried_batches_share_their_shapes`).
+    for tail in TAILS {
         let out = d
             .decide_segments(&[
                 QuestionSegment::answer(Prompt::text(&text[128..tail], LETTERS), Some(&a)),
@@ -186,7 +186,7 @@ fn carried<B: Backend>(d: &mut Decider<B>, text: &[u32]) -> Vec<Outputs> {
         let inside = QuestionSegment {
             snapshot: true,
             snapshot_at: Some(64),
-            ..QuestionSegment::answer(Prompt::text(&text[..tail - 160], LETTERS), None)
+            ..QuestionSegment::answer(Prompt::text(&text[..tail - 164], LETTERS), None)
         };
         let out = d
             .decide_segments(&[
@@ -197,6 +197,21 @@ fn carried<B: Backend>(d: &mut Decider<B>, text: &[u32]) -> Vec<Outputs> {
         all.push(host(d, out));
     }
     all
+}
+
+/// The tails `carried` runs its two kinds of batch at, three times each.
+const TAILS: [usize; 3] = [302, 303, 304];
+
+/// Each kind of batch of `carried` pads to one captured shape at every tail, so the GPU test's
+/// second and third runs replay it: the resumed batches hold `(t - 128) + (t - 264) + 40` rows
+/// (252 to 256: 256), those snapshotting inside `(t - 164) + (t - 228)` (212 to 216: 216).
+#[test]
+fn carried_batches_share_their_shapes() {
+    let shape = |rows: usize, seqs| captured_shape(rows, seqs).unwrap();
+    let resumed = TAILS.map(|t| shape((t - 128) + (t - 264) + 40, 3));
+    let inside = TAILS.map(|t| shape((t - 164) + (t - 228), 2));
+    assert!(resumed.iter().all(|s| *s == resumed[0]), "{resumed:?}");
+    assert!(inside.iter().all(|s| *s == inside[0]), "{inside:?}");
 }
 
 #[test]
