@@ -170,8 +170,8 @@ pub struct ServeArgs {
     /// resumes from prefix states, up to 8 sequences and 2,048 prefix tokens) runs padded to a
     /// (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
     /// captured as a CUDA graph, later ones replay it (one launch instead of some 300); answers
-    /// are the same bits as launched. Text questions; the CPU ignores it (README, "Captured
-    /// passes").
+    /// are the same bits as launched. Text and screenshot questions (see
+    /// --screenshot-cuda-graphs); the CPU ignores it (README, "Captured passes").
     #[arg(long, env = "INSTINCT_CUDA_GRAPHS", default_value = "on", value_parser = parse_on_off,
           action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,

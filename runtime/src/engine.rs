@@ -572,8 +572,7 @@ pub fn load(
                     })?)
                 }
             };
-            // Screenshots run as launched unless asked: their parity and latency were checked
-            // on a GPU with captured passes off only (the text path was checked with them on).
+            // `--screenshot-cuda-graphs off` keeps the screenshot copy's passes as launched.
             let starts = Starts {
                 text: start(options.cuda_graphs),
                 screenshots: start(options.cuda_graphs && options.screenshot_cuda_graphs),
@@ -695,9 +694,9 @@ impl ServingBackend for CudaBackend {
     // on the seeded real-shape checkpoint (docs/benchmarks/prefix-reuse-gpu/).
     const RESUME_GRID: usize = instinct_kernels::cuda::DELTA_CHUNK_TOKENS;
     const STATES_ON_DEVICE: bool = true;
-    /// A quarter of the device memory free once the model and its activation buffers are loaded,
-    /// at most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB. Read before the carry arena (reserved
-    /// only once this budget turns reuse on) and the warm-up's scratch are allocated.
+    /// A quarter of the device memory free once the model, its activation buffers and the carry
+    /// arenas are allocated, at most [`GPU_PREFIX_CACHE_MAX_BYTES`], in whole MiB (read before
+    /// the warm-up's scratch and the captured passes' graphs).
     fn default_prefix_cache_bytes(backend: &Self) -> usize {
         match backend.memory_info() {
             Ok((free, _)) => (free / 4).min(GPU_PREFIX_CACHE_MAX_BYTES) >> 20 << 20,
@@ -880,6 +879,32 @@ fn load_engines<B: ServingBackend>(
             }
             None => (None, None),
         };
+        // Passes carry states only with prefix reuse or chunks: only then does a language copy
+        // whose backend captures passes get the arena its captured carried passes stage them in
+        // (about 1 GB for Qwen3.5-4B). Chunks are text questions: the screenshot copy needs it for
+        // prefix reuse only. Reserved before the prefix-cache budget is read (so the default
+        // budget is taken from what the arenas leave), before the warm-up captures any pass and
+        // before serving; the activations metric, read after the warm-up, counts it where it is.
+        let reuse_asked = reuse
+            .as_ref()
+            .map_or(options.prefix_cache_bytes != Some(0), |r| r.enabled());
+        let mut reserved = 0;
+        if reuse_asked || options.max_chunk_tokens.is_some() {
+            reserved += text
+                .decider
+                .reserve_carry_arena()
+                .context("the text copy")?;
+        }
+        if let (true, Some(m)) = (reuse_asked, &mut multimodal) {
+            reserved += m.reserve_carry_arena().context("the screenshot copy")?;
+        }
+        if reserved > 0 {
+            tracing::info!(
+                %device,
+                mib = reserved >> 20,
+                "carry arena reserved: prefix reuse or chunking is on"
+            );
+        }
         // One cache for the device's engines: they hold the same weights.
         let reuse = match &reuse {
             Some(reuse) => reuse.clone(),
@@ -889,26 +914,6 @@ fn load_engines<B: ServingBackend>(
                 r
             }
         };
-        // Passes carry states only with prefix reuse or chunks: only then does a language copy
-        // whose backend captures passes get the arena its captured carried passes stage them in
-        // (about 1 GB for Qwen3.5-4B). Reserved here, before the warm-up captures any pass and
-        // before serving; the activations metric, read after the warm-up, counts it where it is.
-        if reuse.enabled() || options.max_chunk_tokens.is_some() {
-            let mut reserved = text
-                .decider
-                .reserve_carry_arena()
-                .context("the text copy")?;
-            if let Some(m) = &mut multimodal {
-                reserved += m.reserve_carry_arena().context("the screenshot copy")?;
-            }
-            if reserved > 0 {
-                tracing::info!(
-                    %device,
-                    mib = reserved >> 20,
-                    "carry arena reserved: prefix reuse or chunking is on"
-                );
-            }
-        }
         // Every engine loads the same files; one preparer (tokenizer, template, tower) serves all.
         if preparer.is_none() {
             preparer = Some(Preparer::new(
@@ -968,6 +973,52 @@ mod tests {
             "{e}"
         );
         check_chunk_size::<CpuBackend>(Device::Cpu, with_chunk(Some(1000))).unwrap();
+    }
+
+    /// The demo model (both adapters) on a CPU backend that pads passes as captured ones are:
+    /// whether each language copy's carry arena is reserved under `options` (`reserve` is 0
+    /// where the loader already reserved it).
+    fn arenas_reserved(options: LoadOptions) -> (bool, bool) {
+        let source = ModelSource::resolve(None, None, None).unwrap();
+        let start = || Ok(CpuBackend::padding_passes());
+        let starts = Starts {
+            text: start,
+            screenshots: start,
+        };
+        let limits = BatchLimits::new(64, 2);
+        let mut parts = load_engines(Device::Cpu, starts, options, &source, limits).unwrap();
+        let engine = &mut parts.engines[0];
+        let text = engine.decider.reserve_carry_arena().unwrap() == 0;
+        let multimodal = engine
+            .multimodal
+            .as_mut()
+            .expect("the demo's screenshot copy");
+        (text, multimodal.reserve_carry_arena().unwrap() == 0)
+    }
+
+    #[test]
+    fn carry_arenas_are_reserved_where_prefix_reuse_or_chunks_can_carry_states() {
+        let options = |cache: usize, chunk: Option<usize>| LoadOptions {
+            prefix_cache_bytes: Some(cache),
+            max_chunk_tokens: chunk,
+            ..LoadOptions::default()
+        };
+        assert_eq!(
+            arenas_reserved(options(0, None)),
+            (false, false),
+            "both off"
+        );
+        assert_eq!(
+            arenas_reserved(options(1 << 20, None)),
+            (true, true),
+            "reuse"
+        );
+        // Screenshot questions are never chunked.
+        assert_eq!(
+            arenas_reserved(options(0, Some(32))),
+            (true, false),
+            "chunks"
+        );
     }
 
     /// The demo model on one CPU engine, with or without its screenshot path.

@@ -55,7 +55,7 @@ pub const GRAPH_CAPTURES_TOTAL: &str = "instinct_graph_captures_total";
 pub const GRAPH_CAPTURE_SECONDS: &str = "instinct_graph_capture_seconds";
 /// Gauge, per GPU: shapes whose capture failed (they run as launched; the log says why).
 pub const GRAPH_FAILED_SHAPES: &str = "instinct_graph_failed_shapes";
-/// Counter, per GPU: graphs dropped, least recently used first, to keep at most 512.
+/// Counter, per GPU: graphs dropped, least recently used first, to keep at most 512 per language copy.
 pub const GRAPH_EVICTIONS_TOTAL: &str = "instinct_graph_evictions_total";
 
 /// Gauge: bytes held for requests in flight (bodies, parsed requests, token ids, screenshot
@@ -295,7 +295,7 @@ fn describe() {
     );
     describe_counter!(
         GRAPH_EVICTIONS_TOTAL,
-        "CUDA graphs dropped (least recently used) to keep at most 512"
+        "CUDA graphs dropped (least recently used) to keep at most 512 per language copy"
     );
 }
 

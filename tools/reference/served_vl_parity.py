@@ -283,8 +283,10 @@ def main() -> int:
         graphs_before = {name: metric(client, name) for name in graph_counters}
         parity = check_parity(client, goldens, base)
         latency = None if args.no_latency else measure_latency(client, goldens, base, args.hit_repeats)
-        graphs = {name.removeprefix("instinct_graph_").removesuffix("_total"): (metric(client, name) or 0.0) - before
-                  for name, before in graphs_before.items() if before is not None}
+        graphs_after = {name: metric(client, name) for name in graph_counters}
+        graphs = {name.removeprefix("instinct_graph_").removesuffix("_total"): graphs_after[name] - before
+                  for name, before in graphs_before.items()
+                  if before is not None and graphs_after[name] is not None}
     except OSError as error:  # the server went away
         print(f"[vl_parity] {args.url}: {error!r}", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ pub(crate) use composed::{
 pub use dims::{AttentionDims, DeltaDims, DeltaGates, DeltaState};
 pub use layout::{HeadLayout, Strided, Varlen};
 pub use pass::{
-    captured_prefix_rows, captured_rows, captured_shape, padded_offsets, CarryShape, PassShape,
+    captured_prefix_rows, captured_shape, padded_offsets, CarryShape, PassShape,
     CAPTURED_MAX_PREFIX_ROWS, CAPTURED_MAX_ROWS,
 };
 pub use rope::Rope;

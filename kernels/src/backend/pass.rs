@@ -68,16 +68,17 @@ pub const CAPTURED_MAX_ROWS: usize = 1024;
 /// Rows of the smallest captured shape.
 const CAPTURED_MIN_ROWS: usize = 16;
 
-/// Captured row counts are multiples of this. cuBLASLt's GEMM tiles are multiples of 8 rows tall
-/// (32 to 256 seen, 120 and 200 among them), so a pass padded to a multiple of 8 needs no tile
-/// row more than the pass itself. Padded to 32, a 600-row pass ran 608 rows, one more tile row of
+/// Captured row counts are multiples of this. cuBLASLt's GEMM tiles span multiples of 8 rows (32
+/// to 200 in our Nsight Compute profiles, 72, 120 and 200 among them: the second figure of an
+/// `nvjet` kernel's tile), so a pass padded to a multiple of 8 needs no tile row more than the
+/// pass itself. Padded to 32, a 600-row pass ran 608 rows, one more tile row of
 /// 200 and of 120: 11.7-12.0 ms against 10.4-10.6 launched at 600 (H100,
 /// docs/benchmarks/gpu-calls/2026-12-06-553662a-h100).
 const CAPTURED_ROW_STEP: usize = 8;
 
 /// The rows a captured pass of `rows` rows runs: at least 16, a multiple of 8. `None` above
 /// [`CAPTURED_MAX_ROWS`] or for no rows.
-pub fn captured_rows(rows: usize) -> Option<usize> {
+fn captured_rows(rows: usize) -> Option<usize> {
     if rows == 0 || rows > CAPTURED_MAX_ROWS {
         return None;
     }
