@@ -7,8 +7,10 @@
 # serve_{off,on}.log and summary.txt (medians, ratios, the servers' graph metrics) into $OUT.
 #
 #   OUT=/tmp/graphs [REAL=/tmp/real] [BIN=.carry/bin] [REVISION=...] [RUNS=40] [STAGES=forward,http] \
-#     [LENGTHS=16,139,300,712,2000] [BATCHES=4] \
+#     [LENGTHS=16,139,300,712,2000] [BATCHES=4] [SERVE_FLAGS="--prefix-cache-mib 0"] \
 #     bash tools/reference/gpu_graphs_bench.sh
+# SERVE_FLAGS adds flags to both servers (with "--prefix-cache-mib 0" a question runs whole, not
+# resumed from the system turn).
 # Needs the seeded real-shape checkpoint in $REAL (it is built when missing: real_shapes.py).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,7 +48,8 @@ if [[ $STAGES == *http* ]]; then
   # Over HTTP a question holds at least the system turn (78 ids): shorter rows cannot be sent.
   http_lengths=$(echo "$lengths" | tr ',' '\n' | awk '$1 >= 100' | paste -sd,)
   for g in off on; do
-    serve_real "$g" 90 --cuda-graphs "$g" || continue
+    # shellcheck disable=SC2086 # SERVE_FLAGS is a list of flags
+    serve_real "$g" 90 --cuda-graphs "$g" ${SERVE_FLAGS:-} || continue
     timeout 120 "$BIN/instinct" bench --http "http://127.0.0.1:$PORT" "${common[@]}" \
       --lengths "$http_lengths" --out "$OUT/http_$g.json" > "$OUT/http_$g.log" 2>&1
     stamp "http $g exit $?"

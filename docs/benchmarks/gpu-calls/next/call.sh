@@ -5,7 +5,10 @@
 # setting have differed by ~25 ms at p99 (9ec1406, cace793), so the settings alternate, twice each:
 #   chunked (chunks of 1,024 beside the short questions, as today), defer40 (--chunk-defer-ms 40),
 #   chunked, defer40; then defer100 once if time is left.
-# Then, for issue 18, every kernel of one warm replayed 139-id and 712-id forward under Nsight
+# Then, for issue 18: one question over HTTP resumed from the cached system turn (the default)
+# against run whole (--prefix-cache-mib 0), graphs on: at ffe6daf a 712-id question's server-side
+# infer took 12.6 ms resumed (648 rows) against 11.8 ms for the whole 712-row forward, so the
+# carried pass's staging may cost more than the 64 rows it saves. And every kernel of one warm replayed 139-id and 712-id forward under Nsight
 # Compute (the bench's last row, one question of that many ids, after a 16-id row) (what the short question's 4.8 ms on an H100 is made of, against its ~2.2 ms of weights
 # read at the copy rate), if 60 s are left.
 # Each run is gpu_prefix_bench.sh's bench stage on the chunked server (the mix alone, the mix
@@ -29,6 +32,15 @@ for run in chunked defer40 chunked2 defer40b defer100; do
   t "$run ($flags) exit $?"
   grep -E "^long_chunked|^long chunked" /tmp/$run/gpu_prefix_bench.log >> $L
   tar czf $OUT/$run.tgz --exclude=workloads -C /tmp $run
+done
+for flags in "" "--prefix-cache-mib 0"; do
+  (( $(left) > 90 )) || break
+  name=http_resumed; [[ -n $flags ]] && name=http_whole
+  OUT=/tmp/$name REVISION=$REV RUNS=30 LENGTHS=139,300,712 STAGES=http SERVE_FLAGS="$flags" \
+    timeout 80 bash tools/reference/gpu_graphs_bench.sh > /dev/null 2>&1
+  t "$name exit $?"
+  grep -E "^http" /tmp/$name/summary.txt >> $L
+  tar czf $OUT/$name.tgz -C /tmp $name
 done
 if (( $(left) > 60 )); then
   for n in 139 712; do
