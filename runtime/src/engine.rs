@@ -820,8 +820,6 @@ fn check_chunk_size<B: ServingBackend>(device: Device, options: LoadOptions) -> 
     Ok(())
 }
 
-/// Loads `options.cpu_engines` engines, each on its own backend from `start`: the same parts on
-/// every device.
 /// How `load_engines` starts a backend: for the text copy, and for the screenshot path (its
 /// language copy and its tower).
 struct Starts<T, S> {
@@ -829,6 +827,8 @@ struct Starts<T, S> {
     screenshots: S,
 }
 
+/// Loads `options.cpu_engines` engines, each on its own backends from `starts`: the same parts
+/// on every device.
 fn load_engines<B: ServingBackend>(
     device: Device,
     starts: Starts<impl Fn() -> anyhow::Result<B>, impl Fn() -> anyhow::Result<B>>,

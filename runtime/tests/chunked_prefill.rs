@@ -43,18 +43,22 @@ async fn server(chunk: Option<usize>, budget: usize) -> std::net::SocketAddr {
     .0
 }
 
+/// The scheduler of these servers: batches of up to 16 questions, chunks of `chunk` tokens.
+fn chunking(chunk: Option<usize>) -> Config {
+    Config {
+        max_batch_seqs: 16,
+        max_chunk_tokens: chunk,
+        ..Config::default()
+    }
+}
+
 /// [`server`] with an in-flight byte budget of `inflight` bytes, and its state.
 async fn server_with(
     chunk: Option<usize>,
     budget: usize,
     inflight: usize,
 ) -> (std::net::SocketAddr, Arc<AppState>) {
-    let config = Config {
-        max_batch_seqs: 16,
-        max_chunk_tokens: chunk,
-        ..Config::default()
-    };
-    server_of(config, budget, inflight).await
+    server_of(chunking(chunk), budget, inflight).await
 }
 
 /// A demo server scheduled by `config`, with a prefix cache of `budget` bytes and an in-flight
@@ -93,12 +97,7 @@ async fn counted(addr: std::net::SocketAddr, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_chunk_resumes_from_the_cached_system_turn() {
     let whole = server(None, 0).await;
-    let config = Config {
-        max_batch_seqs: 16,
-        max_chunk_tokens: Some(320),
-        ..Config::default()
-    };
-    let (ready, reuse) = demo_ready_with_prefix(config, 1, 256 << 20);
+    let (ready, reuse) = demo_ready_with_prefix(chunking(Some(320)), 1, 256 << 20);
     let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
     state.set_ready(ready);
     let chunked = serve_state(state).await;
@@ -207,10 +206,8 @@ async fn chunked_questions_answer_as_whole_ones() {
 async fn deferred_chunks_answer_as_whole_ones_beside_short_questions() {
     let whole = server(None, 0).await;
     let config = Config {
-        max_batch_seqs: 16,
-        max_chunk_tokens: Some(64),
         chunk_defer: std::time::Duration::from_millis(20),
-        ..Config::default()
+        ..chunking(Some(64))
     };
     let inflight = Settings::new(SERVED, MODEL_ID).max_inflight_bytes;
     let (deferred, _) = server_of(config, 0, inflight).await;

@@ -60,9 +60,7 @@ impl QueuedSeq {
     fn runs_on(&self, engine: usize) -> bool {
         self.held_by().is_none_or(|e| e == engine)
     }
-}
 
-impl QueuedSeq {
     /// The ids this entry runs: the whole question, or its chunk.
     pub fn ids(&self) -> &[u32] {
         match &self.chunk {
@@ -698,14 +696,15 @@ mod tests {
         QueueState::new(cfg.validate().expect("a valid configuration"))
     }
 
-    /// Completes `batch` on engine 0 at `end`: two probabilities for each answer, none for a chunk.
-    fn complete_at(state: &mut QueueState, batch: TakenBatch, end: Instant) {
+    /// Completes `batch` on `engine` at `end`: two probabilities for each answer, none for a
+    /// chunk.
+    fn complete_at(state: &mut QueueState, engine: usize, batch: TakenBatch, end: Instant) {
         let outputs = batch
             .seqs
             .iter()
             .map(|s| vec![0.5; if s.answers() { 2 } else { 0 }])
             .collect();
-        state.complete(0, batch, Ok(outputs), end, end);
+        state.complete(engine, batch, Ok(outputs), end, end);
     }
 
     /// A long question (20 tokens: chunks of 8) admitted at `t0`, then a short one (3 tokens).
@@ -742,7 +741,7 @@ mod tests {
         // The long question is older, but the short one's batch holds none of its rows.
         let batch = taken(state.next_batch(t0, 0));
         assert_eq!(chunk_starts(&batch), [None]);
-        complete_at(&mut state, batch, t0);
+        complete_at(&mut state, 0, batch, t0);
         // Nothing short is left: the chunk runs at once, in a batch of its own.
         let batch = taken(state.next_batch(t0, 0));
         assert_eq!(chunk_starts(&batch), [Some(0)]);
@@ -769,13 +768,13 @@ mod tests {
         assert_eq!(chunk_starts(&first), [Some(0)]);
         // The first chunk's batch ends 100 ms after admission; a short question arrives then.
         let t1 = t0 + Duration::from_millis(100);
-        complete_at(&mut state, first, t1);
+        complete_at(&mut state, 0, first, t1);
         let short = Question::text(vec![1, 2, 3], 2);
         let (_, _short_reply, _) = state.admit(vec![short], None, t1).unwrap();
         // Admitted long ago, but ready only since t1: held back.
         let batch = taken(state.next_batch(t1 + Duration::from_millis(10), 0));
         assert_eq!(chunk_starts(&batch), [None]);
-        complete_at(&mut state, batch, t1 + Duration::from_millis(10));
+        complete_at(&mut state, 0, batch, t1 + Duration::from_millis(10));
         // Another short question once the chunk is overdue: they share the batch.
         let short = Question::text(vec![4, 5, 6], 2);
         let (_, _short_reply, _) = state.admit(vec![short], None, t1 + defer).unwrap();
@@ -790,17 +789,6 @@ mod tests {
         }
     }
 
-    /// Completes `batch` on `engine` with one empty result per sequence (what a chunk returns).
-    fn complete_chunks(state: &mut QueueState, engine: usize, batch: TakenBatch) {
-        let now = Instant::now();
-        let outputs = batch
-            .seqs
-            .iter()
-            .map(|s| vec![0.5; if s.answers() { 2 } else { 0 }])
-            .collect();
-        state.complete(engine, batch, Ok(outputs), now, now);
-    }
-
     /// A question of 20 tokens in chunks of 8 whose first chunk engine 1 ran: the queue, the
     /// request's id and its reply.
     fn first_chunk_run_by_engine_1() -> (QueueState, u64, crate::queue::ReplyReceiver) {
@@ -810,7 +798,7 @@ mod tests {
         let (id, reply, _) = state.admit(vec![long], None, now).unwrap();
         let first = taken(state.next_batch(now, 1));
         assert_eq!(first.seqs[0].ids().len(), 8);
-        complete_chunks(&mut state, 1, first);
+        complete_at(&mut state, 1, first, now);
         (state, id, reply)
     }
 
