@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set), for issue 19's long mix: does holding
+# The planned device call (CALL_S seconds, 590 unless set). First the head checked: the captured-
+# pass GPU tests and parity (bits against ffe6daf's report: acea38a moved the arena reservation).
+# Then, for issue 19's long mix: does holding
 # chunks back behind short questions (`--chunk-defer-ms`, added after f861373; CPU-tested only)
 # bring the mix's p99 beside ~14,500-token questions within 1.5x of its p99 alone? Two runs of one
 # setting have differed by ~25 ms at p99 (9ec1406, cace793), so the settings alternate, twice each:
@@ -13,13 +15,22 @@
 # read at the copy rate), if 60 s are left.
 # Each run is gpu_prefix_bench.sh's bench stage on the chunked server (the mix alone, the mix
 # beside the long questions, and the long questions' own latency).
-# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest), .cache/qwen-tokenizer,
+# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/captured_passes-test), .cache/qwen-tokenizer,
 # .cache/fixtures.
 #   REV=<sha> [CALL_S=450] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
+run_test captured_passes-test 120
+tests_summary
 wait_checkpoint
+parity
+python3 - "$OUT/check.json" docs/benchmarks/gpu-calls/2026-12-06-ffe6daf-h100/check.json >> $L 2>&1 <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+same = sum(x["p"] == y["p"] for x, y in zip(a["rows"], b["rows"]))
+print(f"{same} of {len(a['rows'])} questions identical to ffe6daf's report")
+PY
 for run in chunked defer40 chunked2 defer40b defer100; do
   (( $(left) > 75 )) || break
   case $run in
