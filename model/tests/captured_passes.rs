@@ -72,7 +72,8 @@ fn gpu(cuda_graphs: bool) -> CudaBackend {
 
 /// Two deciders on the GPU, graphs off (`launched`) and on (`captured`, with its carry arena
 /// reserved before the warm-up, as a server with prefix reuse on does), both warmed up (which
-/// sizes every scratch and captures the one-sequence shapes), and the text.
+/// sizes every scratch; it captures the one-sequence shapes only where the GEMM tuning file of an
+/// earlier run is missing, so a pass may be captured here or at its first batch), and the text.
 fn warmed_pair() -> (Decider<CudaBackend>, Decider<CudaBackend>, Vec<u32>) {
     let (mut launched, text) = decider(gpu(false));
     let (mut captured, _) = decider(gpu(true));
@@ -92,8 +93,6 @@ fn stats(d: &Decider<CudaBackend>) -> GraphStats {
 fn on_the_gpu_replayed_passes_answer_as_launched_bit_for_bit() {
     let (mut launched, mut captured, text) = warmed_pair();
     assert!(launched.backend().graph_probe().is_none());
-    let warmed = stats(&captured);
-    assert!(!warmed.held.is_empty(), "{warmed:?}");
     let replays = |s: &GraphStats| s.replays.iter().map(|r| r.1).sum::<u64>();
     for (i, lens) in BATCHES.iter().enumerate() {
         let rows: usize = lens.iter().sum();

@@ -77,14 +77,6 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 
-    /// With chunked prefill: how long, in ms, a chunk may be held back while questions that are
-    /// not chunked are queued. Held back, chunks run in batches of their own when no such
-    /// question waits, so a short question's batch carries no long question's rows; an overdue
-    /// chunk joins the next batch. 0 (the default): chunks run beside short questions in
-    /// arrival order.
-    #[arg(long, env = "INSTINCT_CHUNK_DEFER_MS", default_value_t = 0)]
-    pub chunk_defer_ms: u64,
-
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
     #[arg(long, env = "INSTINCT_MAX_SCREENSHOT_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
@@ -429,12 +421,6 @@ mod tests {
         );
         let chunked = config(&["--max-chunk-tokens=512"]).unwrap();
         assert_eq!(chunked.max_chunk_tokens, Some(512));
-        assert_eq!(chunked.chunk_defer, std::time::Duration::ZERO);
-        let deferred = config(&["--max-chunk-tokens=512", "--chunk-defer-ms=40"]).unwrap();
-        assert_eq!(deferred.chunk_defer, std::time::Duration::from_millis(40));
-        let alone = config(&["--chunk-defer-ms=40"]).unwrap();
-        let err = alone.batch_capacity().unwrap_err().to_string();
-        assert!(err.contains("max_chunk_tokens is not set"), "{err}");
         assert!(chunked.batch_capacity().is_ok());
         let too_big = config(&["--max-batch-tokens=16384", "--max-chunk-tokens=20000"]).unwrap();
         let err = too_big.batch_capacity().unwrap_err().to_string();

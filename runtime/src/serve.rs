@@ -45,7 +45,6 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
             .collect(),
         max_wait: Duration::from_micros(args.batch_wait_us),
         max_chunk_tokens: max_chunk_tokens(args),
-        chunk_defer: Duration::from_millis(args.chunk_defer_ms),
         ..Config::default()
     })
 }

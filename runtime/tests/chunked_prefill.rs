@@ -58,17 +58,7 @@ async fn server_with(
     budget: usize,
     inflight: usize,
 ) -> (std::net::SocketAddr, Arc<AppState>) {
-    server_of(chunking(chunk), budget, inflight).await
-}
-
-/// A demo server scheduled by `config`, with a prefix cache of `budget` bytes and an in-flight
-/// byte budget of `inflight` bytes, and its state.
-async fn server_of(
-    config: Config,
-    budget: usize,
-    inflight: usize,
-) -> (std::net::SocketAddr, Arc<AppState>) {
-    let (ready, _) = demo_ready_with_prefix(config, 1, budget);
+    let (ready, _) = demo_ready_with_prefix(chunking(chunk), 1, budget);
     let settings = Settings {
         max_inflight_bytes: inflight,
         ..Settings::new(SERVED, MODEL_ID)
@@ -198,36 +188,4 @@ async fn chunked_questions_answer_as_whole_ones() {
     assert_eq!(chunks_counted(tight).await, before, "it ran whole");
     assert!(tight_state.inflight.peak() <= 512 << 10);
     assert_eq!(tight_state.inflight.used(), 0, "everything was given back");
-}
-
-/// With chunks held back behind short questions (`--chunk-defer-ms`), a long request sent beside
-/// short ones still answers as it does whole, and so do the short ones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deferred_chunks_answer_as_whole_ones_beside_short_questions() {
-    let whole = server(None, 0).await;
-    let config = Config {
-        chunk_defer: std::time::Duration::from_millis(20),
-        ..chunking(Some(64))
-    };
-    let inflight = Settings::new(SERVED, MODEL_ID).max_inflight_bytes;
-    let (deferred, _) = server_of(config, 0, inflight).await;
-    let long = request(1, 60, 2);
-    let shorts: Vec<String> = (0..6).map(|i| request(10 + i, 5, 1)).collect();
-    let mut want = vec![answers(&post(whole, &long).await).0];
-    for body in &shorts {
-        want.push(answers(&post(whole, body).await).0);
-    }
-    let before = chunks_counted(deferred).await;
-    let sent = std::iter::once(&long).chain(&shorts).map(|body| {
-        let body = body.clone();
-        tokio::spawn(async move { answers(&post(deferred, &body).await).0 })
-    });
-    let sent: Vec<_> = sent.collect();
-    for (i, (task, want)) in sent.into_iter().zip(&want).enumerate() {
-        assert_close(&task.await.unwrap(), want, &format!("request {i}"));
-    }
-    assert!(
-        chunks_counted(deferred).await > before,
-        "the long one ran in chunks"
-    );
 }

@@ -54,12 +54,6 @@ pub struct Config {
     /// questions queued behind a long one run beside its chunks. `None`: every question runs
     /// whole (and none may exceed the largest bucket).
     pub max_chunk_tokens: Option<usize>,
-    /// How long a chunk may be held back while questions that are not chunked are queued (zero:
-    /// never, chunks run beside them in arrival order). Held back, a chunk runs when no such
-    /// question waits, in a batch of chunks, or beside them once it has waited this long (counted
-    /// from admission for a first chunk, from the end of the previous chunk's batch otherwise), so
-    /// a short question's batch carries no long question's rows and nothing starves.
-    pub chunk_defer: Duration,
     /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
     pub drain_rate_window: Duration,
     /// `Retry-After` given before any batch has completed.
@@ -82,7 +76,6 @@ impl Default for Config {
             max_scan: 1_024,
             heartbeat_interval: Duration::from_millis(100),
             max_chunk_tokens: None,
-            chunk_defer: Duration::ZERO,
             drain_rate_window: Duration::from_secs(10),
             retry_after_default: Duration::from_secs(1),
             retry_after_min: Duration::from_secs(1),
@@ -168,13 +161,6 @@ impl Config {
                     capacity.tokens
                 ));
             }
-        }
-        if !self.chunk_defer.is_zero() && self.max_chunk_tokens.is_none() {
-            return bad(format!(
-                "chunk_defer ({:?}) holds back chunks, but max_chunk_tokens is not set: no \
-                 question is chunked",
-                self.chunk_defer
-            ));
         }
         Ok(Validated {
             config: self.clone(),

@@ -45,9 +45,6 @@ pub(crate) struct Chunk {
     /// The engine that ran the previous chunk: its state lives on that engine's device, so this
     /// chunk runs there too (`None` for a first chunk).
     pub engine: Option<usize>,
-    /// When this chunk became ready to run (admission, or the end of the previous chunk's batch):
-    /// `Config::chunk_defer` counts from here.
-    pub ready: Instant,
 }
 
 impl QueuedSeq {
@@ -77,7 +74,7 @@ impl QueuedSeq {
     }
 
     /// The entry for the chunk after this one (which must not be the last), run by `engine`.
-    fn next_chunk(self, max_chunk: usize, engine: usize, ready: Instant) -> Self {
+    fn next_chunk(self, max_chunk: usize, engine: usize) -> Self {
         let chunk = self.chunk.expect("only a chunk has a next one");
         let len = self.question.ids.len();
         Self {
@@ -86,7 +83,6 @@ impl QueuedSeq {
                 end: len.min(chunk.end + max_chunk),
                 carry: chunk.carry,
                 engine: Some(engine),
-                ready,
             }),
             ..self
         }
@@ -297,7 +293,6 @@ impl QueueState {
                 end: max_chunk,
                 carry: ChunkCarry::default(),
                 engine: None,
-                ready: now,
             });
             self.pending.push_back(QueuedSeq {
                 request: id,
@@ -407,30 +402,20 @@ impl QueueState {
     /// otherwise, while another engine's batch runs, once the oldest queued question has waited
     /// `max_wait`. `engine` asks; a chunk whose state another engine holds is left to that one.
     pub fn next_batch(&mut self, now: Instant, engine: usize) -> Next {
-        let scan = self.cfg.config.max_scan;
-        // With `chunk_defer`, a chunk stays out of batches while a question that is not chunked
-        // is queued, until it has waited that long: a short question's batch then holds no
-        // chunk's rows, and a chunk runs in the gaps (or beside them once overdue).
-        let defer = self.cfg.config.chunk_defer;
-        let short_queued = !defer.is_zero()
-            && self
-                .pending
-                .iter()
-                .take(scan)
-                .any(|s| s.chunk.is_none() && s.runs_on(engine));
-        let eligible = |s: &QueuedSeq| {
-            s.runs_on(engine)
-                && !(short_queued && s.chunk.as_ref().is_some_and(|c| now < c.ready + defer))
-        };
         // Beyond the scan, what this engine may run waits for the others to take theirs.
-        let Some(first) = self.pending.iter().take(scan).position(eligible) else {
+        let Some(first) = self
+            .pending
+            .iter()
+            .take(self.cfg.config.max_scan)
+            .position(|s| s.runs_on(engine))
+        else {
             return Next::Idle;
         };
         let oldest = self.pending[first].enqueued;
         let Some(plan) = batching::plan(
             self.pending
                 .iter()
-                .map(|s| eligible(s).then(|| s.ids().len())),
+                .map(|s| s.runs_on(engine).then(|| s.ids().len())),
             &self.cfg.buckets,
             self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
@@ -533,7 +518,7 @@ impl QueueState {
                     if seq.answers() {
                         self.deliver(seq.request, seq.index, probs, end);
                     } else if self.requests.contains_key(&seq.request) {
-                        self.requeue_next_chunk(seq, engine, end);
+                        self.requeue_next_chunk(seq, engine);
                     }
                 }
             }
@@ -548,9 +533,9 @@ impl QueueState {
         self.publish_gauges();
     }
 
-    fn requeue_next_chunk(&mut self, seq: QueuedSeq, engine: usize, ready: Instant) {
+    fn requeue_next_chunk(&mut self, seq: QueuedSeq, engine: usize) {
         let max_chunk = self.cfg.config.max_chunk_tokens.unwrap_or(usize::MAX);
-        let next = seq.next_chunk(max_chunk, engine, ready);
+        let next = seq.next_chunk(max_chunk, engine);
         let at = self
             .pending
             .partition_point(|s| s.enqueued <= next.enqueued);
@@ -678,19 +663,12 @@ pub(crate) fn check_shape(
 mod tests {
     use super::*;
     use crate::config::Config;
-    use std::time::Duration;
 
     fn chunking_queue() -> QueueState {
-        deferring_queue(Duration::ZERO)
-    }
-
-    /// Chunks of 8 tokens in batches of 32, held back up to `defer` behind short questions.
-    fn deferring_queue(defer: Duration) -> QueueState {
         let cfg = Config {
             max_batch_tokens: 32,
             max_batch_seqs: 4,
             max_chunk_tokens: Some(8),
-            chunk_defer: defer,
             ..Config::default()
         };
         QueueState::new(cfg.validate().expect("a valid configuration"))
@@ -725,61 +703,12 @@ mod tests {
     }
 
     #[test]
-    fn without_a_defer_a_chunk_runs_beside_short_questions_in_arrival_order() {
+    fn a_chunk_runs_beside_short_questions_in_arrival_order() {
         let mut state = chunking_queue();
         let t0 = Instant::now();
         let _replies = long_then_short(&mut state, t0);
         let batch = taken(state.next_batch(t0, 0));
         assert_eq!(chunk_starts(&batch), [Some(0), None]);
-    }
-
-    #[test]
-    fn a_deferred_chunk_waits_while_a_short_question_is_queued_then_runs_alone() {
-        let mut state = deferring_queue(Duration::from_millis(50));
-        let t0 = Instant::now();
-        let _replies = long_then_short(&mut state, t0);
-        // The long question is older, but the short one's batch holds none of its rows.
-        let batch = taken(state.next_batch(t0, 0));
-        assert_eq!(chunk_starts(&batch), [None]);
-        complete_at(&mut state, 0, batch, t0);
-        // Nothing short is left: the chunk runs at once, in a batch of its own.
-        let batch = taken(state.next_batch(t0, 0));
-        assert_eq!(chunk_starts(&batch), [Some(0)]);
-    }
-
-    #[test]
-    fn an_overdue_chunk_runs_beside_short_questions() {
-        let defer = Duration::from_millis(50);
-        let mut state = deferring_queue(defer);
-        let t0 = Instant::now();
-        let _replies = long_then_short(&mut state, t0);
-        let batch = taken(state.next_batch(t0 + defer, 0));
-        assert_eq!(chunk_starts(&batch), [Some(0), None]);
-    }
-
-    #[test]
-    fn a_later_chunk_counts_its_wait_from_the_end_of_the_previous_batch() {
-        let defer = Duration::from_millis(50);
-        let mut state = deferring_queue(defer);
-        let t0 = Instant::now();
-        let long = Question::text((0..20).collect(), 2);
-        let (_, _long_reply, _) = state.admit(vec![long], None, t0).unwrap();
-        let first = taken(state.next_batch(t0, 0));
-        assert_eq!(chunk_starts(&first), [Some(0)]);
-        // The first chunk's batch ends 100 ms after admission; a short question arrives then.
-        let t1 = t0 + Duration::from_millis(100);
-        complete_at(&mut state, 0, first, t1);
-        let short = Question::text(vec![1, 2, 3], 2);
-        let (_, _short_reply, _) = state.admit(vec![short], None, t1).unwrap();
-        // Admitted long ago, but ready only since t1: held back.
-        let batch = taken(state.next_batch(t1 + Duration::from_millis(10), 0));
-        assert_eq!(chunk_starts(&batch), [None]);
-        complete_at(&mut state, 0, batch, t1 + Duration::from_millis(10));
-        // Another short question once the chunk is overdue: they share the batch.
-        let short = Question::text(vec![4, 5, 6], 2);
-        let (_, _short_reply, _) = state.admit(vec![short], None, t1 + defer).unwrap();
-        let batch = taken(state.next_batch(t1 + defer, 0));
-        assert_eq!(chunk_starts(&batch), [Some(8), None]);
     }
 
     fn taken(next: Next) -> TakenBatch {
