@@ -85,7 +85,8 @@ __device__ __forceinline__ void dc_frag_a(u32 (&a)[4], const float* x, int ld, i
 // [rows][q|k|v], q and k already L2-normalised) and the gates β and g ([rows][v_heads]). The
 // projection form (gdr_prepare_conv) reads the stacked in-projection itself (bf16; its q|k|v block
 // at x_stride · row + x_offset, b and a as the gates' helper reads them) and computes the causal
-// conv (DC_KW taps, no carried window) + SiLU, the q and k L2 norms and the gates on the way in,
+// conv (DC_KW taps; before a sequence's first row, the carried window where has_window: f32
+// [seqs][DC_KW − 1][q|k|v], oldest row first, values of an earlier bf16 projection) + SiLU, the q and k L2 norms and the gates on the way in,
 // with the helpers and summation orders of the conv kernel (conv.cu): the same bits as the plain
 // form after conv1d_silu_l2_gates, without the conv output's round trip through memory.
 struct GdrSource {
@@ -105,6 +106,8 @@ struct GdrSource {
     const __nv_bfloat16* a_log;
     const __nv_bfloat16* dt_bias;
     float l2_eps;
+    const float* window_in;
+    int has_window;
 };
 
 #define DC_KW 4  // conv taps of the projection form
@@ -156,7 +159,8 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     int tile = 0;
     u32 seq_start = 0;
     int len = 0;
-    if (!find_tile_warp<CH>(cu_seqlens, num_seqs, rows_cap, blockIdx.x, tile, seq_start, len)) return;
+    int seq = 0;
+    if (!find_tile_warp<CH>(cu_seqlens, num_seqs, rows_cap, blockIdx.x, tile, seq_start, len, &seq)) return;
     const u32 c0 = seq_start + (u32)tile * CH;
     const int n = min(CH, len - tile * CH);
 
@@ -178,14 +182,24 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     const int er0 = PER_THREAD * (tid / (DK / 2));
     constexpr int WIN = PER_THREAD + DC_KW - 1;  // conv inputs of the thread's rows
     const int first = tile * CH;                 // sequence position of the chunk's row 0
-    // The packed input window of channels c, c + 1 (the projection form): zeros before the
-    // sequence, past n and past the heads.
+    // The packed input window of channels c, c + 1 (the projection form): before the sequence
+    // the carried window (its values are bf16, so packing them again is exact) or zeros; zeros
+    // past n and past the heads.
     auto load_window = [&](u32 (&w)[WIN], i64 c, bool in_head) {
 #pragma unroll
         for (int j = 0; j < WIN; ++j) {
             const int i = er0 - (DC_KW - 1) + j;
-            const bool ok = in_head && i < n && first + i >= 0;
-            w[j] = ok ? dc_pair_bits(src.x + ((i64)c0 + i) * src.x_stride + src.x_offset + c) : 0u;
+            const int t = first + i;  // sequence-local time
+            u32 bits = 0u;
+            if (in_head && i < n) {
+                if (t >= 0) {
+                    bits = dc_pair_bits(src.x + ((i64)c0 + i) * src.x_stride + src.x_offset + c);
+                } else if (src.has_window) {
+                    const float* at = src.window_in + ((i64)seq * (DC_KW - 1) + (DC_KW - 1) + t) * width + c;
+                    bits = pack_bf16x2(at[0], at[1]);
+                }
+            }
+            w[j] = bits;
         }
     };
     static_assert(DC_KW == 4, "a channel's taps load as one 8-byte vector");
@@ -544,13 +558,15 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS, 2)
                      const __nv_bfloat16* __restrict__ conv_w, const __nv_bfloat16* __restrict__ gb, int gb_stride,
                      int gb_offset, const __nv_bfloat16* __restrict__ ga, int ga_stride, int ga_offset,
                      const __nv_bfloat16* __restrict__ a_log, const __nv_bfloat16* __restrict__ dt_bias,
-                     float l2_eps, const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads,
+                     float l2_eps, const float* __restrict__ window_in, int has_window,
+                     const u32* __restrict__ cu_seqlens, int num_seqs, int k_heads, int v_heads,
                      int k_dim, int v_dim, float scale, u32 rows_cap, __nv_bfloat16* __restrict__ w_out,
                      float* __restrict__ u_out, __nv_bfloat16* __restrict__ q_out,
                      __nv_bfloat16* __restrict__ k_out, __nv_bfloat16* __restrict__ p_out,
                      float* __restrict__ gam_out) {
-    const GdrSource src{nullptr, nullptr, nullptr, x,  x_stride, x_offset, conv_w, gb,     gb_stride,
-                        gb_offset, ga,     ga_stride, ga_offset, a_log, dt_bias,  l2_eps};
+    const GdrSource src{nullptr, nullptr,   nullptr,   x,     x_stride, x_offset,  conv_w,    gb,
+                        gb_stride, gb_offset, ga,  ga_stride, ga_offset, a_log, dt_bias, l2_eps, window_in,
+                        has_window};
     gdr_prepare_body<true>(src, cu_seqlens, num_seqs, k_heads, v_heads, k_dim, v_dim, scale, rows_cap, w_out,
                            u_out, q_out, k_out, p_out, gam_out);
 }

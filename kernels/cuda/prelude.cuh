@@ -166,11 +166,12 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // cu_seqlens holds; false for blocks beyond the batch's tiles. 32 sequences per step: lane i takes
 // sequence base + i, an inclusive warp scan of the tile counts finds the sequence holding tile t. Every warp runs it (same loads, same
 // answer), so no shared memory or barrier is needed. Counts are unsigned: a sequence has at most
-// ceil(2^32 / BM) tiles, 32 of them fit in 32 bits for BM >= 2.
+// ceil(2^32 / BM) tiles, 32 of them fit in 32 bits for BM >= 2. `seq`, where given, receives the
+// sequence's index.
 template <int BM>
 __device__ __forceinline__ bool find_tile_warp(const u32* __restrict__ cu_seqlens,
                                                int num_seqs, u32 rows, int t_in, int& tile,
-                                               u32& seq_start, int& len) {
+                                               u32& seq_start, int& len, int* seq = nullptr) {
     const int lane = threadIdx.x & 31;
     u32 t = (u32)t_in;
     for (int base = 0; base < num_seqs; base += 32) {
@@ -196,6 +197,7 @@ __device__ __forceinline__ bool find_tile_warp(const u32* __restrict__ cu_seqlen
             seq_start = __shfl_sync(0xffffffffu, a, src);
             len = (int)(__shfl_sync(0xffffffffu, b, src) - seq_start);
             tile = (int)(count - 1 - (t - before));
+            if (seq) *seq = base + src;
             return true;
         }
         t -= total;

@@ -512,7 +512,7 @@ fn delta_net_core_carried_matches_cpu() {
 
 /// On the GPU, a DeltaNet layer run as prefix → snapshot → resumed tail computes what the whole
 /// prompt's fused path (`delta_net_core`) does. With every cut on the 64-token chunk grid: bit for
-/// bit, the prefix's own rows (the snapshotting pass goes through the unfused ops), the tail's
+/// bit, the prefix's own rows (the snapshotting pass writes windows out), the tail's
 /// rows and the final state. Off the grid the tail restarts the chunks at its cut and rounds
 /// differently: within the CPU comparison's tolerance, and the sizes are printed.
 #[test]

@@ -38,9 +38,9 @@
 //!   prefix) and [`Backend::gated_attention_carried`] (each sequence's prefix k/v rows packed
 //!   back to back with `num_seqs + 1` offsets in an index buffer, [`PrefixKv`]; every row's k
 //!   and v out). The CPU and CUDA backends implement both (a backend that does not gets the
-//!   trait's refusal, `prefix states are not implemented on … yet`). On CUDA a carried window
-//!   takes the delta-rule ops apart (the fused `gdr_prepare_conv` reads no window), and a resumed
-//!   sequence attends through the flash kernel's prefix form, row for row the whole prompt's
+//!   trait's refusal, `prefix states are not implemented on … yet`). On CUDA the fused
+//!   `gdr_prepare_conv` reads the carried windows (the conv kernel's window copy writes them
+//!   out), and a resumed sequence attends through the flash kernel's prefix form, row for row the whole prompt's
 //!   (kernels/tests/cuda_carried.rs, on an H200). The delta rule restarting its 64-token chunk
 //!   grid at a segment's start is what still moves a resumed answer on the GPU (this crate's
 //!   prefix_states on the GPU), so serving there takes reuse only when asked for.

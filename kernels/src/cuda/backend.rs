@@ -612,8 +612,8 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         if delta_chunked::fuses(&self.gpu, &input, dims) {
-            let batch = (batch, dims);
-            delta_chunked::delta_net_core(&self.gpu, input, batch, state, scratch, out)
+            let (batch, carry) = ((batch, dims), (state, ConvWindow::none()));
+            delta_chunked::delta_net_core(&self.gpu, input, batch, carry, scratch, out)
         } else {
             delta_net_core_apart(self, input, (batch, dims), state, scratch, out)
         }
@@ -686,11 +686,10 @@ impl Backend for CudaBackend {
         scratch: DeltaNetScratch<'_, CudaBuf>,
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
-        if carry.window.input.is_none() && carry.window.output.is_none() {
-            return self.delta_net_core(input, batch, dims, carry.state, scratch, out);
+        if delta_chunked::fuses(&self.gpu, &input, dims) {
+            let (batch, carry) = ((batch, dims), (carry.state, carry.window));
+            return delta_chunked::delta_net_core(&self.gpu, input, batch, carry, scratch, out);
         }
-        // The fused prepare reads no window: a carried one takes the ops apart (the conv kernel
-        // reads and writes windows; the rule takes and gives states).
         delta_net_core_carried_apart(self, input, (batch, dims), carry, scratch, out)
     }
 

@@ -126,6 +126,7 @@ pub(crate) fn out_buf<'a>(
 }
 
 /// A read-only activation of either type (for ops with one kernel entry point per input type).
+#[derive(Clone, Copy)]
 pub(crate) enum InBuf<'a> {
     F32(&'a CudaSlice<f32>),
     Bf16(&'a CudaSlice<bf16>),

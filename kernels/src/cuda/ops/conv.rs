@@ -88,6 +88,70 @@ impl<'a> ConvGates<'a> {
     }
 }
 
+/// Where the conv's input sits, as [`conv_window_out`] reads it: the row stride and offset of its
+/// channels in `x`, its channels and taps, and the rows `x` holds.
+pub(crate) struct WindowAt {
+    pub x_stride: i32,
+    pub x_offset: i32,
+    pub channels: usize,
+    pub kernel: usize,
+    pub rows_cap: usize,
+}
+
+/// Writes each sequence's window to resume from into `window_out` (`conv1d_window_out`): its
+/// last `kernel − 1` conv inputs, or those before `output_at[s]` where given, reaching back into
+/// `window_in` for a sequence shorter than that.
+pub(crate) fn conv_window_out(
+    gpu: &Gpu,
+    op: &'static str,
+    (x, at): (InBuf<'_>, WindowAt),
+    batch: Varlen<'_, CudaSlice<u32>>,
+    window_in: Option<&CudaSlice<f32>>,
+    (window_out, output_at): (&mut CudaBuf, Option<&CudaSlice<u32>>),
+) -> KernelResult<()> {
+    let win_len = batch.num_seqs * at.kernel.saturating_sub(1) * at.channels;
+    let window_out = act_mut(op, "window_out", window_out, win_len)?;
+    let output_at = output_at
+        .map(|a| idx(op, "output_at", a, batch.num_seqs))
+        .transpose()?;
+    if win_len == 0 {
+        return Ok(());
+    }
+    let kernel_name = match x {
+        InBuf::F32(_) => "conv1d_window_out",
+        InBuf::Bf16(_) => "conv1d_window_out_bf16x",
+    };
+    let null = 0u64;
+    let has_window = i32::from(window_in.is_some());
+    let has_output_at = i32::from(output_at.is_some());
+    let num_seqs = to_i32(op, "num_seqs", batch.num_seqs)?;
+    let channels = to_i32(op, "channels", at.channels)?;
+    let kernel = to_i32(op, "kernel", at.kernel)?;
+    let rows_cap = to_u32(op, "rows", at.rows_cap)?;
+    // SAFETY: argument types match the kernel; window_out holds win_len values, window_in (where
+    // present) as many (checked by the caller), and the kernel reads no row of x at or past
+    // rows_cap.
+    unsafe {
+        gpu.launch(op, kernel_name, linear(op, win_len, BLOCK)?, |launch| {
+            x.push(launch);
+            launch
+                .arg(&at.x_stride)
+                .arg(&at.x_offset)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs);
+            push_or_null(launch, window_in, &null);
+            launch
+                .arg(&has_window)
+                .arg(output_at.unwrap_or(batch.cu_seqlens))
+                .arg(&has_output_at)
+                .arg(window_out)
+                .arg(&channels)
+                .arg(&kernel)
+                .arg(&rows_cap);
+        })
+    }
+}
+
 /// conv1d_silu, with the L2 norm of each head of the first `l2_channels` output channels
 /// (whole CONV_TILE_CH-wide heads; 0 for none) and the gates (if given) fused in.
 pub(crate) fn conv1d_silu(
@@ -116,9 +180,9 @@ pub(crate) fn conv1d_silu(
     let x_stride = to_i32(OP, "x row stride", x_at.row_stride)?;
     let x_offset = to_i32(OP, "x offset", x_at.offset)?;
     let x = in_buf(OP, "x", x, 0)?;
-    let (conv_kernel, window_kernel) = match x {
-        InBuf::F32(_) => ("conv1d_silu", "conv1d_window_out"),
-        InBuf::Bf16(_) => ("conv1d_silu_bf16x", "conv1d_window_out_bf16x"),
+    let conv_kernel = match x {
+        InBuf::F32(_) => "conv1d_silu",
+        InBuf::Bf16(_) => "conv1d_silu_bf16x",
     };
     let w = weight(OP, "weight", weight_buf, channels * kernel)?;
     let out = act_mut(OP, "out", out, 0)?;
@@ -173,35 +237,16 @@ pub(crate) fn conv1d_silu(
             })?;
         }
     }
-    if let Some(window_out) = window.output {
-        let window_out = act_mut(OP, "window_out", window_out, win_len)?;
-        let output_at = window
-            .output_at
-            .map(|at| idx(OP, "output_at", at, batch.num_seqs))
-            .transpose()?;
-        let has_output_at = i32::from(output_at.is_some());
-        if win_len > 0 {
-            // SAFETY: argument types match the kernel; window_out holds win_len values.
-            unsafe {
-                gpu.launch(OP, window_kernel, linear(OP, win_len, BLOCK)?, |launch| {
-                    x.push(launch);
-                    launch
-                        .arg(&x_stride)
-                        .arg(&x_offset)
-                        .arg(batch.cu_seqlens)
-                        .arg(&num_seqs);
-                    push_or_null(launch, window_in, &null);
-                    launch
-                        .arg(&has_window)
-                        .arg(output_at.unwrap_or(batch.cu_seqlens))
-                        .arg(&has_output_at)
-                        .arg(window_out)
-                        .arg(&channels_a)
-                        .arg(&kernel_a)
-                        .arg(&rows_cap_a);
-                })?;
-            }
-        }
+    if let Some(output) = window.output {
+        let at = WindowAt {
+            x_stride,
+            x_offset,
+            channels,
+            kernel,
+            rows_cap,
+        };
+        let output = (output, window.output_at);
+        conv_window_out(gpu, OP, (x, at), batch, window_in, output)?;
     }
     Ok(())
 }

@@ -13,12 +13,13 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::super::buffers::{weight, CudaBuf, DType};
+use super::super::buffers::{act, weight, CudaBuf, DType, InBuf};
 use super::super::launch::{to_i32, to_u32, Gpu};
 use super::super::workspace::{DeltaScratch, DELTA_CHUNK as CHUNK, DELTA_MAX_HEAD as MAX_HEAD};
+use super::conv::{conv_window_out, WindowAt};
 use super::shared::{opt_in_smem, CudaBuffers, DeltaArgs, GateInputs};
 use crate::backend::{
-    DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, KernelResult, Varlen,
+    ConvWindow, DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, KernelResult, Varlen,
 };
 use crate::error::KernelError;
 
@@ -27,7 +28,8 @@ const PROJECTION_CONV_TAPS: usize = 4;
 
 /// What `gdr_prepare_conv` reads instead of the conv output and the gates: the q|k|v block of the
 /// stacked in-projection (row stride and offset even, as its pair loads need), the conv weight
-/// `[q|k|v channels][PROJECTION_CONV_TAPS]`, the gates' inputs and the L2 norm's epsilon.
+/// `[q|k|v channels][PROJECTION_CONV_TAPS]`, the gates' inputs, the L2 norm's epsilon, and the
+/// windows the sequences resume from (`None`: zeros before each sequence).
 pub(crate) struct DeltaProjection<'a> {
     x: &'a CudaSlice<bf16>,
     x_stride: i32,
@@ -35,6 +37,7 @@ pub(crate) struct DeltaProjection<'a> {
     conv_weight: &'a CudaSlice<bf16>,
     gates: GateInputs<'a>,
     l2_eps: f32,
+    window_in: Option<&'a CudaSlice<f32>>,
 }
 /// Threads of `gdr_prepare` (`DC_THREADS`).
 const PREPARE_THREADS: u32 = 512;
@@ -151,6 +154,11 @@ pub(crate) fn delta_rule_chunked<B: CudaBuffers + ?Sized>(
                             .arg(p.conv_weight);
                         p.gates.push(launch);
                         launch.arg(&p.l2_eps);
+                        match p.window_in {
+                            Some(window) => launch.arg(window).arg(&1i32),
+                            // Never read (has_window 0): the projection stands in.
+                            None => launch.arg(p.x).arg(&0i32),
+                        };
                     }
                     None => {
                         launch.arg(args.qkv).arg(args.beta).arg(args.g);
@@ -233,14 +241,15 @@ pub(crate) fn fuses(gpu: &Gpu, input: &DeltaNetInput<'_, CudaBuf>, dims: DeltaDi
         && supports(gpu, dims)
 }
 
-/// [`crate::Backend::delta_net_core`] with the first kernel reading the bf16 projection and doing
-/// the conv, the L2 norms and the gates itself (`gdr_prepare_conv`, the same bits); the caller
-/// checked [`fuses`].
+/// [`crate::Backend::delta_net_core_carried`] with the first kernel reading the bf16 projection
+/// and doing the conv (from the carried windows, where given), the L2 norms and the gates itself
+/// (`gdr_prepare_conv`, the same bits as the ops apart), and the windows to resume from copied out
+/// by the conv's own kernel; the caller checked [`fuses`].
 pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
     gpu: &Gpu,
     input: DeltaNetInput<'_, CudaBuf>,
     (batch, dims): (Varlen<'_, CudaSlice<u32>>, DeltaDims),
-    state: DeltaState<'_, B>,
+    (state, window): (DeltaState<'_, B>, ConvWindow<'_, CudaBuf, CudaSlice<u32>>),
     scratch: DeltaNetScratch<'_, CudaBuf>,
     out: &mut CudaBuf,
 ) -> KernelResult<()> {
@@ -260,6 +269,11 @@ pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
             ),
         ));
     }
+    let win_len = batch.num_seqs * (PROJECTION_CONV_TAPS - 1) * width;
+    let window_in = window
+        .input
+        .map(|w| act(OP, "window_in", w, win_len))
+        .transpose()?;
     let proj = DeltaProjection {
         x,
         x_stride: to_i32(OP, "x row stride", x_at.row_stride)?,
@@ -267,7 +281,19 @@ pub(crate) fn delta_net_core<B: CudaBuffers + ?Sized>(
         conv_weight: weight(OP, "conv weight", input.conv_weight, width * input.kernel)?,
         gates: GateInputs::new(OP, &input.gates, batch.rows, true)?,
         l2_eps: input.l2_eps,
+        window_in,
     };
+    if let Some(output) = window.output {
+        let at = WindowAt {
+            x_stride: proj.x_stride,
+            x_offset: proj.x_offset,
+            channels: width,
+            kernel: PROJECTION_CONV_TAPS,
+            rows_cap: x_rows,
+        };
+        let output = (output, window.output_at);
+        conv_window_out(gpu, OP, (InBuf::Bf16(x), at), batch, window_in, output)?;
+    }
     // The scratch is the plain form's input; here it only stands in for absent states.
     let inputs = DeltaInputs {
         qkv: &*scratch.conv,
