@@ -42,7 +42,7 @@ use clap::Args;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend};
 use instinct_model::config::ModelConfig;
-use instinct_model::decider::{load_text, Decider, Prompt};
+use instinct_model::decider::{load_text, Decider, Prompt, QuestionSegment};
 use instinct_model::forward::BatchLimits;
 pub use instinct_model::source::{Device, ModelSource};
 use serde_json::{json, Map, Value};
@@ -145,6 +145,11 @@ pub struct BenchArgs {
     /// first warm-up run captures its shape, the timed runs replay it.
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
+    /// Forward passes only: each question's first N ids run once as a prefix (its snapshot
+    /// kept), and the timed runs resume the rest from it, as a server resumes a question from
+    /// the cached system turn (0: whole questions). A question of at most N ids runs whole.
+    #[arg(long, default_value_t = 0, conflicts_with = "http")]
+    pub resume_tokens: usize,
 }
 
 /// A flag's `on` or `off`.
@@ -418,6 +423,10 @@ impl Bench<'_> {
             limits,
         )
         .with_context(|| format!("loading {}", source.model_dir.display()))?;
+        if self.args.resume_tokens > 0 {
+            // Room for the states a resumed pass carries, as a server with prefix reuse has.
+            loaded.decider.reserve_carry_arena()?;
+        }
         let load_s = t0.elapsed().as_secs_f64();
         eprintln!("[bench] {backend_name}: model loaded (read, merge, upload) in {load_s:.2} s");
         self.report.insert("backend".into(), json!(backend_name));
@@ -471,15 +480,49 @@ impl Bench<'_> {
         row: &Row,
         first_call_ms: &mut Option<f64>,
     ) -> Result<Map<String, Value>> {
-        let questions: Vec<Prompt> = row
+        // The prefixes resumed from (--resume-tokens), computed once, untimed.
+        let resume_tokens = self.args.resume_tokens;
+        let cut_at = |ids: &[u32]| match resume_tokens {
+            n if n > 0 && n < ids.len() => n,
+            _ => 0,
+        };
+        let prefixes: Vec<QuestionSegment> = row
             .seqs
             .iter()
-            .map(|ids| Prompt::text(ids, LETTERS))
+            .filter(|ids| cut_at(ids) > 0)
+            .map(|ids| QuestionSegment::prefix(&ids[..cut_at(ids)], None))
             .collect();
+        let mut snapshots = if prefixes.is_empty() {
+            Vec::new()
+        } else {
+            decider.decide_segments(&prefixes)?
+        }
+        .into_iter()
+        .map(|a| a.snapshot.context("a prefix without its snapshot"));
+        let mut segments = Vec::with_capacity(row.seqs.len());
+        let mut states = Vec::with_capacity(row.seqs.len());
+        for ids in &row.seqs {
+            states.push(if cut_at(ids) > 0 {
+                Some(snapshots.next().context("a snapshot per prefix")??)
+            } else {
+                None
+            });
+        }
+        for (ids, state) in row.seqs.iter().zip(&states) {
+            let prompt = Prompt::text(&ids[cut_at(ids)..], LETTERS);
+            segments.push(QuestionSegment::answer(prompt, state.as_ref()));
+        }
+        let mut run = || -> Result<Vec<Vec<f32>>> {
+            let answers = decider.decide_segments(&segments)?;
+            answers
+                .into_iter()
+                .map(|a| a.probabilities.context("a question without its answer"))
+                .collect()
+        };
         let mut warmups = Vec::with_capacity(self.args.warmup);
         for _ in 0..self.args.warmup {
             let t = Instant::now();
-            decider.decide(&questions)?;
+            run()?;
             warmups.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let wanted = match row.kind {
@@ -487,7 +530,7 @@ impl Bench<'_> {
             RowKind::Batch => self.args.batch_runs,
         }
         .max(1);
-        let (times, cut, answers) = self.timed_runs(wanted, || decider.decide(&questions))?;
+        let (times, cut, answers) = self.timed_runs(wanted, run)?;
         if first_call_ms.is_none() {
             *first_call_ms = Some(warmups.first().copied().unwrap_or(times[0]));
             self.report.insert(
@@ -513,6 +556,10 @@ impl Bench<'_> {
         }
         out.insert("source".into(), json!(row.source));
         out.insert("forward_passes".into(), json!(1));
+        let resumed: Vec<usize> = row.seqs.iter().map(|ids| cut_at(ids)).collect();
+        if resumed.iter().any(|&n| n > 0) {
+            out.insert("resumed_from_tokens".into(), json!(resumed));
+        }
         out.insert("warmup_ms".into(), json!(warmups));
         out.insert("runs_requested".into(), json!(wanted));
         out.insert("cut_by_max_row_s".into(), json!(cut));

@@ -142,6 +142,60 @@ fn forward_rows_on_the_demo_model() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--resume-tokens`: the timed runs resume each question from a snapshot of its first ids and
+/// answer as the whole question does; a question no longer than the prefix runs whole.
+#[test]
+fn resumed_rows_answer_as_whole_ones() {
+    let dir = scratch("resumed");
+    let run = |resume: &str| {
+        let out = dir.join(format!("bench-{resume}.json"));
+        let args = parse(&[
+            "--lengths",
+            "8,40",
+            "--batch-sizes",
+            "2",
+            "--batch-prompt-tokens",
+            "30",
+            "--runs",
+            "2",
+            "--batch-runs",
+            "1",
+            "--warmup",
+            "1",
+            "--resume-tokens",
+            resume,
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .unwrap();
+        instinct::bench::run(&args).unwrap();
+        read(&out)
+    };
+    let (whole, resumed) = (run("0"), run("16"));
+    let (want, got) = (
+        whole["latency"].as_array().unwrap(),
+        resumed["latency"].as_array().unwrap(),
+    );
+    for (w, g) in want.iter().zip(got) {
+        let probs = |row: &Value| -> Vec<f64> {
+            row["probs_26"].as_array().unwrap().iter().map(f).collect()
+        };
+        for (a, b) in probs(w).iter().zip(probs(g)) {
+            assert!((a - b).abs() <= 1e-5, "{w} against {g}");
+        }
+        assert!(w.get("resumed_from_tokens").is_none());
+    }
+    assert!(
+        got[0].get("resumed_from_tokens").is_none(),
+        "8 ids run whole"
+    );
+    assert_eq!(got[1]["resumed_from_tokens"], json!([16]));
+    assert_eq!(resumed["batch"][0]["resumed_from_tokens"], json!([16, 16]));
+    let e = parse(&["--http", "http://127.0.0.1:1", "--resume-tokens", "16"]).unwrap_err();
+    assert!(e.to_string().contains("--resume-tokens"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn prompts_file_ids_are_run_and_its_digest_is_checked() {
     let dir = scratch("prompts");

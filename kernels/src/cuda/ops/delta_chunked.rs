@@ -19,7 +19,8 @@ use super::super::workspace::{DeltaScratch, DELTA_CHUNK as CHUNK, DELTA_MAX_HEAD
 use super::conv::{conv_window_out, WindowAt};
 use super::shared::{opt_in_smem, CudaBuffers, DeltaArgs, GateInputs};
 use crate::backend::{
-    ConvWindow, DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, KernelResult, Varlen,
+    ConvWindow, DeltaDims, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, KernelResult,
+    Varlen,
 };
 use crate::error::KernelError;
 
