@@ -160,6 +160,28 @@ extern "C" __global__ void gather_last(const float* __restrict__ x, const u32* _
     out[(i64)s * dim + d] = valid ? x[(i64)(end - 1) * dim + d] : F32_NAN;
 }
 
+// Copies of f32 values, one per part i = blockIdx.y: parts[3i] (source address), parts[3i + 1]
+// (destination address), parts[3i + 2] (values), each spread over the blocks along x in a
+// grid-stride loop; float4 where both addresses are 16-byte aligned. The caller checked every part
+// against its buffers and that no part writes what another reads or writes.
+extern "C" __global__ void copy_parts(const unsigned long long* __restrict__ parts, int count) {
+    const int i = blockIdx.y;
+    if (i >= count) return;
+    const float* src = reinterpret_cast<const float*>(parts[3 * i]);
+    float* dst = reinterpret_cast<float*>(parts[3 * i + 1]);
+    const i64 len = (i64)parts[3 * i + 2];
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    i64 done = 0;
+    if (((parts[3 * i] | parts[3 * i + 1]) & 15) == 0) {
+        const i64 n4 = len / 4;
+        for (i64 k = t; k < n4; k += stride)
+            reinterpret_cast<float4*>(dst)[k] = reinterpret_cast<const float4*>(src)[k];
+        done = 4 * n4;
+    }
+    for (i64 k = done + t; k < len; k += stride) dst[k] = src[k];
+}
+
 // out[slots[i]][d] = rows[i][d] for i < count, d < width: rows put in place of others (a
 // screenshot's image features over its image tokens' embeddings). A slot past out_rows is skipped.
 extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const u32* __restrict__ slots,

@@ -7,10 +7,10 @@ pub mod cuda;
 pub mod error;
 
 pub use backend::{
-    AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, DeltaCarry, DeltaDims,
-    DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm,
-    GemmShape, HeadLayout, KernelResult, L2Heads, PassShape, PrefixKv, Projection, QkPrologue,
-    Rope, RowNorm, Store, Strided, Varlen,
+    AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, CopyPart, DeltaCarry,
+    DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs,
+    GatedNorm, GemmShape, HeadLayout, KernelResult, L2Heads, PassShape, PrefixKv, Projection,
+    QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
 };
 pub use cpu::CpuBackend;
 pub use error::KernelError;

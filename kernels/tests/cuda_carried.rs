@@ -2,7 +2,8 @@
 //! reference: `gated_attention_carried` with each sequence's prefix keys before its own and every
 //! row's k/v written out, and `delta_net_core_carried` with the conv window and the recurrent state
 //! in and out. Ragged batches mixing resumed and fresh sequences, own lengths of 1 and not
-//! multiples of 64, prefixes of 0, 1, 63, 64, 65 and 200 rows.
+//! multiples of 64, prefixes of 0, 1, 63, 64, 65 and 200 rows. And `copy_many`, which stages the
+//! states a carried pass starts from.
 //!
 //! These need a GPU: `cargo test -p instinct-kernels --test cuda_carried -- --ignored`.
 //!
@@ -16,9 +17,9 @@ mod common;
 use common::{bf16_round, cu_of, gpu, max_diff, rand_vec};
 
 use instinct_kernels::{
-    AttentionDims, AttentionOutput, Backend, ConvWindow, CpuBackend, DeltaCarry, DeltaDims,
-    DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, PrefixKv, QkPrologue, Rope, Strided,
-    Varlen,
+    AttentionDims, AttentionOutput, Backend, ConvWindow, CopyPart, CpuBackend, DeltaCarry,
+    DeltaDims, DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, PrefixKv, QkPrologue, Rope,
+    Strided, Varlen,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -945,4 +946,65 @@ fn a_resumed_sequence_attends_as_its_whole_prompt_on_the_gpu() {
     // apart.)
     assert_eq!(got_rows, want_rows, "every own row");
     assert_eq!(got_last, whole_last, "each last row");
+}
+
+/// Copies by `copy_many` on `be`, and the two destinations read back: whole float4s, an unaligned odd-length run, several parts into
+/// one buffer, an empty part, a single value.
+fn copy_many_case<B: Backend>(be: &B) -> [Vec<f32>; 2] {
+    let buf = |data: Vec<f32>| {
+        let mut b = be.alloc(data.len()).unwrap();
+        be.write(&mut b, &data).unwrap();
+        b
+    };
+    let a = buf((0..5000).map(|i| i as f32 + 0.5).collect());
+    let b = buf((0..37).map(|i| -(i as f32)).collect());
+    let (mut x, mut y) = (be.alloc(6000).unwrap(), be.alloc(100).unwrap());
+    let part = |src, src_at, dst, dst_at, len| CopyPart {
+        src,
+        src_at,
+        dst,
+        dst_at,
+        len,
+    };
+    let parts = [
+        part(&a, 0, 0, 0, 4096),
+        part(&a, 3, 0, 4097, 901),
+        part(&b, 1, 1, 5, 36),
+        part(&b, 0, 1, 50, 0),
+        part(&a, 4999, 1, 99, 1),
+    ];
+    be.copy_many(&mut [&mut x, &mut y], &parts).unwrap();
+    [be.read(&x, 6000).unwrap(), be.read(&y, 100).unwrap()]
+}
+
+/// `copy_many` on the GPU (one launch) puts every value where the CPU's part-by-part copies do,
+/// and refuses parts that overlap in a destination or name a missing one, writing nothing.
+#[test]
+#[ignore = "needs a GPU"]
+fn copy_many_on_the_gpu_copies_each_part_as_copy_does() {
+    let gpu = gpu();
+    assert_eq!(copy_many_case(&gpu), copy_many_case(&CpuBackend::new()));
+    let mut src = gpu.alloc(64).unwrap();
+    gpu.write(&mut src, &[1.0; 64]).unwrap();
+    let mut dst = gpu.alloc(64).unwrap();
+    let part = |dst, dst_at| CopyPart {
+        src: &src,
+        src_at: 0,
+        dst,
+        dst_at,
+        len: 8,
+    };
+    let err = gpu
+        .copy_many(&mut [&mut dst], &[part(0, 0), part(0, 7)])
+        .unwrap_err();
+    assert!(err.to_string().contains("overlap"), "{err}");
+    let err = gpu.copy_many(&mut [&mut dst], &[part(1, 0)]).unwrap_err();
+    assert!(err.to_string().contains("no destination 1"), "{err}");
+    let err = gpu.copy_many(&mut [&mut dst], &[part(0, 60)]).unwrap_err();
+    assert!(err.to_string().contains("destination holds 64"), "{err}");
+    assert_eq!(
+        gpu.read(&dst, 64).unwrap(),
+        vec![0.0; 64],
+        "nothing written"
+    );
 }

@@ -16,7 +16,7 @@ use instinct_kernels::backend::{
     captured_prefix_rows, padded_offsets, CarryShape, CAPTURED_MAX_PREFIX_ROWS, CAPTURED_MAX_ROWS,
 };
 use instinct_kernels::{
-    AttentionDims, AttentionOutput, Backend, Buffers, ConvWindow, DeltaCarry, DeltaDims,
+    AttentionDims, AttentionOutput, Backend, Buffers, ConvWindow, CopyPart, DeltaCarry, DeltaDims,
     DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, GatedNorm, GemmShape, KernelError,
     PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
 };
@@ -1027,6 +1027,9 @@ impl<B: Backend> TextModel<B> {
     /// sequences (the prefix offsets padded to `seqs` sequences): each sequence's DeltaNet state
     /// and window at its slot, the attention prefixes back to back. A sequence that resumes from
     /// nothing gets `zeros` in its slot, or nothing where the buffers are fresh (allocated zeroed).
+    /// Every copy goes to the backend at once ([`Backend::copy_many`]: one launch on a GPU, where
+    /// a layer's copies are tiny beside their launches); values held on the host are uploaded
+    /// first.
     fn fill_carry(
         be: &B,
         zeros: Option<&B::Buf>,
@@ -1036,6 +1039,10 @@ impl<B: Backend> TextModel<B> {
         carry: &mut Carry<B>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
+        let uploaded = Self::upload_host_values(be, segs)?;
+        let source = |values| held_in(values, &uploaded);
+        let mut dsts: Vec<&mut B::Buf> = Vec::new();
+        let mut parts: Vec<CopyPart<'_, B::Buf>> = Vec::new();
         for (i, (layer, layer_shape)) in carry.layers.iter_mut().zip(shapes).enumerate() {
             match (layer, *layer_shape) {
                 (
@@ -1049,19 +1056,24 @@ impl<B: Backend> TextModel<B> {
                         window_len,
                     },
                 ) => {
+                    let first = dsts.len();
+                    dsts.extend([state_in, window_in]);
+                    let slots = [(delta_state as Part, state_len), (delta_window, window_len)];
                     for (s, seg) in segs.iter().enumerate() {
-                        let parts = [
-                            (delta_state as Part, state_len, &mut *state_in),
-                            (delta_window as Part, window_len, &mut *window_in),
-                        ];
-                        for (part, len, dst) in parts {
-                            match (seg.resume.and_then(|st| part(&st.layers()[i])), zeros) {
-                                (Some(values), _) => Self::copy_values(be, values, dst, s * len)?,
-                                (None, Some(zeros)) => {
-                                    be.copy(zeros, 0, dst, s * len, len).map_err(e)?
-                                }
-                                (None, None) => {}
-                            }
+                        for (dst, (part, slot)) in (first..).zip(slots) {
+                            let (src, len) =
+                                match (seg.resume.and_then(|st| part(&st.layers()[i])), zeros) {
+                                    (Some(values), _) => (source(values)?, values.len()),
+                                    (None, Some(zeros)) => (zeros, slot),
+                                    (None, None) => continue,
+                                };
+                            parts.push(CopyPart {
+                                src,
+                                src_at: 0,
+                                dst,
+                                dst_at: s * slot,
+                                len,
+                            });
                         }
                     }
                 }
@@ -1072,15 +1084,24 @@ impl<B: Backend> TextModel<B> {
                     },
                     LayerShape::Attention { .. },
                 ) => {
+                    let first = dsts.len();
+                    dsts.extend([k, v]);
                     let mut at = 0;
                     for state in segs.iter().filter_map(|s| s.resume) {
                         let layer = &state.layers()[i];
-                        let (Some(keys), Some(values)) = (keys(layer), values(layer)) else {
+                        let (Some(k_values), Some(v_values)) = (keys(layer), values(layer)) else {
                             bail!("layer {i}: a prefix state without keys and values");
                         };
-                        Self::copy_values(be, keys, k, at)?;
-                        Self::copy_values(be, values, v, at)?;
-                        at += keys.len();
+                        for (dst, held) in [(first, k_values), (first + 1, v_values)] {
+                            parts.push(CopyPart {
+                                src: source(held)?,
+                                src_at: 0,
+                                dst,
+                                dst_at: at,
+                                len: held.len(),
+                            });
+                        }
+                        at += k_values.len();
                     }
                 }
                 (
@@ -1095,6 +1116,7 @@ impl<B: Backend> TextModel<B> {
                 _ => bail!("layer {i}: no room staged for the prefix states"),
             }
         }
+        be.copy_many(&mut dsts, &parts).map_err(e)?;
         if let Some((cu_prefix, _)) = carry.cu_prefix.as_mut() {
             let mut cu = vec![0u32];
             for seg in segs {
@@ -1109,6 +1131,33 @@ impl<B: Backend> TextModel<B> {
             be.write_idx(idx, &at).map_err(e)?;
         }
         Ok(())
+    }
+
+    /// The values `segs` resume from that are held on the host (a snapshot given as
+    /// [`Values::host`], or one another backend took), each uploaded into a buffer of this
+    /// backend, with the values it stands for.
+    fn upload_host_values<'s>(be: &B, segs: &[Segment<'s>]) -> Result<Vec<(&'s Values, B::Buf)>> {
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let mut uploaded = Vec::new();
+        for state in segs.iter().filter_map(|s| s.resume) {
+            for layer in state.layers() {
+                for part in [delta_state as Part, delta_window, keys, values] {
+                    let Some(held) = part(layer).filter(|v| !v.is_empty()) else {
+                        continue;
+                    };
+                    if held.buffer::<B::Buf>().is_some() {
+                        continue;
+                    }
+                    let host = held.as_host().with_context(|| {
+                        format!("a prefix state held by another backend than {}", be.name())
+                    })?;
+                    let mut buf = be.alloc(host.len()).map_err(e)?;
+                    be.write(&mut buf, host).map_err(e)?;
+                    uploaded.push((held, buf));
+                }
+            }
+        }
+        Ok(uploaded)
     }
 
     /// Packs what `segs` resume from into one buffer per layer and part (device-to-device
@@ -1767,6 +1816,21 @@ fn snapshot_tokens(seg: &Segment<'_>) -> usize {
 }
 
 /// One part of a layer's prefix state.
+/// The buffer holding `values`: its own, or the upload standing for it.
+fn held_in<'v, Buf: 'static>(
+    values: &'v Values,
+    uploaded: &'v [(&Values, Buf)],
+) -> Result<&'v Buf> {
+    match values.buffer::<Buf>() {
+        Some(buf) => Ok(buf),
+        None => uploaded
+            .iter()
+            .find(|(held, _)| std::ptr::eq(*held, values))
+            .map(|(_, buf)| buf)
+            .context("a prefix state held by another backend"),
+    }
+}
+
 type Part = fn(&LayerState) -> Option<&Values>;
 
 fn delta_state(layer: &LayerState) -> Option<&Values> {

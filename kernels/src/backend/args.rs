@@ -16,6 +16,7 @@ macro_rules! copy_by_reference {
 }
 
 copy_by_reference!(
+    CopyPart,
     RowNorm,
     Projection,
     GatedNorm,
@@ -23,6 +24,16 @@ copy_by_reference!(
     DeltaInputs,
     DeltaNetInput
 );
+
+/// One copy of [`Backend::copy_many`](super::Backend::copy_many): `len` values of `src` from
+/// `src_at` into its `dst`-th destination from `dst_at`.
+pub struct CopyPart<'a, Buf> {
+    pub src: &'a Buf,
+    pub src_at: usize,
+    pub dst: usize,
+    pub dst_at: usize,
+    pub len: usize,
+}
 
 /// A row-wise norm over `rows` rows of `dim` with its weight: the weight and the row shape come from
 /// one layer's config together and every norm checks them together.

@@ -21,8 +21,9 @@ mod pass;
 mod rope;
 
 pub use args::{
-    AttentionOutput, Conv1d, ConvWindow, DeltaCarry, DeltaInputs, DeltaNetInput, DeltaNetScratch,
-    GateOutputs, GatedNorm, GemmShape, L2Heads, PrefixKv, Projection, QkPrologue, RowNorm,
+    AttentionOutput, Conv1d, ConvWindow, CopyPart, DeltaCarry, DeltaInputs, DeltaNetInput,
+    DeltaNetScratch, GateOutputs, GatedNorm, GemmShape, L2Heads, PrefixKv, Projection, QkPrologue,
+    RowNorm,
 };
 pub(crate) use composed::{
     conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
@@ -147,6 +148,22 @@ pub trait Backend: Buffers {
         dst_at: usize,
         len: usize,
     ) -> KernelResult<()>;
+    /// [`Self::copy`] of every part, into `dsts[part.dst]`: the states a carried pass starts from,
+    /// staged at once (a backend may do them in one launch, where each copy is tiny beside its
+    /// launch). No part may write what another reads or writes.
+    fn copy_many(
+        &self,
+        dsts: &mut [&mut Self::Buf],
+        parts: &[CopyPart<'_, Self::Buf>],
+    ) -> KernelResult<()> {
+        for p in parts {
+            let dst = dsts.get_mut(p.dst).ok_or_else(|| {
+                KernelError::invalid("copy_many", format!("no destination {}", p.dst))
+            })?;
+            self.copy(p.src, p.src_at, dst, p.dst_at, p.len)?;
+        }
+        Ok(())
+    }
 
     // ---- ops ----------------------------------------------------------------------------------
 

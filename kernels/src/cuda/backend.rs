@@ -6,7 +6,7 @@
 //! ops borrow the [`Gpu`] context; nothing below imports this file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaSlice};
 use half::bf16;
@@ -17,6 +17,7 @@ use super::compile::GpuArch;
 use super::device::{driver_err, CudaOptions, Device};
 use super::graphs::{GraphProbe, Graphs};
 use super::launch::Gpu;
+use super::lock;
 use super::ops::{
     attention, conv, delta, delta_chunked, elementwise, flash_attention, gemm, norms, rope, vision,
 };
@@ -26,9 +27,10 @@ use super::workspace::Workspace;
 use crate::backend::{
     captured_shape, conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart,
     qk_norm_then_rope, stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d,
-    ConvWindow, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch,
-    DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult, L2Heads,
-    PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
+    ConvWindow, CopyPart, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput,
+    DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult,
+    L2Heads, PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Varlen,
+    VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -44,6 +46,8 @@ pub struct CudaBackend {
     staging: Staging,
     /// Captured passes, with `cuda_graphs` on.
     graphs: Option<Graphs>,
+    /// The device table of `copy_many`'s parts (grown as needed).
+    copy_table: Mutex<Option<CudaSlice<u64>>>,
 }
 
 /// Reads a device's free and total memory; cheap to clone, usable from any thread.
@@ -101,6 +105,7 @@ impl CudaBackend {
             ordinal: options.ordinal,
             weight_bytes: AtomicU64::new(0),
             staging: Staging::default(),
+            copy_table: Mutex::new(None),
         })
     }
 
@@ -346,6 +351,15 @@ impl Backend for CudaBackend {
                 &mut dst.slice_mut(dst_at..dst_at + len),
             )
             .map_err(|e| driver_err(OP, e))
+    }
+
+    fn copy_many(
+        &self,
+        dsts: &mut [&mut CudaBuf],
+        parts: &[CopyPart<'_, CudaBuf>],
+    ) -> KernelResult<()> {
+        let mut table = lock(&self.copy_table);
+        elementwise::copy_parts(&self.gpu, &mut table, dsts, parts)
     }
 
     fn embedding(

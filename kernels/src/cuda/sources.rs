@@ -80,6 +80,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "delta_gates_bf16x",
             "gather_last",
             "scatter_rows",
+            "copy_parts",
             "f32_to_bf16",
             "swiglu_bf16",
             "swiglu_from_bf16",

@@ -1,12 +1,14 @@
 //! The element-wise ops (`kernels/cuda/elementwise.cu`): embedding, SwiGLU (alone, or writing its
-//! GEMM's bf16 input), the delta rule's gates, the last-row gather and the f32 → bf16 rounding.
+//! GEMM's bf16 input), the delta rule's gates, the last-row gather, the f32 → bf16 rounding, and
+//! many small copies in one launch.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf};
+use super::super::device::driver_err;
 use super::super::launch::{grid_2d, linear, to_i32, to_u32, Gpu, BLOCK};
-use crate::backend::{DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
+use crate::backend::{CopyPart, DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
 use crate::error::KernelError;
 
 use super::shared::{check_batch, fused_gemm, projection_operands};
@@ -239,6 +241,108 @@ pub(crate) fn scatter_rows(
                     .arg(&out_rows_a);
             },
         )
+    }
+}
+
+/// Threads of `copy_parts`' blocks, and the most blocks one part spreads over.
+const COPY_THREADS: u32 = 256;
+const COPY_MAX_BLOCKS: usize = 64;
+
+/// [`crate::Backend::copy_many`] in one `copy_parts` launch: every part checked against its
+/// buffers (f32, in bounds) and the destinations against each other, the table of (source,
+/// destination, values) uploaded into `table` (grown as needed; stream-ordered, so a launch still
+/// reading the old one is unaffected).
+pub(crate) fn copy_parts(
+    gpu: &Gpu,
+    table: &mut Option<CudaSlice<u64>>,
+    dsts: &mut [&mut CudaBuf],
+    parts: &[CopyPart<'_, CudaBuf>],
+) -> KernelResult<()> {
+    const OP: &str = "copy_many";
+    let stream = &gpu.device.stream;
+    let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(parts.len());
+    let mut entries: Vec<u64> = Vec::with_capacity(3 * parts.len());
+    let mut longest = 0;
+    // Destination addresses first (each taken once: a mutable borrow per buffer).
+    let mut dst_ptrs = Vec::with_capacity(dsts.len());
+    for dst in dsts.iter_mut() {
+        let CudaBuf::F32(slice) = &mut **dst else {
+            return Err(KernelError::invalid(OP, "copies f32 buffers only"));
+        };
+        let (ptr, _) = slice.device_ptr_mut(stream);
+        dst_ptrs.push((ptr, slice.len()));
+    }
+    for p in parts.iter().filter(|p| p.len > 0) {
+        let CudaBuf::F32(src) = p.src else {
+            return Err(KernelError::invalid(OP, "copies f32 buffers only"));
+        };
+        let &(dst_ptr, dst_len) = dst_ptrs
+            .get(p.dst)
+            .ok_or_else(|| KernelError::invalid(OP, format!("no destination {}", p.dst)))?;
+        for (what, held, need) in [
+            ("source", src.len(), p.src_at + p.len),
+            ("destination", dst_len, p.dst_at + p.len),
+        ] {
+            if held < need {
+                return Err(KernelError::invalid(
+                    OP,
+                    format!("{what} holds {held} values, needs {need}"),
+                ));
+            }
+        }
+        spans.push((p.dst, p.dst_at, p.dst_at + p.len));
+        let (src_ptr, _) = src.device_ptr(stream);
+        entries.extend([
+            src_ptr + 4 * p.src_at as u64,
+            dst_ptr + 4 * p.dst_at as u64,
+            p.len as u64,
+        ]);
+        longest = longest.max(p.len);
+    }
+    spans.sort_unstable();
+    if let Some(w) = spans
+        .windows(2)
+        .find(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2)
+    {
+        return Err(KernelError::invalid(
+            OP,
+            format!("parts overlap in destination {}", w[0].0),
+        ));
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    gpu.workspace.capture.refuse(OP)?;
+    if table.as_ref().is_none_or(|t| t.len() < entries.len()) {
+        let grown = stream
+            .alloc_zeros::<u64>(entries.len().next_power_of_two())
+            .map_err(|e| driver_err(OP, e))?;
+        *table = Some(grown);
+    }
+    let table = table.as_mut().expect("allocated above");
+    stream
+        .memcpy_htod(&entries, &mut table.slice_mut(..entries.len()))
+        .map_err(|e| driver_err(OP, e))?;
+    let count = spans.len();
+    let blocks = longest
+        .div_ceil(4 * COPY_THREADS as usize)
+        .clamp(1, COPY_MAX_BLOCKS);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            to_u32(OP, "blocks", blocks)?,
+            to_u32(OP, "parts", count)?,
+            1,
+        ),
+        block_dim: (COPY_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let count_a = to_i32(OP, "parts", count)?;
+    // SAFETY: argument types match the kernel; every part's source and destination hold its
+    // values (checked above) and no two destinations overlap.
+    unsafe {
+        gpu.launch(OP, "copy_parts", cfg, |launch| {
+            launch.arg(&*table).arg(&count_a);
+        })
     }
 }
 
