@@ -558,7 +558,11 @@ impl Blas {
             for (fast, (start, end, ran)) in fastest.iter_mut().zip(events) {
                 let end = end.map_err(|e| driver_err(OP, e))?;
                 let ms = start.elapsed_ms(&end).map_err(|e| driver_err(OP, e))?;
-                *fast = if ran && !fast.is_nan() { fast.min(ms) } else { f32::NAN };
+                *fast = if ran && !fast.is_nan() {
+                    fast.min(ms)
+                } else {
+                    f32::NAN
+                };
             }
         }
         // A candidate that failed a run (NaN) is never the fastest.
