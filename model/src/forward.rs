@@ -1188,33 +1188,6 @@ impl<B: Backend> TextModel<B> {
         Ok(carry)
     }
 
-    /// Copies `values` into `dst` from `at`: on the device when this backend holds them, through
-    /// an upload when they are on the host.
-    fn copy_values(be: &B, values: &Values, dst: &mut B::Buf, at: usize) -> Result<()> {
-        let e = |err| anyhow!("{}: {err}", be.name());
-        if values.is_empty() {
-            return Ok(());
-        }
-        if let Some(buf) = values.buffer::<B::Buf>() {
-            return be.copy(buf, 0, dst, at, values.len()).map_err(e);
-        }
-        let host = values.as_host().with_context(|| {
-            format!("a prefix state held by another backend than {}", be.name())
-        })?;
-        let mut staged = be.alloc(host.len()).map_err(e)?;
-        be.write(&mut staged, host).map_err(e)?;
-        be.copy(&staged, 0, dst, at, host.len()).map_err(e)
-    }
-
-    /// `len` values of `src` from `at`, in a buffer of their own.
-    fn cut(&self, src: &B::Buf, at: usize, len: usize) -> Result<Values> {
-        let be = &self.backend;
-        let e = |err| anyhow!("{}: {err}", be.name());
-        let mut buf = be.alloc(len.max(1)).map_err(e)?;
-        be.copy(src, at, &mut buf, 0, len).map_err(e)?;
-        Ok(Values::in_buffer(len, buf))
-    }
-
     /// `state` with every part read back to the host (for tests and tools; serving keeps
     /// snapshots where they were taken).
     pub fn snapshot_on_host(&self, state: &PrefixState) -> Result<PrefixState> {
@@ -1265,7 +1238,18 @@ impl<B: Backend> TextModel<B> {
         if !segs.iter().any(|s| s.snapshot) {
             return Ok(vec![None; segs.len()]);
         }
-        let mut per_seq: Vec<Vec<LayerState>> = segs.iter().map(|_| Vec::new()).collect();
+        // Every snapshot part gets a buffer of its own, filled by one `copy_many`: per sequence
+        // and layer, a DeltaNet state and window cut out of the pass's packed outputs, or an
+        // attention layer's keys and values (the prefix's first, then the segment's own rows).
+        let uploaded = Self::upload_host_values(be, segs)?;
+        let mut bufs: Vec<(B::Buf, usize)> = Vec::new();
+        let mut parts: Vec<CopyPart<'_, B::Buf>> = Vec::new();
+        let mut room = |len: usize| -> Result<usize> {
+            bufs.push((be.alloc(len.max(1)).map_err(e)?, len));
+            Ok(bufs.len() - 1)
+        };
+        // Per sequence, per layer: whether it is a DeltaNet layer, and its two parts' buffers.
+        let mut per_seq: Vec<Vec<(bool, usize, usize)>> = segs.iter().map(|_| Vec::new()).collect();
         let kv_w = self.dims.kv_width();
         for (i, layer) in carry.layers.iter().enumerate() {
             match layer {
@@ -1279,12 +1263,24 @@ impl<B: Backend> TextModel<B> {
                         (self.dims.conv_kernel - 1) * self.dims.delta.qkv_width(),
                     );
                     for (s, out) in per_seq.iter_mut().enumerate() {
-                        if segs[s].snapshot {
-                            out.push(LayerState::DeltaNet {
-                                state: self.cut(state, s * state_len, state_len)?,
-                                conv_window: self.cut(window, s * window_len, window_len)?,
+                        if !segs[s].snapshot {
+                            continue;
+                        }
+                        let mut pair = [0; 2];
+                        for (at, (src, len)) in [(state, state_len), (window, window_len)]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            pair[at] = room(len)?;
+                            parts.push(CopyPart {
+                                src,
+                                src_at: s * len,
+                                dst: pair[at],
+                                dst_at: 0,
+                                len,
                             });
                         }
+                        out.push((true, pair[0], pair[1]));
                     }
                 }
                 LayerCarry::Attention {
@@ -1297,23 +1293,33 @@ impl<B: Backend> TextModel<B> {
                         // The rows up to the snapshot's point (the segment's own, past it, not).
                         let kept = snapshot_tokens(&segs[s]) * kv_w;
                         if segs[s].snapshot {
-                            // The prefix's keys first, then the segment's own.
                             let prefix = segs[s].resume.map(|state| &state.layers()[i]);
-                            let joined = |part: fn(&LayerState) -> Option<&Values>,
-                                          rows_out: &B::Buf|
-                             -> Result<Values> {
-                                let before = prefix.and_then(part);
+                            let mut pair = [0; 2];
+                            for (at, (part, rows_out)) in [(keys as Part, k_out), (values, v_out)]
+                                .into_iter()
+                                .enumerate()
+                            {
+                                let before = prefix.and_then(part).filter(|v| !v.is_empty());
                                 let held = before.map_or(0, Values::len);
-                                let mut buf = be.alloc((held + kept).max(1)).map_err(e)?;
+                                pair[at] = room(held + kept)?;
                                 if let Some(before) = before {
-                                    Self::copy_values(be, before, &mut buf, 0)?;
+                                    parts.push(CopyPart {
+                                        src: held_in(before, &uploaded)?,
+                                        src_at: 0,
+                                        dst: pair[at],
+                                        dst_at: 0,
+                                        len: held,
+                                    });
                                 }
-                                be.copy(rows_out, start, &mut buf, held, kept).map_err(e)?;
-                                Ok(Values::in_buffer(held + kept, buf))
-                            };
-                            let k = joined(keys, k_out)?;
-                            let v = joined(values, v_out)?;
-                            out.push(LayerState::Attention { k, v });
+                                parts.push(CopyPart {
+                                    src: rows_out,
+                                    src_at: start,
+                                    dst: pair[at],
+                                    dst_at: held,
+                                    len: kept,
+                                });
+                            }
+                            out.push((false, pair[0], pair[1]));
                         }
                         start += own;
                     }
@@ -1321,6 +1327,37 @@ impl<B: Backend> TextModel<B> {
                 _ => bail!("no room was made for the snapshots asked for"),
             }
         }
+        {
+            let mut dsts: Vec<&mut B::Buf> = bufs.iter_mut().map(|(buf, _)| buf).collect();
+            be.copy_many(&mut dsts, &parts).map_err(e)?;
+        }
+        drop(parts);
+        let mut filled: Vec<Option<Values>> = bufs
+            .into_iter()
+            .map(|(buf, len)| Some(Values::in_buffer(len, buf)))
+            .collect();
+        let mut take = |at: usize| filled[at].take().context("a snapshot part taken twice");
+        let per_seq: Vec<Vec<LayerState>> = per_seq
+            .into_iter()
+            .map(|layers| {
+                layers
+                    .into_iter()
+                    .map(|(delta, a, b)| {
+                        Ok(if delta {
+                            LayerState::DeltaNet {
+                                state: take(a)?,
+                                conv_window: take(b)?,
+                            }
+                        } else {
+                            LayerState::Attention {
+                                k: take(a)?,
+                                v: take(b)?,
+                            }
+                        })
+                    })
+                    .collect::<Result<_>>()
+            })
+            .collect::<Result<_>>()?;
         Ok(segs
             .iter()
             .zip(per_seq)

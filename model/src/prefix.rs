@@ -45,8 +45,9 @@
 //!   grid at a segment's start is what still moves a resumed answer on the GPU (this crate's
 //!   prefix_states on the GPU), so serving there takes reuse only when asked for.
 //! - Staging: [`TextModel::forward_segments`] packs the states of the batch's prefixes into one
-//!   buffer per layer and part by device-to-device copies ([`Backend::copy`]), and cuts the
-//!   snapshots out of the pass's outputs the same way; nothing crosses to the host. A snapshot
+//!   buffer per layer and part by device-to-device copies, all of a pass's at once
+//!   ([`Backend::copy_many`]: one launch on a GPU), and cuts the snapshots out of the pass's
+//!   outputs the same way; nothing crosses to the host. A snapshot
 //!   given as host values ([`Values::host`]) is uploaded first.
 //! - The cache's budget: [`PrefixState::size_bytes`] is `4 · (Σ_DeltaNet (v_heads·k_dim·v_dim +
 //!   (kernel − 1)·qkv_width) + tokens · Σ_attention 2·kv_heads·head_dim)`: a constant part plus
@@ -57,7 +58,7 @@
 //!   delta rule's 64-token chunk grid restarts at each segment, so a resumed answer equals the
 //!   whole prompt's up to rounding (the tests hold it within 1e-5 per probability).
 //!
-//! [`Backend::copy`]: instinct_kernels::Backend::copy
+//! [`Backend::copy_many`]: instinct_kernels::Backend::copy_many
 //! [`Backend::delta_net_core_carried`]: instinct_kernels::Backend::delta_net_core_carried
 //! [`Backend::gated_attention_carried`]: instinct_kernels::Backend::gated_attention_carried
 //! [`PrefixKv`]: instinct_kernels::PrefixKv
