@@ -1,7 +1,7 @@
 # Shared by the session call scripts under docs/benchmarks/gpu-calls/ (sourced from the repository
 # root on the GPU machine, with $OUT set by the device tool): a timestamped call log, the carried
 # binaries unpacked, the seeded real-shape checkpoint built in the background, the GPU tests and
-# whole-model parity. Sourced, not run.
+# whole-model parity, its bits against an earlier call, the load stage. Sourced, not run.
 
 export INSTINCT_CUDA_HOME=${INSTINCT_CUDA_HOME:-/usr/local/cuda}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -50,4 +50,28 @@ parity() {
     --corpus docs/validation/real-shapes/corpus_ids.json --goldens docs/validation/real-shapes/real_goldens.json \
     --out "$OUT/check.json" > /tmp/check.log 2>&1; t "check exit $?"
   grep -E "questions on|PASS|FAIL|Error" /tmp/check.log >> "$CALL_LOG"
+}
+
+# same_bits_as CALL_DIR: how many questions of this call's parity report ($OUT/check.json) are bit
+# for bit those of an earlier call's (docs/benchmarks/gpu-calls/CALL_DIR/check.json), into the
+# call log.
+same_bits_as() {
+  python3 - "$OUT/check.json" "docs/benchmarks/gpu-calls/$1/check.json" "$1" >> "$CALL_LOG" 2>&1 <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+same = sum(x["p"] == y["p"] for x, y in zip(a["rows"], b["rows"]))
+print(f"{same} of {len(a['rows'])} questions identical to {sys.argv[3]}'s report")
+PY
+}
+
+# load_stage: gpu_load.sh (1 and 8 clients, open loop at 20-35 req/s, the fixtures) in what is
+# left of the call, at most 90 s; its summary into the call log, load.tgz into $OUT.
+load_stage() {
+  (( $(left) > 80 )) || return 0
+  OUT=/tmp/load REVISION=$REV CLIENTS=1,8 LEVEL_S=8 RATES=20,25,30,35 FIXTURE_REQUESTS=60 \
+    TOTAL_S=$(( $(left) - 15 < 90 ? $(left) - 15 : 90 )) \
+    timeout $(( $(left) - 5 < 100 ? $(left) - 5 : 100 )) bash tools/reference/gpu_load.sh > /dev/null 2>&1
+  t "load exit $?"
+  python3 -c "import json; d=json.load(open('/tmp/load/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
+  tar czf "$OUT/load.tgz" -C /tmp load
 }
