@@ -247,6 +247,8 @@ pub(crate) fn scatter_rows(
 /// Threads of `copy_parts`' blocks, and the most blocks one part spreads over.
 const COPY_THREADS: u32 = 256;
 const COPY_MAX_BLOCKS: usize = 64;
+/// Parts of one `copy_parts` launch: a grid's y extent.
+const COPY_MAX_PARTS: usize = 65_535;
 
 /// [`crate::Backend::copy_many`] in one `copy_parts` launch: every part checked against its
 /// buffers (f32, in bounds) and the destinations against each other, the table of (source,
@@ -323,27 +325,32 @@ pub(crate) fn copy_parts(
     stream
         .memcpy_htod(&entries, &mut table.slice_mut(..entries.len()))
         .map_err(|e| driver_err(OP, e))?;
-    let count = spans.len();
     let blocks = longest
         .div_ceil(4 * COPY_THREADS as usize)
         .clamp(1, COPY_MAX_BLOCKS);
-    let cfg = LaunchConfig {
-        grid_dim: (
-            to_u32(OP, "blocks", blocks)?,
-            to_u32(OP, "parts", count)?,
-            1,
-        ),
-        block_dim: (COPY_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let count_a = to_i32(OP, "parts", count)?;
-    // SAFETY: argument types match the kernel; every part's source and destination hold its
-    // values (checked above) and no two destinations overlap.
-    unsafe {
-        gpu.launch(OP, "copy_parts", cfg, |launch| {
-            launch.arg(&*table).arg(&count_a);
-        })
+    // A launch takes at most COPY_MAX_PARTS parts (the grid's y extent).
+    for first in (0..spans.len()).step_by(COPY_MAX_PARTS) {
+        let count = (spans.len() - first).min(COPY_MAX_PARTS);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(OP, "blocks", blocks)?,
+                to_u32(OP, "parts", count)?,
+                1,
+            ),
+            block_dim: (COPY_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let count_a = to_i32(OP, "parts", count)?;
+        let rows = table.slice(3 * first..3 * (first + count));
+        // SAFETY: argument types match the kernel; every part's source and destination hold its
+        // values (checked above) and no two destinations overlap.
+        unsafe {
+            gpu.launch(OP, "copy_parts", cfg, |launch| {
+                launch.arg(&rows).arg(&count_a);
+            })?;
+        }
     }
+    Ok(())
 }
 
 /// `out[..n] = bf16(x[..n])`.
