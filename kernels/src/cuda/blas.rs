@@ -58,6 +58,15 @@ const COMPARED_ROWS: usize = 128;
 /// Heuristic results searched for the reference (the first that splits no K is taken).
 const REFERENCE_SEARCH: usize = 16;
 
+/// A short name of an algorithm (a hash of its opaque bytes), so that logs of tunings at other
+/// row counts can tell the same algorithm.
+fn algo_tag(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    let hash = algo.data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &word| {
+        (h ^ word).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{:08x}", hash >> 32)
+}
+
 fn blas_err(op: &str, e: lt::CublasError) -> KernelError {
     KernelError::Backend(format!("{op}: cuBLASLt {e:?}"))
 }
@@ -574,6 +583,7 @@ impl Blas {
             in_dim,
             out_dim,
             candidates_us = ?fastest.iter().map(|ms| (ms * 1e3).round()).collect::<Vec<_>>(),
+            algos = ?viable.iter().map(algo_tag).collect::<Vec<_>>(),
             chosen = ?best,
             "gemm tuned"
         );

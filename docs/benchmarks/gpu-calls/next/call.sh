@@ -7,11 +7,14 @@
 #      system turn and image, snapshots taken on the way) and the 1024x1024 latencies (issue 20:
 #      hit 1q 9.30 ms at ffe6daf, target 8);
 #   4. gpu_prefix_bench.sh's exactness stage (reuse and chunks against off), if time is left;
-#   5. gpu_load.sh (load_stage) as at 7d796fb, if time is left.
+#   5. gpu_load.sh (load_stage) as at 7d796fb, if time is left;
+#   6. gemm_sweep.sh: each GEMM candidate's time at rows 520-768, tuned at each row count (at
+#      7d796fb a 648-row forward took 10.4-10.9 ms with its own winner, ~12.4 with the server's,
+#      timed at 768), if time is left.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_carried-test,
 # tests/captured_passes-test, tests/prefix_states-test), .cache/qwen-tokenizer, .cache/fixtures.
 # Not run at b4e2aab: the session's device time was spent. Run it first next time, at the head.
-#   REV=<sha> [CALL_S=330] bash docs/benchmarks/gpu-calls/next/call.sh
+#   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
@@ -34,4 +37,9 @@ if (( $(left) > 70 )); then
   tar czf $OUT/prefix.tgz --exclude=workloads -C /tmp prefix
 fi
 load_stage
+if (( $(left) > 90 )); then
+  OUT=/tmp/sweep timeout $(( $(left) - 5 )) bash tools/reference/gemm_sweep.sh > /dev/null 2>&1
+  t "sweep exit $?"
+  tar czf $OUT/sweep.tgz -C /tmp sweep
+fi
 t done
