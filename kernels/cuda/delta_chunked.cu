@@ -86,9 +86,10 @@ __device__ __forceinline__ void dc_frag_a(u32 (&a)[4], const float* x, int ld, i
 // projection form (gdr_prepare_conv) reads the stacked in-projection itself (bf16; its q|k|v block
 // at x_stride · row + x_offset, b and a as the gates' helper reads them) and computes the causal
 // conv (DC_KW taps; before a sequence's first row, the carried window where has_window: f32
-// [seqs][DC_KW − 1][q|k|v], oldest row first, values of an earlier bf16 projection) + SiLU, the q and k L2 norms and the gates on the way in,
-// with the helpers and summation orders of the conv kernel (conv.cu): the same bits as the plain
-// form after conv1d_silu_l2_gates, without the conv output's round trip through memory.
+// [seqs][DC_KW − 1][q|k|v], oldest row first, values of an earlier bf16 projection) + SiLU, the
+// q and k L2 norms and the gates on the way in, with the helpers and summation orders of the conv
+// kernel (conv.cu): the same bits as the plain form after conv1d_silu_l2_gates, without the conv
+// output's round trip through memory.
 struct GdrSource {
     const float* qkv;
     const float* beta;

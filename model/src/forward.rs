@@ -943,13 +943,18 @@ impl<B: Backend> TextModel<B> {
         // A pass the backend captures stages its states in the arena (buffers of fixed
         // addresses); any other allocates its own.
         let captured = self.arena_shape(segs, rows);
+        // Prefix values held on the host, uploaded once for the staging and the snapshots.
+        let uploaded = Self::upload_host_values(&self.backend, segs)?;
         let mut carry = match captured {
-            Some(shape) => self.stage_carry_in_arena(segs, &shapes, shape)?,
-            None => self.stage_carry(segs, &shapes, rows)?,
+            Some(shape) => self.stage_carry_in_arena(segs, &uploaded, &shapes, shape)?,
+            None => self.stage_carry(segs, &uploaded, &shapes, rows)?,
         };
         let answered = self
             .run(&seqs, overrides, &starts, Some((&mut carry, captured)))
-            .and_then(|hidden| Ok((hidden, self.read_snapshots(segs, &starts, &carry)?)));
+            .and_then(|hidden| {
+                let snapshots = self.read_snapshots(segs, &uploaded, &starts, &carry)?;
+                Ok((hidden, snapshots))
+            });
         if captured.is_some() {
             self.arena
                 .as_mut()
@@ -1001,6 +1006,7 @@ impl<B: Backend> TextModel<B> {
     fn stage_carry_in_arena(
         &mut self,
         segs: &[Segment<'_>],
+        uploaded: &Uploads<'_, B>,
         shapes: &[LayerShape],
         shape: PassShape,
     ) -> Result<Carry<B>> {
@@ -1009,7 +1015,7 @@ impl<B: Backend> TextModel<B> {
         let filled = Self::fill_carry(
             &self.backend,
             Some(&arena.zeros),
-            segs,
+            (segs, uploaded),
             shapes,
             shape.seqs,
             &mut carry,
@@ -1028,19 +1034,18 @@ impl<B: Backend> TextModel<B> {
     /// and window at its slot, the attention prefixes back to back. A sequence that resumes from
     /// nothing gets `zeros` in its slot, or nothing where the buffers are fresh (allocated zeroed).
     /// Every copy goes to the backend at once ([`Backend::copy_many`]: one launch on a GPU, where
-    /// a layer's copies are tiny beside their launches); values held on the host are uploaded
-    /// first.
+    /// a layer's copies are tiny beside their launches); values held on the host come from their
+    /// `uploaded` copies.
     fn fill_carry(
         be: &B,
         zeros: Option<&B::Buf>,
-        segs: &[Segment<'_>],
+        (segs, uploaded): (&[Segment<'_>], &Uploads<'_, B>),
         shapes: &[LayerShape],
         seqs: usize,
         carry: &mut Carry<B>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
-        let uploaded = Self::upload_host_values(be, segs)?;
-        let source = |values| held_in(values, &uploaded);
+        let source = |values| held_in(values, uploaded);
         let mut dsts: Vec<&mut B::Buf> = Vec::new();
         let mut parts: Vec<CopyPart<'_, B::Buf>> = Vec::new();
         for (i, (layer, layer_shape)) in carry.layers.iter_mut().zip(shapes).enumerate() {
@@ -1166,6 +1171,7 @@ impl<B: Backend> TextModel<B> {
     fn stage_carry(
         &self,
         segs: &[Segment<'_>],
+        uploaded: &Uploads<'_, B>,
         shapes: &[LayerShape],
         rows: usize,
     ) -> Result<Carry<B>> {
@@ -1184,7 +1190,7 @@ impl<B: Backend> TextModel<B> {
             snapshot_at: segs.iter().any(|s| s.snapshot_at.is_some()),
         };
         let (mut carry, _) = Carry::allocate(be, shapes, room)?;
-        Self::fill_carry(be, None, segs, shapes, n, &mut carry)?;
+        Self::fill_carry(be, None, (segs, uploaded), shapes, n, &mut carry)?;
         Ok(carry)
     }
 
@@ -1230,6 +1236,7 @@ impl<B: Backend> TextModel<B> {
     fn read_snapshots(
         &self,
         segs: &[Segment<'_>],
+        uploaded: &Uploads<'_, B>,
         starts: &[u32],
         carry: &Carry<B>,
     ) -> Result<Vec<Option<PrefixState>>> {
@@ -1241,15 +1248,15 @@ impl<B: Backend> TextModel<B> {
         // Every snapshot part gets a buffer of its own, filled by one `copy_many`: per sequence
         // and layer, a DeltaNet state and window cut out of the pass's packed outputs, or an
         // attention layer's keys and values (the prefix's first, then the segment's own rows).
-        let uploaded = Self::upload_host_values(be, segs)?;
         let mut bufs: Vec<(B::Buf, usize)> = Vec::new();
         let mut parts: Vec<CopyPart<'_, B::Buf>> = Vec::new();
         let mut room = |len: usize| -> Result<usize> {
             bufs.push((be.alloc(len.max(1)).map_err(e)?, len));
             Ok(bufs.len() - 1)
         };
-        // Per sequence, per layer: whether it is a DeltaNet layer, and its two parts' buffers.
-        let mut per_seq: Vec<Vec<(bool, usize, usize)>> = segs.iter().map(|_| Vec::new()).collect();
+        // Per sequence, per layer: its kind and its two parts' buffers.
+        let mut per_seq: Vec<Vec<(LayerKind, usize, usize)>> =
+            segs.iter().map(|_| Vec::new()).collect();
         let kv_w = self.dims.kv_width();
         for (i, layer) in carry.layers.iter().enumerate() {
             match layer {
@@ -1280,7 +1287,7 @@ impl<B: Backend> TextModel<B> {
                                 len,
                             });
                         }
-                        out.push((true, pair[0], pair[1]));
+                        out.push((LayerKind::LinearAttention, pair[0], pair[1]));
                     }
                 }
                 LayerCarry::Attention {
@@ -1304,7 +1311,7 @@ impl<B: Backend> TextModel<B> {
                                 pair[at] = room(held + kept)?;
                                 if let Some(before) = before {
                                     parts.push(CopyPart {
-                                        src: held_in(before, &uploaded)?,
+                                        src: held_in(before, uploaded)?,
                                         src_at: 0,
                                         dst: pair[at],
                                         dst_at: 0,
@@ -1319,7 +1326,7 @@ impl<B: Backend> TextModel<B> {
                                     len: kept,
                                 });
                             }
-                            out.push((false, pair[0], pair[1]));
+                            out.push((LayerKind::FullAttention, pair[0], pair[1]));
                         }
                         start += own;
                     }
@@ -1327,11 +1334,8 @@ impl<B: Backend> TextModel<B> {
                 _ => bail!("no room was made for the snapshots asked for"),
             }
         }
-        {
-            let mut dsts: Vec<&mut B::Buf> = bufs.iter_mut().map(|(buf, _)| buf).collect();
-            be.copy_many(&mut dsts, &parts).map_err(e)?;
-        }
-        drop(parts);
+        let mut dsts: Vec<&mut B::Buf> = bufs.iter_mut().map(|(buf, _)| buf).collect();
+        be.copy_many(&mut dsts, &parts).map_err(e)?;
         let mut filled: Vec<Option<Values>> = bufs
             .into_iter()
             .map(|(buf, len)| Some(Values::in_buffer(len, buf)))
@@ -1342,17 +1346,16 @@ impl<B: Backend> TextModel<B> {
             .map(|layers| {
                 layers
                     .into_iter()
-                    .map(|(delta, a, b)| {
-                        Ok(if delta {
-                            LayerState::DeltaNet {
+                    .map(|(kind, a, b)| {
+                        Ok(match kind {
+                            LayerKind::LinearAttention => LayerState::DeltaNet {
                                 state: take(a)?,
                                 conv_window: take(b)?,
-                            }
-                        } else {
-                            LayerState::Attention {
+                            },
+                            LayerKind::FullAttention => LayerState::Attention {
                                 k: take(a)?,
                                 v: take(b)?,
-                            }
+                            },
                         })
                     })
                     .collect::<Result<_>>()
@@ -1852,7 +1855,10 @@ fn snapshot_tokens(seg: &Segment<'_>) -> usize {
     seg.snapshot_at.map_or(len, |at| at.min(len))
 }
 
-/// One part of a layer's prefix state.
+/// Prefix values held on the host, each with its upload into a buffer of the backend
+/// ([`TextModel::upload_host_values`]).
+type Uploads<'s, B> = [(&'s Values, <B as Buffers>::Buf)];
+
 /// The buffer holding `values`: its own, or the upload standing for it.
 fn held_in<'v, Buf: 'static>(
     values: &'v Values,
@@ -1868,6 +1874,7 @@ fn held_in<'v, Buf: 'static>(
     }
 }
 
+/// One part of a layer's prefix state.
 type Part = fn(&LayerState) -> Option<&Values>;
 
 fn delta_state(layer: &LayerState) -> Option<&Values> {

@@ -674,15 +674,15 @@ mod tests {
         QueueState::new(cfg.validate().expect("a valid configuration"))
     }
 
-    /// Completes `batch` on `engine` at `end`: two probabilities for each answer, none for a
-    /// chunk.
-    fn complete_at(state: &mut QueueState, engine: usize, batch: TakenBatch, end: Instant) {
+    /// Completes `batch` on `engine` with one empty result per sequence (what a chunk returns).
+    fn complete_chunks(state: &mut QueueState, engine: usize, batch: TakenBatch) {
+        let now = Instant::now();
         let outputs = batch
             .seqs
             .iter()
             .map(|s| vec![0.5; if s.answers() { 2 } else { 0 }])
             .collect();
-        state.complete(engine, batch, Ok(outputs), end, end);
+        state.complete(engine, batch, Ok(outputs), now, now);
     }
 
     /// A long question (20 tokens: chunks of 8) admitted at `t0`, then a short one (3 tokens).
@@ -727,7 +727,7 @@ mod tests {
         let (id, reply, _) = state.admit(vec![long], None, now).unwrap();
         let first = taken(state.next_batch(now, 1));
         assert_eq!(first.seqs[0].ids().len(), 8);
-        complete_at(&mut state, 1, first, now);
+        complete_chunks(&mut state, 1, first);
         (state, id, reply)
     }
 

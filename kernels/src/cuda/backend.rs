@@ -12,7 +12,7 @@ use cudarc::driver::{CudaContext, CudaSlice};
 use half::bf16;
 
 use super::blas::{row_bucket, Blas};
-use super::buffers::{idx, CudaBuf};
+use super::buffers::{check_copy, idx, CudaBuf};
 use super::compile::GpuArch;
 use super::device::{driver_err, CudaOptions, Device};
 use super::graphs::{GraphProbe, Graphs};
@@ -329,17 +329,7 @@ impl Backend for CudaBackend {
         let (CudaBuf::F32(src), CudaBuf::F32(dst)) = (src, dst) else {
             return Err(KernelError::invalid(OP, "copies f32 buffers only"));
         };
-        for (what, held, need) in [
-            ("source", src.len(), src_at + len),
-            ("destination", dst.len(), dst_at + len),
-        ] {
-            if held < need {
-                return Err(KernelError::invalid(
-                    OP,
-                    format!("{what} holds {held} values, needs {need}"),
-                ));
-            }
-        }
+        check_copy(OP, (src.len(), src_at), (dst.len(), dst_at), len)?;
         if len == 0 {
             return Ok(());
         }

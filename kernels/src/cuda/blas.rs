@@ -128,7 +128,9 @@ const FINE_BUCKETS_UP_TO: usize = 4096;
 /// 773-952-row prompts of the parity corpus at a median of 17.9 ms; with these, 14.7 ms.) Powers
 /// of two above. (Buckets at every captured row count, multiples of 16 and 32 up to 1,024 rows,
 /// were tried at 7e9a798: no pass ran faster on an H100, and a first start took 18.4 s instead of
-/// ~7 s for the forward passes that time them.)
+/// ~7 s for the forward passes that time them. Yet the best kernel does move inside a bucket: at
+/// 7d796fb a 648-row forward took 10.4-10.9 ms with the winner timed at 648 rows against ~12.4 ms
+/// with the one timed at the bucket's top; tools/reference/gemm_sweep.sh measures it.)
 pub(crate) fn row_bucket(rows: usize) -> usize {
     if rows <= BUCKET_STEP || rows > FINE_BUCKETS_UP_TO {
         rows.next_power_of_two()

@@ -48,6 +48,25 @@ fn too_short(op: &'static str, what: &str, len: usize, need: usize) -> KernelErr
     KernelError::invalid(op, format!("{what} holds {len} values, needs {need}"))
 }
 
+/// Refuses a copy of `len` values from `src_at` of a source holding `src_len` into `dst_at` of a
+/// destination holding `dst_len` that would run past either.
+pub(crate) fn check_copy(
+    op: &'static str,
+    (src_len, src_at): (usize, usize),
+    (dst_len, dst_at): (usize, usize),
+    len: usize,
+) -> KernelResult<()> {
+    for (what, held, need) in [
+        ("source", src_len, src_at + len),
+        ("destination", dst_len, dst_at + len),
+    ] {
+        if held < need {
+            return Err(too_short(op, what, held, need));
+        }
+    }
+    Ok(())
+}
+
 fn wrong_type(op: &'static str, what: &str, want: DType, got: DType) -> KernelError {
     KernelError::invalid(
         op,

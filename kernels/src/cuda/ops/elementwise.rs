@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf};
+use super::super::buffers::{act, act_mut, check_copy, idx, in_buf, weight, CudaBuf, InBuf};
 use super::super::device::driver_err;
 use super::super::launch::{grid_2d, linear, to_i32, to_u32, Gpu, BLOCK};
 use crate::backend::{CopyPart, DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
@@ -281,17 +281,7 @@ pub(crate) fn copy_parts(
         let &(dst_ptr, dst_len) = dst_ptrs
             .get(p.dst)
             .ok_or_else(|| KernelError::invalid(OP, format!("no destination {}", p.dst)))?;
-        for (what, held, need) in [
-            ("source", src.len(), p.src_at + p.len),
-            ("destination", dst_len, p.dst_at + p.len),
-        ] {
-            if held < need {
-                return Err(KernelError::invalid(
-                    OP,
-                    format!("{what} holds {held} values, needs {need}"),
-                ));
-            }
-        }
+        check_copy(OP, (src.len(), p.src_at), (dst_len, p.dst_at), p.len)?;
         spans.push((p.dst, p.dst_at, p.dst_at + p.len));
         let (src_ptr, _) = src.device_ptr(stream);
         entries.extend([
