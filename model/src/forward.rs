@@ -804,6 +804,7 @@ impl<B: Backend> TextModel<B> {
     /// nothing to ([`Backend::warm_like`]: its GEMM winners are already stored) is skipped.
     /// Returns the row counts run.
     pub fn warm_shapes(&mut self) -> Result<Vec<usize>> {
+        self.backend.reload_warm_state();
         let mut rows = self.backend.warm_rows(self.limits.max_tokens);
         let Some(limit) = rows.pop() else {
             return Ok(rows);

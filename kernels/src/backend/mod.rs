@@ -87,6 +87,11 @@ pub trait Backend: Buffers {
         false
     }
 
+    /// Takes up, before warming, what another copy of the model on the same device stored since
+    /// this one started (the CUDA backend re-reads its GEMM tuning file: the screenshot copy then
+    /// times nothing the text copy just timed). The default does nothing.
+    fn reload_warm_state(&self) {}
+
     // ---- captured passes ------------------------------------------------------------------------
 
     /// The shape ([`PassShape`]) a pass of `rows` tokens in `seqs` sequences runs its layers at,

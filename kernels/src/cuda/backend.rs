@@ -196,6 +196,10 @@ impl Backend for CudaBackend {
         self.gpu.blas.has_winners_like(rows, like)
     }
 
+    fn reload_warm_state(&self) {
+        self.gpu.blas.reload_winners();
+    }
+
     fn pass_shape(&self, rows: usize, seqs: usize) -> Option<PassShape> {
         self.graphs.as_ref().and(captured_shape(rows, seqs))
     }

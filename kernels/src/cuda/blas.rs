@@ -53,8 +53,9 @@ const REFERENCE_ROWS: usize = 4096;
 /// Rows of a candidate's output compared with the reference's when a bucket is timed. Another
 /// summation order changes nearly every value of a row (on the H200, 17,696 of 17,920 at 7 rows),
 /// so the first rows tell; reading back whole outputs (up to 600 MB at 16,384 rows) made the first
-/// start on a GPU warm up in 89 s instead of 3 s.
-const COMPARED_ROWS: usize = 128;
+/// start on a GPU warm up in 89 s instead of 3 s. (128 rows, before the buckets were exact, read
+/// back up to 5 MB per candidate and check, through pageable memory.)
+const COMPARED_ROWS: usize = 32;
 /// Heuristic results searched for the reference (the first that splits no K is taken).
 const REFERENCE_SEARCH: usize = 16;
 
@@ -92,6 +93,9 @@ struct Plan {
     tuned: bool,
     /// Batch-invariant mode: only candidates giving this algorithm's bits are timed (`None`: any).
     reference: Option<sys::cublasLtMatmulAlgo_t>,
+    /// How long building it took (the heuristic's search, the reference's checks): logged when the
+    /// shape is timed.
+    built_in: std::time::Duration,
 }
 
 impl Drop for Plan {
@@ -114,25 +118,56 @@ type Family = (usize, usize, bool, bool);
 /// The rows of a tuning file's line holding a family's reference (no bucket has them).
 const REFERENCE_LINE_ROWS: usize = 0;
 
-/// Row buckets are multiples of this from 128 to `FINE_BUCKETS_UP_TO` rows.
+/// Up to this many rows (unless `INSTINCT_GEMM_EXACT_ROWS` says otherwise: [`exact_rows`]),
+/// every multiple of [`EXACT_STEP`] is a bucket of its own: the row counts captured passes are
+/// padded to, so each captured shape runs the winner timed at its own rows.
+const EXACT_UP_TO: usize = 2048;
+/// The step of the exact buckets (the captured passes' row padding, `captured_shape`).
+const EXACT_STEP: usize = 8;
+/// Above the exact buckets, buckets are multiples of this up to `FINE_BUCKETS_UP_TO` rows.
 const BUCKET_STEP: usize = 128;
 /// Above this, buckets are powers of two again (a tile row more or less matters little there).
 const FINE_BUCKETS_UP_TO: usize = 4096;
 
+/// The row count up to which every multiple of 8 is a tuning bucket: `INSTINCT_GEMM_EXACT_ROWS`
+/// (rounded down to a multiple of 128, at most 4,096; 0 makes the buckets 128 rows wide from 129
+/// rows, as before the exact ones), else 2,048. Exact buckets make a first start on a GPU time
+/// ~270 row counts instead of ~40 (31 s of warm-up instead of ~4 on an H100); the winners are
+/// kept in the tuning file, so later starts time nothing.
+pub(crate) fn exact_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("INSTINCT_GEMM_EXACT_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(EXACT_UP_TO, |rows| {
+                rows.min(FINE_BUCKETS_UP_TO) / BUCKET_STEP * BUCKET_STEP
+            })
+    })
+}
+
 /// The row count a tuning result is shared across (the top of the bucket `rows` falls in). Serving
 /// sees a new total row count with almost every batch; timing candidates for each would put the
-/// tuning cost on requests, so each bucket is timed once (at start-up: `warm_rows`) and its winner
-/// reused. Powers of two up to 128 rows, then multiples of 128 up to 4,096: the GEMM tiles are 64
-/// to 384 rows tall, so inside such a bucket a shape needs (nearly) the number of tile rows the
-/// winner was timed with. (With power-of-two buckets, one winner timed at 761 rows ran the
-/// 773-952-row prompts of the parity corpus at a median of 17.9 ms; with these, 14.7 ms.) Powers
-/// of two above. (Buckets at every captured row count, multiples of 16 and 32 up to 1,024 rows,
-/// were tried at 7e9a798: no pass ran faster on an H100, and a first start took 18.4 s instead of
-/// ~7 s for the forward passes that time them. Yet the best kernel does move inside a bucket: at
-/// 7d796fb a 648-row forward took 10.4-10.9 ms with the winner timed at 648 rows against ~12.4 ms
-/// with the one timed at the bucket's top; tools/reference/gemm_sweep.sh measures it.)
+/// tuning cost on requests, so each bucket is timed once (at start-up: `warm_rows`, then kept in
+/// the tuning file) and its winner reused. Powers of two up to 8 rows, then every multiple of 8
+/// up to [`exact_rows`] (the captured row counts), then multiples of 128 up to 4,096 (powers of
+/// two up to 128 where the exact buckets are off), then powers of two.
+/// The best kernel moves with the row count: the GEMM tiles are 64 to 256 rows tall and a pass
+/// fills 132 SMs in waves, so one more tile row can cost a wave. With 128-row buckets each timed
+/// at its top, an H100 forward of one question took 7-16% longer at 304-904 ids than with the
+/// winners timed at its own rows, 4-6% at 1,048-1,704 ids and 1-2% at 2,248-3,304 ids
+/// (docs/benchmarks/gpu-calls/2026-12-06-99b9d07-h100/bucket/, tools/reference/gemm_bucket_cost.sh).
 pub(crate) fn row_bucket(rows: usize) -> usize {
-    if rows <= BUCKET_STEP || rows > FINE_BUCKETS_UP_TO {
+    bucket_with(rows, exact_rows())
+}
+
+/// [`row_bucket`] with exact buckets up to `exact` rows (a multiple of 128).
+fn bucket_with(rows: usize, exact: usize) -> usize {
+    if rows <= EXACT_STEP || rows > FINE_BUCKETS_UP_TO {
+        rows.next_power_of_two()
+    } else if rows <= exact {
+        rows.div_ceil(EXACT_STEP) * EXACT_STEP
+    } else if rows <= BUCKET_STEP {
         rows.next_power_of_two()
     } else {
         rows.div_ceil(BUCKET_STEP) * BUCKET_STEP
@@ -141,8 +176,17 @@ pub(crate) fn row_bucket(rows: usize) -> usize {
 
 /// The smallest row count of `rows`' bucket (see [`row_bucket`]).
 pub(crate) fn bucket_floor(rows: usize) -> usize {
-    let top = row_bucket(rows);
-    let below = if top <= BUCKET_STEP || top > FINE_BUCKETS_UP_TO {
+    floor_with(rows, exact_rows())
+}
+
+/// [`bucket_floor`] with exact buckets up to `exact` rows.
+fn floor_with(rows: usize, exact: usize) -> usize {
+    let top = bucket_with(rows, exact);
+    let below = if top <= EXACT_STEP || top > FINE_BUCKETS_UP_TO {
+        top / 2
+    } else if top <= exact {
+        top - EXACT_STEP
+    } else if top <= BUCKET_STEP {
         top / 2
     } else {
         top - BUCKET_STEP
@@ -207,35 +251,49 @@ impl Blas {
         // SAFETY: a plain byte buffer only cuBLASLt writes.
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
             .map_err(|e| driver_err("cuBLASLt workspace", e))?;
-        let (mut tuned, mut references) = (HashMap::new(), HashMap::new());
-        for ((rows, in_dim, out_dim, bf16_out, add), data) in tuning_file
-            .as_ref()
-            .map(TuningFile::load)
-            .unwrap_or_default()
-        {
-            let algo = sys::cublasLtMatmulAlgo_t { data };
-            if rows == REFERENCE_LINE_ROWS {
-                // Only a batch-invariant file has these lines (its identity says so).
-                references.insert((in_dim, out_dim, bf16_out, add), Some(algo));
-            } else {
-                tuned.insert((rows, in_dim, out_dim, bf16_out, add), algo);
-            }
-        }
-        Ok(Self {
+        let blas = Self {
             handle,
             workspace,
             stream,
             state: Mutex::new(State {
                 plans: HashMap::new(),
-                tuned,
-                references,
+                tuned: HashMap::new(),
+                references: HashMap::new(),
                 scratch: None,
             }),
             tuning_file,
             tunings: AtomicUsize::new(0),
             batch_invariant,
             capture,
-        })
+        };
+        blas.reload_winners();
+        Ok(blas)
+    }
+
+    /// Takes up the winners (and references) the tuning file holds that this handle has not
+    /// timed or read yet: at start, and before a warm-up, after another copy on the device stored
+    /// its own. Shapes planned already keep their algorithm.
+    pub fn reload_winners(&self) {
+        let Some(file) = &self.tuning_file else {
+            return;
+        };
+        let stored = file.load();
+        let mut state = lock(&self.state);
+        for ((rows, in_dim, out_dim, bf16_out, add), data) in stored {
+            let algo = sys::cublasLtMatmulAlgo_t { data };
+            if rows == REFERENCE_LINE_ROWS {
+                // Only a batch-invariant file has these lines (its identity says so).
+                state
+                    .references
+                    .entry((in_dim, out_dim, bf16_out, add))
+                    .or_insert(Some(algo));
+            } else {
+                state
+                    .tuned
+                    .entry((rows, in_dim, out_dim, bf16_out, add))
+                    .or_insert(algo);
+            }
+        }
     }
 
     /// Whether this backend runs batch-invariant (GEMMs here; the other ops ask this too).
@@ -252,13 +310,14 @@ impl Blas {
         let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
         // SAFETY: a plain query of the loaded cuBLASLt.
         let cublaslt = unsafe { sys::cublasLtGetVersion() };
+        let exact = exact_rows();
         let invariant = if batch_invariant {
             format!(" batch-invariant=v1 reference-rows={REFERENCE_ROWS}")
         } else {
             String::new()
         };
         format!(
-            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets=128-{FINE_BUCKETS_UP_TO}{invariant}"
+            "gpu={gpu_name} arch={arch} driver={driver} cublaslt={cublaslt} candidates={CANDIDATES} runs={TUNING_RUNS} buckets={EXACT_STEP}-{exact}/{BUCKET_STEP}-{FINE_BUCKETS_UP_TO} compared={COMPARED_ROWS}{invariant}"
         )
     }
 
@@ -346,6 +405,7 @@ impl Blas {
             if state.plans.len() >= MAX_PLANS {
                 state.plans.clear();
             }
+            let building = std::time::Instant::now();
             let mut plan = self.plan(rows, in_dim, out_dim, bf16_out, CANDIDATES)?;
             if let (true, Some(plan)) = (self.batch_invariant, plan.as_mut()) {
                 let family = (in_dim, out_dim, bf16_out, add);
@@ -362,6 +422,9 @@ impl Blas {
                 if let Some(reference) = reference.filter(|r| self.accepts(plan, r)) {
                     self.restrict_to_reference(plan, reference);
                 }
+            }
+            if let Some(plan) = plan.as_mut() {
+                plan.built_in = building.elapsed();
             }
             if let (Some(plan), Some(algo)) = (plan.as_mut(), state.tuned.get(&bucket)) {
                 // The bucket's winner, if cuBLASLt accepts it for this exact shape.
@@ -510,6 +573,7 @@ impl Blas {
     ) -> KernelResult<()> {
         const OP: &str = "gemm tuning";
         self.capture.refuse(OP)?;
+        let started = std::time::Instant::now();
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let y_len = rows * out_dim;
         let stand_in = match store {
@@ -556,6 +620,7 @@ impl Blas {
                 viable.push(*algo);
             }
         }
+        let checked = started.elapsed();
         let mut fastest = vec![f32::INFINITY; viable.len()];
         for _ in 0..TUNING_RUNS {
             let mut events = Vec::with_capacity(viable.len());
@@ -587,6 +652,9 @@ impl Blas {
             candidates_us = ?fastest.iter().map(|ms| (ms * 1e3).round()).collect::<Vec<_>>(),
             algos = ?viable.iter().map(algo_tag).collect::<Vec<_>>(),
             chosen = ?best,
+            plan_ms = plan.built_in.as_secs_f64() * 1e3,
+            check_ms = checked.as_secs_f64() * 1e3,
+            timing_ms = (started.elapsed() - checked).as_secs_f64() * 1e3,
             "gemm tuned"
         );
         if let Some(i) = best {
@@ -793,6 +861,7 @@ impl Blas {
             candidates: Vec::new(),
             tuned: false,
             reference: None,
+            built_in: std::time::Duration::ZERO,
         };
         let transpose: i32 = 1;
         // SAFETY: the descriptor is live; the attribute is an i32 (cublasOperation_t).
@@ -811,32 +880,43 @@ impl Blas {
 
 #[cfg(test)]
 mod tests {
-    use super::{bucket_floor, row_bucket};
+    use super::{bucket_with, floor_with};
     use crate::backend::bucket_tops;
 
     #[test]
     fn a_bucket_floor_is_its_smallest_row_count() {
-        for rows in [1, 2, 3, 64, 65, 128, 129, 700, 768, 4096, 4097, 15_446] {
-            let floor = bucket_floor(rows);
-            assert!(
-                floor <= rows && row_bucket(floor) == row_bucket(rows),
-                "{rows}"
-            );
-            assert!(
-                floor == 1 || row_bucket(floor - 1) < row_bucket(rows),
-                "{rows}"
-            );
+        for exact in [0, 1024, 2048] {
+            for rows in [
+                1, 2, 3, 8, 9, 16, 64, 65, 128, 129, 700, 768, 1024, 1025, 2048, 2049, 2176, 4096,
+                4097, 15_446,
+            ] {
+                let bucket = |r| bucket_with(r, exact);
+                let floor = floor_with(rows, exact);
+                assert!(
+                    floor <= rows && bucket(floor) == bucket(rows),
+                    "{rows} (exact to {exact})"
+                );
+                assert!(
+                    floor == 1 || bucket(floor - 1) < bucket(rows),
+                    "{rows} (exact to {exact})"
+                );
+            }
         }
     }
 
     #[test]
-    fn row_buckets_keep_tile_rows_alike_up_to_4096() {
-        // Powers of two up to 128 rows.
-        assert_eq!([1, 2, 3, 100, 128].map(row_bucket), [1, 2, 4, 128, 128]);
-        // Then multiples of 128: 700 and 761 share a bucket, 775 does not.
+    fn row_buckets_are_exact_to_2048_then_keep_tile_rows_alike_up_to_4096() {
+        let row_bucket = |r| bucket_with(r, 2048);
+        // Powers of two up to 8 rows, then every multiple of 8 up to 2,048.
+        assert_eq!([1, 2, 3, 8].map(row_bucket), [1, 2, 4, 8]);
         assert_eq!(
-            [129, 700, 761, 768, 775].map(row_bucket),
-            [256, 768, 768, 768, 896]
+            [9, 100, 128, 139, 648, 2041, 2048].map(row_bucket),
+            [16, 104, 128, 144, 648, 2048, 2048]
+        );
+        // Then multiples of 128: 2100 and 2176 share a bucket, 2177 does not.
+        assert_eq!(
+            [2049, 2100, 2176, 2177].map(row_bucket),
+            [2176, 2176, 2176, 2304]
         );
         assert_eq!(
             [4095, 4096, 4097, 15_446].map(row_bucket),
@@ -844,9 +924,21 @@ mod tests {
         );
         // Every bucket is warmed once, at its top, and the limit itself last.
         let tops = bucket_tops(5000, row_bucket);
-        assert_eq!(&tops[..9], &[1, 2, 4, 8, 16, 32, 64, 128, 256]);
+        assert_eq!(&tops[..9], &[1, 2, 4, 8, 16, 24, 32, 40, 48]);
         assert_eq!(&tops[tops.len() - 3..], &[3968, 4096, 5000]);
-        assert_eq!(tops.len(), 8 + 31 + 1);
+        assert_eq!(tops.len(), 4 + 255 + 16 + 1);
         assert!(tops.iter().all(|&t| row_bucket(t) == t || t == 5000));
+    }
+
+    #[test]
+    fn without_exact_buckets_they_are_the_powers_of_two_to_128_then_128_rows_wide() {
+        let row_bucket = |r| bucket_with(r, 0);
+        assert_eq!(
+            [1, 3, 9, 100, 128, 129, 700, 761, 775].map(row_bucket),
+            [1, 4, 16, 128, 128, 256, 768, 768, 896]
+        );
+        let tops = bucket_tops(5000, row_bucket);
+        assert_eq!(&tops[..9], &[1, 2, 4, 8, 16, 32, 64, 128, 256]);
+        assert_eq!(tops.len(), 8 + 31 + 1);
     }
 }
