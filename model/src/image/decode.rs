@@ -8,6 +8,8 @@ use ::image::{DynamicImage, ImageReader};
 
 use super::{ImageError, ImageFormat, ImageInfo, ImageLimits};
 
+mod fast_png;
+
 /// An RGB8 image, rows top to bottom, pixels interleaved R, G, B.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RgbImage {
@@ -17,8 +19,29 @@ pub struct RgbImage {
 }
 
 /// Decodes `bytes` (already inspected as `info`) to RGB8, with the decoder's own size and
-/// allocation limits set as a second line of defence.
+/// allocation limits set as a second line of defence. The common PNGs take a faster exact path
+/// (`fast_png`); everything else, and whatever that path declines, goes through `image`.
 pub fn decode_rgb(
+    bytes: &[u8],
+    info: &ImageInfo,
+    limits: &ImageLimits,
+) -> Result<RgbImage, ImageError> {
+    if info.format == ImageFormat::Png {
+        // A panic there would be a bug of that path: the file then goes the usual way.
+        let fast = std::panic::catch_unwind(|| fast_png::decode(bytes, limits))
+            .ok()
+            .flatten();
+        if let Some(rgb) = fast {
+            if (rgb.width, rgb.height) == (info.width, info.height) {
+                return Ok(rgb);
+            }
+        }
+    }
+    decode_with_image(bytes, info, limits)
+}
+
+/// Decoding through the `image` crate (the `png` crate for PNG, `zune-jpeg` for JPEG).
+fn decode_with_image(
     bytes: &[u8],
     info: &ImageInfo,
     limits: &ImageLimits,
