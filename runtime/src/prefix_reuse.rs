@@ -734,6 +734,19 @@ pub fn execute_mixed<B: Backend>(
 /// prompts) run in the questions' pass, after the questions, so the batch runs no pass of its own
 /// for them; their outputs come back in order. The plan must leave room for them in that pass
 /// ([`PrefixReuse::plan_mixed`] with the riders' tokens and sequences taken off its limits).
+/// One pass of a planned batch, at debug (`INSTINCT_LOG=instinct::prefix_reuse=debug`): which pass,
+/// its rows and segments, and how long it took (the decider returns once its answers are read
+/// back, so this is the pass with its staging and snapshots).
+fn log_pass(pass: &str, rows: usize, segments: usize, started: std::time::Instant) {
+    tracing::debug!(
+        pass,
+        rows,
+        segments,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "forward pass"
+    );
+}
+
 pub fn execute_with_riders<B: Backend>(
     decider: &mut Decider<B>,
     reuse: &PrefixReuse,
@@ -765,12 +778,12 @@ pub fn execute_with_riders<B: Backend>(
             .zip(&plan.prefixes)
             .map(|(part, job)| prefix_segment(part, job))
             .collect();
-        reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
-        for (job, out) in plan
-            .prefixes
-            .iter()
-            .zip(decider.decide_segments(&segments)?)
-        {
+        let rows = segments.iter().map(|s| s.prompt.ids.len()).sum();
+        reuse.count_computed(rows);
+        let started = std::time::Instant::now();
+        let outputs = decider.decide_segments(&segments)?;
+        log_pass("prefixes", rows, segments.len(), started);
+        for (job, out) in plan.prefixes.iter().zip(outputs) {
             let state = Arc::new(
                 out.snapshot
                     .context("a prefix segment without its snapshot")?,
@@ -807,8 +820,11 @@ pub fn execute_with_riders<B: Backend>(
         segments.push(prefix_segment(part, job));
     }
     segments.extend_from_slice(riders);
-    reuse.count_computed(segments.iter().map(|s| s.prompt.ids.len()).sum());
+    let rows = segments.iter().map(|s| s.prompt.ids.len()).sum();
+    reuse.count_computed(rows);
+    let started = std::time::Instant::now();
     let mut outputs = decider.decide_segments(&segments)?;
+    log_pass("questions", rows, segments.len(), started);
     let rider_outputs = outputs.split_off(outputs.len() - riders.len());
     if let Some(job) = &plan.side {
         let out = outputs.pop().context("the side segment's output")?;

@@ -53,9 +53,10 @@ const REFERENCE_ROWS: usize = 4096;
 /// Rows of a candidate's output compared with the reference's when a bucket is timed. Another
 /// summation order changes nearly every value of a row (on the H200, 17,696 of 17,920 at 7 rows),
 /// so the first rows tell; reading back whole outputs (up to 600 MB at 16,384 rows) made the first
-/// start on a GPU warm up in 89 s instead of 3 s. (128 rows, before the buckets were exact, read
-/// back up to 5 MB per candidate and check, through pageable memory.)
-const COMPARED_ROWS: usize = 32;
+/// start on a GPU warm up in 89 s instead of 3 s. The read-backs go through pageable memory, one
+/// after the other: with 32 rows (up to 2.4 MB a check) they were 14.4 s of the 22 s an H100's
+/// first start spent timing its ~270 exact buckets, so 8 rows.
+const COMPARED_ROWS: usize = 8;
 /// Heuristic results searched for the reference (the first that splits no K is taken).
 const REFERENCE_SEARCH: usize = 16;
 
