@@ -2,14 +2,14 @@
 # The planned device call (CALL_S seconds, 590 unless set), at the head after the exact GEMM
 # buckets (544e877), 8 compared rows in the tuner's candidate check, the per-pass debug log of
 # prefix reuse, and the faster PNG decode:
-#   1. the GPU tests of the tuning file and captured passes;
+#   1. the GPU test of the tuning file;
 #   2. a first start on an empty cache (ready time; the tuner's phase times), a second start;
 #   3. parity, and its bits against 99b9d07's;
 #   4. gpu_vl_check.sh (screenshot parity, 1024x1024 latencies, a miss's preprocess time);
 #   5. goal-less requests (8 questions over ~2,000 tokens, 1 client) with each pass's rows and time;
 #   6. gpu_load.sh (load_stage);
 #   7. the batch-invariance GPU test, if time is left.
-# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/captured_passes-test,
+# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, 
 # tests/cuda_gemm_tuning-test, tests/cuda_batch_invariance-test), .cache/qwen-tokenizer,
 # .cache/fixtures.
 #   REV=<sha> [CALL_S=560] bash docs/benchmarks/gpu-calls/next/call.sh
@@ -17,7 +17,6 @@ source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
 run_test cuda_gemm_tuning-test 120
-run_test captured_passes-test 150
 tests_summary
 wait_checkpoint
 # start NAME [FLAGS]: serve on the real-shape checkpoint until ready (at most 240 s), the log in
