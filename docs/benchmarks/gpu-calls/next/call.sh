@@ -1,69 +1,44 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set), at the head after the exact GEMM
-# buckets (544e877), 8 compared rows in the tuner's candidate check, the per-pass debug log of
-# prefix reuse, and the faster PNG decode:
-#   1. the GPU test of the tuning file;
-#   2. a first start on an empty cache (ready time; the tuner's phase times), a second start;
-#   3. parity, and its bits against 99b9d07's;
-#   4. gpu_vl_check.sh (screenshot parity, 1024x1024 latencies, a miss's preprocess time);
-#   5. goal-less requests (8 questions over ~2,000 tokens, 1 client) with each pass's rows and time;
-#   6. gpu_load.sh (load_stage);
-#   7. the batch-invariance GPU test, if time is left.
-# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, 
-# tests/cuda_gemm_tuning-test, tests/cuda_batch_invariance-test), .cache/qwen-tokenizer,
-# .cache/fixtures.
-#   REV=<sha> [CALL_S=560] bash docs/benchmarks/gpu-calls/next/call.sh
+# The planned device call (CALL_S seconds, 590 unless set): why a pass of 8 questions resumed from
+# a 1,792-token snapshot each takes 26.6 ms for 975 rows (goal-less requests at cbb1c82), where a
+# forward of ~1,000 rows takes 15-17 ms.
+#   1. instinct bench: 8 questions of 1,920 ids resumed from their first 1,792 (the questions'
+#      pass of a goal-less request, 1,024 rows), beside one question of 1,024 ids (a plain pass);
+#      with a text of 1,920 ids resumed from 1,792, 1,536, 1,024, 512 and 64, if time allows, to
+#      see how the cost grows with the prefix;
+#   2. Nsight Compute, per kernel, of the last forward of each (ncu_forward.py tables): which
+#      kernels grow with the prefix (flash attention over f32 prefix K/V, the staging copies, the
+#      delta rule's initial states);
+# Carries .carry (carry.tar.xz: bin/instinct), .cache/qwen-tokenizer, .cache/fixtures.
+#   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
-run_test cuda_gemm_tuning-test 120
-tests_summary
 wait_checkpoint
-# start NAME [FLAGS]: serve on the real-shape checkpoint until ready (at most 240 s), the log in
-# $OUT/NAME.log; leaves it running (pid in $SERVER).
-start() {
-  local name=$1 t0; shift; t0=$(date +%s)
-  INSTINCT_LOG=${LOG_SPEC:-info,instinct_kernels::cuda::blas=debug} .carry/bin/instinct serve --model /tmp/real \
-    --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8124 "$@" > "$OUT/$name.log" 2>&1 &
-  SERVER=$!
-  until curl -sf http://127.0.0.1:8124/readyz > /dev/null; do
-    if ! kill -0 $SERVER 2> /dev/null || (( $(date +%s) - t0 > 240 )); then break; fi
-    sleep 0.2
-  done
-  t "$name ready after $(( $(date +%s) - t0 )) s"
+B=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0)
+"${B[@]}" --lengths 1024 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 10 \
+  --batch-runs 10 --warmup 2 --out $OUT/bench_8x1920_from_1792.json > /tmp/bench.log 2>&1
+t "bench exit $?"
+grep -E "^\[bench\] (latency|batch)" /tmp/bench.log >> $L
+for r in 1536 1024 512 64; do
+  (( $(left) > 200 )) || break
+  "${B[@]}" --lengths 16 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens $r --runs 3 \
+    --batch-runs 10 --warmup 2 --out $OUT/bench_8x1920_from_$r.json > /tmp/bench_$r.log 2>&1
+  grep -E "^\[bench\] batch" /tmp/bench_$r.log | sed "s/^/from $r: /" >> $L
+done
+# ncu NAME ARGS...: the per-kernel table of the last forward of a bench run.
+ncu_run() {
+  local name=$1; shift
+  (( $(left) > 70 )) || return 0
+  t "ncu $name"
+  timeout $(( $(left) - 10 < 90 ? $(left) - 10 : 90 )) ncu --metrics gpu__time_duration.sum --csv \
+    --cache-control none --clock-control none --graph-profiling node "${B[@]}" "$@" --runs 1 \
+    --batch-runs 1 --warmup 1 > /tmp/ncu_$name.csv 2> /tmp/ncu_$name.err
+  t "ncu exit $?"
+  gzip -c /tmp/ncu_$name.csv > $OUT/ncu-$name.csv.gz
+  python3 tools/reference/ncu_forward.py /tmp/ncu_$name.csv > $OUT/ncu-$name.md 2>> $L
+  head -16 $OUT/ncu-$name.md >> $L
 }
-stop() { kill $SERVER; wait $SERVER 2> /dev/null; gzip -f "$OUT/$1.log"; }
-start first_start; stop first_start
-start second_start; stop second_start
-parity
-same_bits_as 2026-12-06-99b9d07-h100
-OUT=/tmp/vl timeout 120 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
-t "vl exit $?"
-grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
-tar czf $OUT/vl.tgz --exclude=extras.tgz -C /tmp vl
-LOG_SPEC=info,instinct::prefix_reuse=debug start goal_less
-LT=(.carry/bin/instinct-loadtest --target http://127.0.0.1:8124 --quiet)
-timeout 60 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
-  --concurrency 1 --requests 40 --duration 20 --warmup 2 --json $OUT/goal_less.json > /dev/null 2>&1
-t "goal-less exit $?"
-python3 - "$OUT/goal_less.log" >> $L 2>&1 <<'PY'
-import re, statistics, sys
-ansi = re.compile(r"\x1b\[[0-9;]*m")
-passes = {}
-for line in open(sys.argv[1]):
-    line = ansi.sub("", line)
-    if "forward pass" not in line:
-        continue
-    f = dict(re.findall(r"(\w+)=(\S+)", line))
-    passes.setdefault(f["pass"], []).append((int(f["rows"]), int(f["segments"]), float(f["ms"])))
-for name, v in passes.items():
-    print(f"goal-less {name} passes: {len(v)}, median rows {statistics.median(r for r, _, _ in v)}, "
-          f"segments {statistics.median(s for _, s, _ in v)}, ms {statistics.median(m for _, _, m in v):.2f}")
-PY
-stop goal_less
-load_stage
-if (( $(left) > 60 )); then
-  run_test cuda_batch_invariance-test $(( $(left) - 10 ))
-  grep -E "^## .*invariance|test result|panicked|FAILED" "$TESTS_LOG" | tail -3 >> $L
-fi
+ncu_run resumed --lengths 16 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792
+ncu_run plain --lengths 16 --batch-sizes 8 --batch-prompt-tokens 128
 t done
