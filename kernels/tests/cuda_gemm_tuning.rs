@@ -101,3 +101,30 @@ fn gemm_winners_are_kept_across_starts_and_give_the_same_bits() {
 
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_second_copy_takes_up_what_the_first_stored_after_both_started() {
+    let dir = std::env::temp_dir().join(format!(
+        "instinct-gemm-tuning-reload-{}",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    // Both start on an empty cache, as the text and screenshot copies of one server do.
+    let text = start(Some(dir.clone()), false);
+    let screenshots = start(Some(dir.clone()), false);
+    let bits = gemm_bits(&text, 700);
+    assert_eq!(text.gemm_tunings(), 1);
+
+    // Before its warm-up the second copy re-reads the file: the shape needs no timing, and the
+    // stored winner gives the same bits.
+    screenshots.reload_warm_state();
+    assert_eq!(gemm_bits(&screenshots, 700), bits);
+    assert_eq!(
+        screenshots.gemm_tunings(),
+        0,
+        "the first copy's winner is taken up"
+    );
+    drop((text, screenshots));
+    fs::remove_dir_all(&dir).unwrap();
+}
