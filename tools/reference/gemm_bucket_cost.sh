@@ -2,9 +2,11 @@
 # What a row bucket's shared GEMM winner costs a forward pass: one question of R ids, forward with
 # the winners a server has (each 128-row bucket timed at its top, as its warm-up does) against the
 # winners timed at R itself. Per try, in processes of their own:
-#   bucket: a fresh cache; `instinct bench` over the bucket tops (writes the tuning file), then a
-#           second bench over the R list on that cache (every bucket already has its winner);
-#   exact:  a fresh cache; bench over the R list (each R the first of its bucket, so timed at R).
+#   bucket: 128-row buckets (INSTINCT_GEMM_EXACT_ROWS=0, as before 544e877), a fresh cache;
+#           `instinct bench` over the bucket tops (writes the tuning file), then a second bench
+#           over the R list on that cache (every bucket already has its winner);
+#   exact:  a fresh cache; bench over the R list (each R timed at its own rows: with the exact
+#           buckets, the default since 544e877, or as the first row count of its 128-row bucket).
 # Tries alternate (bucket, exact, bucket, exact ...), TRIES of each. R must be multiples of 8 (the
 # captured passes' padding), each in a 128-row bucket of its own, from 129 to 4,096.
 # Run on the GPU machine from the repository root with the real-shape checkpoint in $REAL:
@@ -21,16 +23,16 @@ tops=""
 for r in ${ROWS//,/ }; do
   tops+="${tops:+,}$(( (r + 127) / 128 * 128 ))"
 done
-bench() {  # bench CACHE LENGTHS NAME
-  XDG_CACHE_HOME=$1 INSTINCT_LOG=info,instinct_kernels::cuda::blas=debug \
+bench() {  # bench CACHE LENGTHS NAME [EXACT_ROWS]
+  env XDG_CACHE_HOME="$1" ${4:+INSTINCT_GEMM_EXACT_ROWS=$4} INSTINCT_LOG=info,instinct_kernels::cuda::blas=debug \
     "$BIN/instinct" bench --model "$REAL" --text-adapter "$REAL/adapter-text" --device cuda:0 \
     --lengths "$2" --batch-sizes 1 --batch-prompt-tokens 16 --runs 10 --batch-runs 3 --warmup 2 \
     --out "$OUT/$3.json" > "$OUT/$3.log" 2>&1 || echo "$3: bench failed" >&2
 }
 for n in $(seq 1 "$TRIES"); do
   cache=$(mktemp -d)
-  bench "$cache" "$tops" "bucket_${n}_tops"
-  bench "$cache" "$ROWS" "bucket_$n"
+  bench "$cache" "$tops" "bucket_${n}_tops" 0
+  bench "$cache" "$ROWS" "bucket_$n" 0
   rm -rf "$cache"
   cache=$(mktemp -d)
   bench "$cache" "$ROWS" "exact_$n"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # How much the GEMM kernel picked for one row count costs at another: for each row count R (ROWS),
-# `instinct bench` in a process of its own with an empty cache, so the 128-row bucket holding R is
-# tuned at R itself, with the tuner's candidate times logged (every candidate that gives the
-# reference's bits, by algorithm tag). Then per GEMM family (in_dim x out_dim), the time of each
-# algorithm at each R where it was a candidate, the winner at each R, and what the winner of the
-# bucket's top row count would cost at R (as a server, which tunes each bucket at its top, runs it).
+# `instinct bench` in a process of its own with an empty cache, so the bucket holding R is tuned at
+# R itself, with the tuner's candidate times logged (every candidate that gives the reference's
+# bits, by algorithm tag). Then per GEMM family (in_dim x out_dim), the time of each algorithm at
+# each R where it was a candidate and the winner at each R. (Written when buckets were 128 rows
+# wide; since 544e877 every multiple of 8 up to 2,048 rows is a bucket of its own.)
 # Run on the GPU machine from the repository root with the real-shape checkpoint in $REAL:
 #   OUT=/tmp/sweep [REAL=/tmp/real] [BIN=.carry/bin] [ROWS=520,584,640,648,704,712,768] \
 #     bash tools/reference/gemm_sweep.sh
