@@ -183,6 +183,14 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_SNAPSHOTS_WITHIN", value_parser = parse_on_off)]
     pub snapshots_within: Option<bool>,
 
+    /// On a GPU: MiB of freed device memory the driver's memory pool keeps for the next
+    /// allocations instead of handing it back at every synchronization (its default: none). A
+    /// pass whose carried states do not fit the carry arena stages them in buffers of its own,
+    /// allocated and freed each time (up to ~1.3 GB: 8 questions resumed from a 1,792-token
+    /// snapshot each). Off unless given: being measured (README, "On a GPU").
+    #[arg(long, env = "INSTINCT_CUDA_POOL_KEEP_MIB")]
+    pub cuda_pool_keep_mib: Option<u64>,
+
     /// `/livez` fails when an engine thread has been silent this long, in seconds.
     #[arg(long, env = "INSTINCT_ENGINE_STALL_S", default_value_t = 60)]
     pub engine_stall_s: u64,
@@ -459,6 +467,20 @@ mod tests {
         assert_eq!(within(&["--snapshots-within=off"]), Ok(Some(false)));
         let e = within(&["--snapshots-within", "1"]).unwrap_err();
         assert!(e.contains("expected `on` or `off`"), "{e}");
+    }
+
+    #[test]
+    fn the_memory_pool_keeps_nothing_extra_unless_told_in_mib() {
+        let keep = |flags: &[&str]| {
+            serve_args(flags).map(|a| crate::serve::load_options(&a).cuda_pool_keep_bytes)
+        };
+        assert_eq!(keep(&[]), Ok(None));
+        assert_eq!(
+            keep(&["--cuda-pool-keep-mib", "2048"]),
+            Ok(Some(2048 << 20))
+        );
+        assert!(keep(&["--cuda-pool-keep-mib=-1"]).is_err());
+        assert!(keep(&["--cuda-pool-keep-mib=lots"]).is_err());
     }
 
     #[test]

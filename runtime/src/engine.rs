@@ -512,6 +512,8 @@ pub struct LoadOptions {
     /// taken inside a pass is the prefix's own, bit for bit on the GPU too:
     /// docs/benchmarks/gpu-calls/2026-12-06-1fe910d-h100).
     pub snapshots_within: Option<bool>,
+    /// `--cuda-pool-keep-mib`, in bytes (GPUs; `None`: the driver's default).
+    pub cuda_pool_keep_bytes: Option<u64>,
 }
 
 impl Default for LoadOptions {
@@ -526,6 +528,7 @@ impl Default for LoadOptions {
             cuda_graphs: true,
             screenshot_cuda_graphs: true,
             snapshots_within: None,
+            cuda_pool_keep_bytes: None,
         }
     }
 }
@@ -568,6 +571,7 @@ pub fn load(
                         ordinal,
                         batch_invariant: options.batch_invariant,
                         cuda_graphs,
+                        pool_keep_bytes: options.cuda_pool_keep_bytes,
                         ..CudaOptions::default()
                     })?)
                 }

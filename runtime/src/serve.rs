@@ -98,6 +98,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         cuda_graphs: args.cuda_graphs,
         screenshot_cuda_graphs: args.screenshot_cuda_graphs,
         snapshots_within: args.snapshots_within,
+        cuda_pool_keep_bytes: args.cuda_pool_keep_mib.map(|mib| mib << 20),
     }
 }
 

@@ -43,6 +43,13 @@ pub struct CudaOptions {
     /// on. The backend then runs on a stream of its own (the legacy default stream cannot be
     /// captured).
     pub cuda_graphs: bool,
+    /// How much freed memory the device's default memory pool keeps for reuse when the stream
+    /// synchronizes (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`); `None`: the driver's default, which
+    /// hands all of it back, so the next allocation maps memory again. Buffers are allocated
+    /// stream-ordered from that pool, and a pass that stages its carried states outside the
+    /// arena (more than it holds: e.g. 8 questions resumed from a 1,792-token snapshot each,
+    /// ~1.3 GB) allocates and frees them every time.
+    pub pool_keep_bytes: Option<u64>,
 }
 
 impl Default for CudaOptions {
@@ -54,6 +61,7 @@ impl Default for CudaOptions {
             no_cache: false,
             batch_invariant: true,
             cuda_graphs: false,
+            pool_keep_bytes: None,
         }
     }
 }
@@ -70,6 +78,32 @@ pub(crate) struct Device {
     /// The cache directory in use (`None` with `no_cache` or no default).
     pub cache_dir: Option<PathBuf>,
     functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// Sets what the device's default memory pool (the one stream-ordered allocations come from)
+/// keeps of freed memory at a synchronization.
+fn keep_freed_memory(ctx: &CudaContext, bytes: u64) -> KernelResult<()> {
+    use cudarc::driver::sys::{
+        cuDeviceGetDefaultMemPool, cuMemPoolSetAttribute, CUmemPool_attribute, CUmemoryPool,
+    };
+    const OP: &str = "setting the memory pool's release threshold";
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = bytes;
+    // SAFETY: the pool handle is written by the driver for a device of an open context; the
+    // attribute's value is a u64 (cuuint64_t), read during the call.
+    unsafe {
+        cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .map_err(|e| driver_err(OP, e))?;
+        cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .map_err(|e| driver_err(OP, e))?;
+    }
+    Ok(())
 }
 
 /// How many GPUs the driver lists (for `--device cuda:all`). Fails with a clear error, never a
@@ -124,6 +158,9 @@ impl Device {
 
         let ctx = CudaContext::new(options.ordinal)
             .map_err(|e| driver_err(&format!("opening cuda:{}", options.ordinal), e))?;
+        if let Some(bytes) = options.pool_keep_bytes {
+            keep_freed_memory(&ctx, bytes)?;
+        }
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver_err("reading the compute capability", e))?;
