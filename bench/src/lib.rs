@@ -150,6 +150,10 @@ pub struct BenchArgs {
     /// the cached system turn (0: whole questions). A question of at most N ids runs whole.
     #[arg(long, default_value_t = 0, conflicts_with = "http")]
     pub resume_tokens: usize,
+    /// Forward passes on a GPU: MiB of freed device memory the driver's pool keeps for the next
+    /// allocations (`instinct serve --cuda-pool-keep-mib`; none by default).
+    #[arg(long, conflicts_with = "http")]
+    pub cuda_pool_keep_mib: Option<u64>,
 }
 
 /// A flag's `on` or `off`.
@@ -205,6 +209,7 @@ pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
             let backend = CudaBackend::new(CudaOptions {
                 ordinal,
                 cuda_graphs: args.cuda_graphs,
+                pool_keep_bytes: args.cuda_pool_keep_mib.map(|mib| mib << 20),
                 ..CudaOptions::default()
             })
             .with_context(|| format!("starting {}", args.device))?;
@@ -295,6 +300,8 @@ impl Bench<'_> {
                 "min_runs": a.min_runs, "max_row_s": a.max_row_s, "budget_s": a.budget_s,
                 "letters": LETTERS,
                 "cuda_graphs": a.cuda_graphs,
+                "cuda_pool_keep_mib": a.cuda_pool_keep_mib,
+                "resume_tokens": a.resume_tokens,
                 "timing": if a.http.is_some() {
                     "wall clock from writing the request to reading the whole answer, one \
                      kept-alive connection, single client"

@@ -9,9 +9,10 @@
 #   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
 #      pass's rows and time: the pool as by default against --cuda-pool-keep-mib 4096,
 #      alternated twice;
-#   2. gpu_load.sh with --cuda-pool-keep-mib 4096 (the mix's batches of more than 1,024 rows
+#   2. the same pass in `instinct bench`, with and without the flag, beside a plain 1,024-id pass;
+#   3. gpu_load.sh with --cuda-pool-keep-mib 4096 (the mix's batches of more than 1,024 rows
 #      stage outside the arena too), against the load of cbb1c82;
-#   3. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
+#   4. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
 #      left: which kernels grow with the prefix.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
 # tests/cuda_memory_pool-test), .cache/qwen-tokenizer, .cache/fixtures.
@@ -64,6 +65,16 @@ PY
 for n in 1 2; do
   goal_less goal_less_default_$n
   goal_less goal_less_keep_$n --cuda-pool-keep-mib 4096
+done
+# The same pass alone, in `instinct bench`: 8 questions of 1,920 ids resumed from their first
+# 1,792 (1,024 rows), beside one plain question of 1,024 ids, each way.
+for keep in "" 4096; do
+  .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
+    --lengths 1024 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 10 \
+    --batch-runs 10 --warmup 2 ${keep:+--cuda-pool-keep-mib $keep} --out $OUT/bench_keep${keep:-0}.json \
+    > /tmp/bench_keep${keep:-0}.log 2>&1
+  t "bench keep ${keep:-0} exit $?"
+  grep -E "^\[bench\] (latency|batch)" /tmp/bench_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
 done
 SERVE_FLAGS="--cuda-pool-keep-mib 4096" load_stage
 if (( $(left) > 80 )); then
