@@ -3,7 +3,9 @@
 # a 1,792-token snapshot each took 26.6 ms for 975 rows (goal-less requests at cbb1c82) where a
 # forward of ~1,000 rows takes 15-17 ms. Such a pass does not fit the carry arena (2,048 prefix
 # rows), so it runs as launched and stages its states (~1.3 GB) in buffers allocated and freed
-# every pass; the driver's pool hands freed memory back at each synchronization.
+# every pass; the driver's pool hands freed memory back at each synchronization. (Four questions
+# on a cached 1024x1024 screenshot resume from ~4 x 1,100 prefix rows: out of the arena too, which
+# may be part of why they take 2x one question.)
 #   0. the GPU tests of the tuning file (a second copy takes up the first's winners) and of
 #      --cuda-pool-keep-mib (neither has run on a GPU yet);
 #   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
