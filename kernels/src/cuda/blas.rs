@@ -138,12 +138,20 @@ const FINE_BUCKETS_UP_TO: usize = 4096;
 pub(crate) fn exact_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
-        std::env::var("INSTINCT_GEMM_EXACT_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map_or(EXACT_UP_TO, |rows| {
-                rows.min(FINE_BUCKETS_UP_TO) / BUCKET_STEP * BUCKET_STEP
-            })
+        let Ok(value) = std::env::var("INSTINCT_GEMM_EXACT_ROWS") else {
+            return EXACT_UP_TO;
+        };
+        match value.trim().parse::<usize>() {
+            Ok(rows) => rows.min(FINE_BUCKETS_UP_TO) / BUCKET_STEP * BUCKET_STEP,
+            Err(_) => {
+                tracing::warn!(
+                    value,
+                    default = EXACT_UP_TO,
+                    "INSTINCT_GEMM_EXACT_ROWS is not a row count; the default is used"
+                );
+                EXACT_UP_TO
+            }
+        }
     })
 }
 
