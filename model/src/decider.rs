@@ -185,6 +185,11 @@ impl<B: Backend> Decider<B> {
         self.model.reserve_carry_arena()
     }
 
+    /// See [`TextModel::reserve_carry_arena_for`]; the bytes allocated.
+    pub fn reserve_carry_arena_for(&mut self, prefix_rows: usize) -> Result<usize> {
+        self.model.reserve_carry_arena_for(prefix_rows)
+    }
+
     /// What a prefix-state snapshot of its model costs.
     pub fn snapshot_cost(&self) -> crate::prefix::SnapshotCost {
         self.model.snapshot_cost()

@@ -414,8 +414,8 @@ impl<B: Backend> Carry<B> {
 const ARENA_SEQS: usize = 8;
 
 /// The carry of a captured pass, in buffers of fixed addresses (a captured pass holds them):
-/// every part present, sized for [`ARENA_SEQS`] sequences, [`CAPTURED_MAX_PREFIX_ROWS`] prefix
-/// rows and [`CAPTURED_MAX_ROWS`] own rows. A pass borrows the parts its [`CarryShape`] uses
+/// every part present, sized for [`ARENA_SEQS`] sequences, the prefix rows it was reserved for
+/// ([`CAPTURED_MAX_PREFIX_ROWS`] by default) and [`CAPTURED_MAX_ROWS`] own rows. A pass borrows the parts its [`CarryShape`] uses
 /// ([`Self::lend`]) and returns them ([`Self::give_back`]).
 struct CarryArena<B: Buffers> {
     parts: Carry<B>,
@@ -423,16 +423,18 @@ struct CarryArena<B: Buffers> {
     zeros: B::Buf,
     /// Sequences it holds.
     seqs: usize,
+    /// Prefix rows it holds (over all sequences; a power of two).
+    prefix_rows: usize,
     /// The device memory it holds.
     bytes: usize,
 }
 
 impl<B: Backend> CarryArena<B> {
-    fn new(be: &B, shapes: &[LayerShape], limits: BatchLimits) -> Result<Self> {
+    fn new(be: &B, shapes: &[LayerShape], limits: BatchLimits, prefix_rows: usize) -> Result<Self> {
         let seqs = limits.max_seqs.min(ARENA_SEQS);
         let room = CarryRoom {
             seqs,
-            prefix_rows: CAPTURED_MAX_PREFIX_ROWS,
+            prefix_rows,
             rows: limits.max_tokens.min(CAPTURED_MAX_ROWS),
             resume: true,
             snapshot: true,
@@ -457,6 +459,7 @@ impl<B: Backend> CarryArena<B> {
             parts,
             zeros,
             seqs,
+            prefix_rows,
             bytes: bytes + 4 * zeros_len,
         })
     }
@@ -775,11 +778,28 @@ impl<B: Backend> TextModel<B> {
     /// Returns the bytes allocated: 0 where the backend captures no passes
     /// ([`Backend::pass_shape`]) or the arena is already there.
     pub fn reserve_carry_arena(&mut self) -> Result<usize> {
+        self.reserve_carry_arena_for(CAPTURED_MAX_PREFIX_ROWS)
+    }
+
+    /// [`Self::reserve_carry_arena`] with room for `prefix_rows` prefix rows over a pass's
+    /// sequences (a power of two, at least 64): a pass resuming from more runs as launched,
+    /// staging its carry in buffers of its own. Each prefix row costs the K and V of every
+    /// attention layer in f32 (64 KiB for Qwen3.5-4B: 128 MiB for the default 2,048).
+    pub fn reserve_carry_arena_for(&mut self, prefix_rows: usize) -> Result<usize> {
+        ensure!(
+            prefix_rows >= 64 && prefix_rows.is_power_of_two(),
+            "the carry arena's prefix rows must be a power of two of at least 64, not {prefix_rows}"
+        );
         if self.arena.is_some() || self.backend.pass_shape(1, 1).is_none() {
             return Ok(0);
         }
-        let arena = CarryArena::new(&self.backend, &self.layer_shapes(), self.limits)
-            .context("allocating the carry arena of captured passes")?;
+        let arena = CarryArena::new(
+            &self.backend,
+            &self.layer_shapes(),
+            self.limits,
+            prefix_rows,
+        )
+        .context("allocating the carry arena of captured passes")?;
         let bytes = arena.bytes;
         self.arena = Some(arena);
         Ok(bytes)
@@ -987,6 +1007,7 @@ impl<B: Backend> TextModel<B> {
                     .filter_map(|s| s.resume)
                     .map(PrefixState::tokens)
                     .sum(),
+                arena.prefix_rows,
             )?
         } else {
             0
@@ -1976,6 +1997,79 @@ mod arena_tests {
         arena.parts.cu_prefix = lost;
         assert!(arena.is_whole());
         assert!(tail_uses_the_arena(&mut padded, &text));
+    }
+
+    /// An arena reserved for more prefix rows than the default holds a pass that resumes from
+    /// more than 2,048 (five questions, each resumed from 448 ids: 2,240, launched for 4,096), and
+    /// that pass answers as it does staged on its own and as on a backend that pads nothing.
+    #[test]
+    fn an_arena_for_more_prefix_rows_holds_larger_resumed_passes_with_the_same_answers() {
+        const CUT: usize = 448;
+        let (mut plain, _) = demo(CpuBackend::new());
+        let (mut small, _) = demo(CpuBackend::padding_passes());
+        let (mut large, _) = demo(CpuBackend::padding_passes());
+        let small_bytes = small.reserve_carry_arena().unwrap();
+        assert!(
+            small.reserve_carry_arena_for(100).is_err(),
+            "not a power of two"
+        );
+        let large_bytes = large.reserve_carry_arena_for(4096).unwrap();
+        assert!(large_bytes > small_bytes && small_bytes > 0);
+        let loaded = crate::demo::load_text(CpuBackend::new(), BatchLimits::new(512, 8)).unwrap();
+        let texts: Vec<Vec<u32>> = (0..5)
+            .map(|k| {
+                let text = format!("Question {k}. ") + &"Pick the safe action. ".repeat(100);
+                let ids = loaded.tokenizer.encode(&text).unwrap();
+                assert!(ids.len() > CUT + 40, "{} ids", ids.len());
+                ids[..CUT + 40].to_vec()
+            })
+            .collect();
+        let run = |d: &mut Decider<CpuBackend>| {
+            let states: Vec<PrefixState> = texts
+                .iter()
+                .map(|t| {
+                    let segment = QuestionSegment::prefix(&t[..CUT], None);
+                    d.decide_segments(&[segment])
+                        .unwrap()
+                        .remove(0)
+                        .snapshot
+                        .unwrap()
+                })
+                .collect();
+            let segs: Vec<Segment> = texts
+                .iter()
+                .zip(&states)
+                .map(|(t, state)| Segment {
+                    input: SequenceInput::text(&t[CUT..]),
+                    resume: Some(state),
+                    snapshot: false,
+                    snapshot_at: None,
+                })
+                .collect();
+            let in_arena = d.model_mut().arena_shape(&segs, 5 * 40).is_some();
+            let tails: Vec<QuestionSegment> = texts
+                .iter()
+                .zip(&states)
+                .map(|(t, state)| QuestionSegment::answer(Prompt::text(&t[CUT..], 4), Some(state)))
+                .collect();
+            let answers: Vec<Vec<f32>> = d
+                .decide_segments(&tails)
+                .unwrap()
+                .into_iter()
+                .map(|out| out.probabilities.unwrap())
+                .collect();
+            (in_arena, answers)
+        };
+        let (_, want) = run(&mut plain);
+        let (small_arena, small_got) = run(&mut small);
+        let (large_arena, large_got) = run(&mut large);
+        assert!(
+            !small_arena,
+            "2,240 prefix rows do not fit the default arena"
+        );
+        assert!(large_arena, "they fit one reserved for 4,096");
+        assert_eq!(small_got, want);
+        assert_eq!(large_got, want);
     }
 
     /// A model holds no arena until [`super::TextModel::reserve_carry_arena`] allocates it (a

@@ -191,6 +191,15 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_CUDA_POOL_KEEP_MIB")]
     pub cuda_pool_keep_mib: Option<u64>,
 
+    /// On a GPU with prefix reuse or chunking: the prefix tokens, over a pass's questions, that a
+    /// captured pass may resume from (a power of two, 64 to 65,536). Each costs 64 KiB of device
+    /// memory for Qwen3.5-4B in each language copy's carry arena (2,048: 128 MiB). A pass
+    /// resuming from more (8 goal-less questions over one ~1,800-token tree: ~14,400) runs as
+    /// launched, its states staged in buffers of its own. Being measured (README, "On a GPU").
+    #[arg(long, env = "INSTINCT_CARRY_ARENA_PREFIX_TOKENS", default_value_t = 2048,
+          value_parser = parse_arena_prefix_tokens)]
+    pub carry_arena_prefix_tokens: usize,
+
     /// `/livez` fails when an engine thread has been silent this long, in seconds.
     #[arg(long, env = "INSTINCT_ENGINE_STALL_S", default_value_t = 60)]
     pub engine_stall_s: u64,
@@ -314,6 +323,17 @@ fn parse_buckets(s: &str) -> Result<Buckets, String> {
         out.push((t, n));
     }
     Ok(Buckets(out))
+}
+
+/// `--carry-arena-prefix-tokens`: a power of two from 64 to 65,536.
+fn parse_arena_prefix_tokens(s: &str) -> Result<usize, String> {
+    let tokens: usize = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(64..=65_536).contains(&tokens) || !tokens.is_power_of_two() {
+        return Err(format!(
+            "{tokens}: expected a power of two from 64 to 65536"
+        ));
+    }
+    Ok(tokens)
 }
 
 /// Options of `instinct build-tokenizer`.
@@ -481,6 +501,22 @@ mod tests {
         );
         assert!(keep(&["--cuda-pool-keep-mib=-1"]).is_err());
         assert!(keep(&["--cuda-pool-keep-mib=lots"]).is_err());
+    }
+
+    #[test]
+    fn the_carry_arena_takes_2048_prefix_tokens_unless_told_a_power_of_two() {
+        let tokens = |flags: &[&str]| {
+            serve_args(flags).map(|a| crate::serve::load_options(&a).carry_arena_prefix_tokens)
+        };
+        assert_eq!(tokens(&[]), Ok(2048));
+        assert_eq!(
+            tokens(&["--carry-arena-prefix-tokens", "16384"]),
+            Ok(16_384)
+        );
+        for bad in ["3000", "32", "131072", "many"] {
+            let e = tokens(&["--carry-arena-prefix-tokens", bad]).unwrap_err();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
     }
 
     #[test]

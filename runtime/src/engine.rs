@@ -514,6 +514,8 @@ pub struct LoadOptions {
     pub snapshots_within: Option<bool>,
     /// `--cuda-pool-keep-mib`, in bytes (GPUs; `None`: the driver's default).
     pub cuda_pool_keep_bytes: Option<u64>,
+    /// `--carry-arena-prefix-tokens`: the prefix rows a captured pass may resume from (GPUs).
+    pub carry_arena_prefix_tokens: usize,
 }
 
 impl Default for LoadOptions {
@@ -529,6 +531,7 @@ impl Default for LoadOptions {
             screenshot_cuda_graphs: true,
             snapshots_within: None,
             cuda_pool_keep_bytes: None,
+            carry_arena_prefix_tokens: instinct_kernels::backend::CAPTURED_MAX_PREFIX_ROWS,
         }
     }
 }
@@ -896,11 +899,13 @@ fn load_engines<B: ServingBackend>(
         if reuse_asked || options.max_chunk_tokens.is_some() {
             reserved += text
                 .decider
-                .reserve_carry_arena()
+                .reserve_carry_arena_for(options.carry_arena_prefix_tokens)
                 .context("the text copy")?;
         }
         if let (true, Some(m)) = (reuse_asked, &mut multimodal) {
-            reserved += m.reserve_carry_arena().context("the screenshot copy")?;
+            reserved += m
+                .reserve_carry_arena_for(options.carry_arena_prefix_tokens)
+                .context("the screenshot copy")?;
         }
         if reserved > 0 {
             tracing::info!(

@@ -99,6 +99,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         screenshot_cuda_graphs: args.screenshot_cuda_graphs,
         snapshots_within: args.snapshots_within,
         cuda_pool_keep_bytes: args.cuda_pool_keep_mib.map(|mib| mib << 20),
+        carry_arena_prefix_tokens: args.carry_arena_prefix_tokens,
     }
 }
 

@@ -99,14 +99,16 @@ pub fn captured_shape(rows: usize, seqs: usize) -> Option<PassShape> {
     })
 }
 
-/// The most prefix rows a captured pass resumes from, over all its sequences.
+/// The most prefix rows a captured pass resumes from, over all its sequences, unless the carry
+/// arena is reserved for more (`instinct serve --carry-arena-prefix-tokens`).
 pub const CAPTURED_MAX_PREFIX_ROWS: usize = 2048;
 
 /// The prefix rows a captured pass that resumes from `prefix_rows` rows is launched for: a power
-/// of two, at least 64 (a snapshot's cut is on the 64-token grid); `None` above
-/// [`CAPTURED_MAX_PREFIX_ROWS`].
-pub fn captured_prefix_rows(prefix_rows: usize) -> Option<usize> {
-    (prefix_rows <= CAPTURED_MAX_PREFIX_ROWS).then(|| prefix_rows.next_power_of_two().max(64))
+/// of two, at least 64 (a snapshot's cut is on the 64-token grid); `None` above `most` (the
+/// arena's room).
+pub fn captured_prefix_rows(prefix_rows: usize, most: usize) -> Option<usize> {
+    let padded = prefix_rows.next_power_of_two().max(64);
+    (padded <= most).then_some(padded)
 }
 
 /// Offsets (`cu_seqlens`, `cu_prefix`) of a pass of `seqs` sequences: the real ones, then the
@@ -152,11 +154,14 @@ mod tests {
                 );
             }
         }
-        assert_eq!(captured_prefix_rows(1), Some(64));
-        assert_eq!(captured_prefix_rows(64), Some(64));
-        assert_eq!(captured_prefix_rows(130), Some(256));
-        assert_eq!(captured_prefix_rows(2048), Some(2048));
-        assert_eq!(captured_prefix_rows(2049), None);
+        let most = CAPTURED_MAX_PREFIX_ROWS;
+        assert_eq!(captured_prefix_rows(1, most), Some(64));
+        assert_eq!(captured_prefix_rows(64, most), Some(64));
+        assert_eq!(captured_prefix_rows(130, most), Some(256));
+        assert_eq!(captured_prefix_rows(2048, most), Some(2048));
+        assert_eq!(captured_prefix_rows(2049, most), None);
+        assert_eq!(captured_prefix_rows(14_336, 16_384), Some(16_384));
+        assert_eq!(captured_prefix_rows(16_385, 16_384), None);
         let carried = PassShape {
             carry: CarryShape {
                 prefix_rows: 128,

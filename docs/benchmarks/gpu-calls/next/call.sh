@@ -9,8 +9,9 @@
 #   0. the GPU tests of the tuning file (a second copy takes up the first's winners) and of
 #      --cuda-pool-keep-mib (neither has run on a GPU yet);
 #   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
-#      pass's rows and time: the pool as by default against --cuda-pool-keep-mib 4096,
-#      alternated twice;
+#      pass's rows and time: the pool as by default, --cuda-pool-keep-mib 4096, and an arena
+#      that holds the pass (--carry-arena-prefix-tokens 16384: captured, staged without
+#      allocating), alternated twice;
 #   2. the same pass in `instinct bench`, with and without the flag, beside a plain 1,024-id pass;
 #   3. gpu_load.sh with --cuda-pool-keep-mib 4096 (the mix's batches of more than 1,024 rows
 #      stage outside the arena too), against the load of cbb1c82;
@@ -67,6 +68,7 @@ PY
 for n in 1 2; do
   goal_less goal_less_default_$n
   goal_less goal_less_keep_$n --cuda-pool-keep-mib 4096
+  goal_less goal_less_arena_$n --carry-arena-prefix-tokens 16384
 done
 # The same pass alone, in `instinct bench`: 8 questions of 1,920 ids resumed from their first
 # 1,792 (1,024 rows), beside one plain question of 1,024 ids, each way.
