@@ -159,8 +159,8 @@ pub struct ServeArgs {
     pub batch_invariant: bool,
 
     /// Captured passes on a GPU (`on` or `off`): a pass of up to 1,024 tokens (and, where it
-    /// resumes from prefix states, up to 8 sequences and 2,048 prefix tokens) runs padded to a
-    /// (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
+    /// resumes from prefix states, up to 8 sequences and --carry-arena-prefix-tokens prefix
+    /// tokens) runs padded to a (tokens, sequences, prefix) shape; the first batch of a shape runs as launched and is then
     /// captured as a CUDA graph, later ones replay it (one launch instead of some 300); answers
     /// are the same bits as launched. Text and screenshot questions (see
     /// --screenshot-cuda-graphs); the CPU ignores it (README, "Captured passes").
