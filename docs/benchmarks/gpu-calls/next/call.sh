@@ -15,7 +15,9 @@
 #   2. the same pass in `instinct bench`, with and without the flag, beside a plain 1,024-id pass;
 #   3. gpu_load.sh with --cuda-pool-keep-mib 4096 (the mix's batches of more than 1,024 rows
 #      stage outside the arena too), against the load of cbb1c82;
-#   4. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
+#   4. gpu_vl_check.sh with --carry-arena-prefix-tokens 8192 (four questions on a cached
+#      screenshot), if time is left;
+#   5. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
 #      left: which kernels grow with the prefix.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
 # tests/cuda_memory_pool-test), .cache/qwen-tokenizer, .cache/fixtures.
@@ -81,6 +83,13 @@ for keep in "" 4096; do
   grep -E "^\[bench\] (latency|batch)" /tmp/bench_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
 done
 SERVE_FLAGS="--cuda-pool-keep-mib 4096" load_stage
+# Four questions on a cached screenshot resume from ~4 x 1,100 prefix rows: with an arena for
+# 8,192 their pass is captured (hit_4q was 15.85 ms at cbb1c82 on another H100, 1.95x one).
+if (( $(left) > 170 )); then
+  OUT=/tmp/vl SERVE_FLAGS="--carry-arena-prefix-tokens 8192" timeout 120 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+  t "vl (arena 8192) exit $?"
+  grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
+fi
 if (( $(left) > 80 )); then
   t "ncu resumed"
   timeout $(( $(left) - 10 < 90 ? $(left) - 10 : 90 )) ncu --metrics gpu__time_duration.sum --csv \
