@@ -24,17 +24,21 @@
 #   REV=<sha> [CALL_S=560] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
+# The device returns at most 8 files: logs and reports go to $R, packed into $OUT/results.tgz.
+R=/tmp/results
+mkdir -p $R
+pack() { tar czf $OUT/results.tgz -C /tmp results; }
 start_checkpoint
 run_test cuda_gemm_tuning-test 120
 run_test cuda_memory_pool-test 60
 tests_summary
 wait_checkpoint
 # start NAME [FLAGS]: serve on the real-shape checkpoint until ready (at most 240 s: a first start
-# times the GEMM buckets), the log in $OUT/NAME.log; leaves it running (pid in $SERVER).
+# times the GEMM buckets), the log in $R/NAME.log; leaves it running (pid in $SERVER).
 start() {
   local name=$1 t0; shift; t0=$(date +%s)
   INSTINCT_LOG=info,instinct::prefix_reuse=debug .carry/bin/instinct serve --model /tmp/real \
-    --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8124 "$@" > "$OUT/$name.log" 2>&1 &
+    --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8124 "$@" > "$R/$name.log" 2>&1 &
   SERVER=$!
   until curl -sf http://127.0.0.1:8124/readyz > /dev/null; do
     if ! kill -0 $SERVER 2> /dev/null || (( $(date +%s) - t0 > 240 )); then break; fi
@@ -42,16 +46,16 @@ start() {
   done
   t "$name ready after $(( $(date +%s) - t0 )) s"
 }
-stop() { kill $SERVER; wait $SERVER 2> /dev/null; gzip -f "$OUT/$1.log"; }
+stop() { kill $SERVER; wait $SERVER 2> /dev/null; gzip -f "$R/$1.log"; }
 LT=(.carry/bin/instinct-loadtest --target http://127.0.0.1:8124 --quiet)
 # goal_less NAME [FLAGS]: a server, 40 goal-less requests at one client, each pass's median.
 goal_less() {
   local name=$1; shift
   start "$name" "$@"
   timeout 60 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
-    --concurrency 1 --requests 40 --duration 20 --warmup 2 --json "$OUT/$name.json" > /dev/null 2>&1
+    --concurrency 1 --requests 40 --duration 20 --warmup 2 --json "$R/$name.json" > /dev/null 2>&1
   t "$name exit $?"
-  python3 - "$OUT/$name.log" "$OUT/$name.json" "$name" >> $L 2>&1 <<'PY'
+  python3 - "$R/$name.log" "$R/$name.json" "$name" >> $L 2>&1 <<'PY'
 import json, re, statistics, sys
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 passes = {}
@@ -72,12 +76,13 @@ for n in 1 2; do
   goal_less goal_less_keep_$n --cuda-pool-keep-mib 4096
   goal_less goal_less_arena_$n --carry-arena-prefix-tokens 16384
 done
+pack
 # The same pass alone, in `instinct bench`: 8 questions of 1,920 ids resumed from their first
 # 1,792 (1,024 rows), beside one plain question of 1,024 ids, each way.
 for keep in "" 4096; do
   .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
     --lengths 1024 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 10 \
-    --batch-runs 10 --warmup 2 ${keep:+--cuda-pool-keep-mib $keep} --out $OUT/bench_keep${keep:-0}.json \
+    --batch-runs 10 --warmup 2 ${keep:+--cuda-pool-keep-mib $keep} --out $R/bench_keep${keep:-0}.json \
     > /tmp/bench_keep${keep:-0}.log 2>&1
   t "bench keep ${keep:-0} exit $?"
   grep -E "^\[bench\] (latency|batch)" /tmp/bench_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
@@ -89,6 +94,7 @@ if (( $(left) > 170 )); then
   OUT=/tmp/vl SERVE_FLAGS="--carry-arena-prefix-tokens 8192" timeout 120 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
   t "vl (arena 8192) exit $?"
   grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
+  cp /tmp/vl/vl_parity.json $R/vl_parity_arena8192.json 2> /dev/null
 fi
 if (( $(left) > 80 )); then
   t "ncu resumed"
@@ -98,8 +104,9 @@ if (( $(left) > 80 )); then
     --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 1 --batch-runs 1 --warmup 1 \
     > /tmp/ncu_resumed.csv 2> /tmp/ncu_resumed.err
   t "ncu exit $?"
-  gzip -c /tmp/ncu_resumed.csv > $OUT/ncu-resumed.csv.gz
-  python3 tools/reference/ncu_forward.py /tmp/ncu_resumed.csv > $OUT/ncu-resumed.md 2>> $L
-  head -16 $OUT/ncu-resumed.md >> $L
+  gzip -c /tmp/ncu_resumed.csv > $R/ncu-resumed.csv.gz
+  python3 tools/reference/ncu_forward.py /tmp/ncu_resumed.csv > $R/ncu-resumed.md 2>> $L
+  head -16 $R/ncu-resumed.md >> $L
 fi
+pack
 t done
