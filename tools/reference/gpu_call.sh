@@ -18,6 +18,21 @@ left() { echo $(( ${CALL_S:-590} - ($(date +%s) - CALL_T0) )); }
 [[ -f .carry/carry.tar.xz ]] && tar xJf .carry/carry.tar.xz -C .carry
 t "rev ${REV:-unknown}; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
 
+# The kernel cache (compiled kernels, GEMM tuning files) may travel too, as .cache/instinct-kernels
+# (git-ignored; carry it by name): a fresh machine's first server start then neither compiles nor
+# times its GEMM buckets (~30 s on an H100 since the buckets are exact). Entries of another GPU,
+# driver or toolkit are simply not used. save_kernel_cache returns it as $OUT/kernel-cache.tgz;
+# unpack it into .cache/instinct-kernels for the next call. A measurement of a first start gives
+# the server an empty XDG_CACHE_HOME of its own.
+KERNEL_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/instinct/kernels
+if [[ -d .cache/instinct-kernels ]]; then
+  mkdir -p "$KERNEL_CACHE" && cp -r .cache/instinct-kernels/. "$KERNEL_CACHE/"
+  t "kernel cache carried: $(ls .cache/instinct-kernels | wc -l) entries"
+fi
+save_kernel_cache() {
+  tar czf "$OUT/kernel-cache.tgz" -C "$KERNEL_CACHE" . 2> /dev/null
+}
+
 # start_checkpoint: tokenizer.json and the real-shape checkpoint into /tmp/real, in the background
 # (wait_checkpoint waits and logs how it ended).
 start_checkpoint() {

@@ -20,7 +20,8 @@
 #   5. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
 #      left: which kernels grow with the prefix.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
-# tests/cuda_memory_pool-test), .cache/qwen-tokenizer, .cache/fixtures.
+# tests/cuda_memory_pool-test), .cache/qwen-tokenizer, .cache/fixtures (and .cache/instinct-kernels
+# where an earlier call's kernel-cache.tgz was unpacked there). Returns kernel-cache.tgz.
 #   REV=<sha> [CALL_S=560] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
@@ -109,4 +110,5 @@ if (( $(left) > 80 )); then
   head -16 $R/ncu-resumed.md >> $L
 fi
 pack
+save_kernel_cache
 t done
