@@ -369,6 +369,29 @@ mod wavefront {
         )
     }
 
+    /// One wavefront step: the group's filtered pixels (`filtered`, row k in lane group k) plus
+    /// their prediction from the previous step's lanes (left), those lanes moved down a row with
+    /// the pixel above the group (above), and the same one step back (above left).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn step<const BPP: usize, const ALL_PAETH: bool>(
+        filtered: u128,
+        (previous, previous2): (__m128i, __m128i),
+        (above_now, above_last): (u32, u32),
+        masks: &Masks,
+    ) -> __m128i {
+        let b = _mm_or_si128(
+            next_row::<BPP>(previous),
+            _mm_cvtsi32_si128(above_now as i32),
+        );
+        let c = _mm_or_si128(
+            next_row::<BPP>(previous2),
+            _mm_cvtsi32_si128(above_last as i32),
+        );
+        let predicted = predict::<ALL_PAETH>(previous, b, c, masks);
+        _mm_add_epi8(to_vector(filtered), predicted)
+    }
+
     /// Moves every lane up by one pixel: the row above's lanes become this row's.
     #[inline]
     #[target_feature(enable = "sse2")]
@@ -562,16 +585,12 @@ mod wavefront {
                     for (k, line) in raws.iter().enumerate() {
                         filtered |= u128::from(load4(line, at) & pixel_mask) << (8 * BPP * k);
                     }
-                    let b = _mm_or_si128(
-                        next_row::<BPP>(previous),
-                        _mm_cvtsi32_si128(above_now as i32),
+                    let current = step::<BPP, ALL_PAETH>(
+                        filtered,
+                        (previous, previous2),
+                        (above_now, above_last),
+                        &masks,
                     );
-                    let c = _mm_or_si128(
-                        next_row::<BPP>(previous2),
-                        _mm_cvtsi32_si128(above_last as i32),
-                    );
-                    let predicted = predict::<ALL_PAETH>(previous, b, c, &masks);
-                    let current = _mm_add_epi8(to_vector(filtered), predicted);
                     let lanes = from_vector(current);
                     for (k, line) in outs.iter_mut().enumerate() {
                         let pixel = rgb::<BPP>((lanes >> (8 * BPP * k)) as u32);
@@ -600,16 +619,12 @@ mod wavefront {
                 let pixel = load_pixel::<BPP>(rows.raw, k * raw_stride + 1 + (t - k) * BPP);
                 filtered |= u128::from(pixel) << (8 * BPP * k);
             }
-            let b = _mm_or_si128(
-                next_row::<BPP>(previous),
-                _mm_cvtsi32_si128(above_now as i32),
+            let current = step::<BPP, ALL_PAETH>(
+                filtered,
+                (previous, previous2),
+                (above_now, above_last),
+                &masks,
             );
-            let c = _mm_or_si128(
-                next_row::<BPP>(previous2),
-                _mm_cvtsi32_si128(above_last as i32),
-            );
-            let predicted = predict::<ALL_PAETH>(previous, b, c, &masks);
-            let current = _mm_add_epi8(to_vector(filtered), predicted);
             let lanes = from_vector(current);
             for k in (0..rows.count).filter(|&k| in_row(k)) {
                 let samples = (lanes >> (8 * BPP * k)) as u32;
