@@ -415,8 +415,8 @@ const ARENA_SEQS: usize = 8;
 
 /// The carry of a captured pass, in buffers of fixed addresses (a captured pass holds them):
 /// every part present, sized for [`ARENA_SEQS`] sequences, the prefix rows it was reserved for
-/// ([`CAPTURED_MAX_PREFIX_ROWS`] by default) and [`CAPTURED_MAX_ROWS`] own rows. A pass borrows the parts its [`CarryShape`] uses
-/// ([`Self::lend`]) and returns them ([`Self::give_back`]).
+/// ([`CAPTURED_MAX_PREFIX_ROWS`] by default) and [`CAPTURED_MAX_ROWS`] own rows. A pass borrows
+/// the parts its [`CarryShape`] uses ([`Self::lend`]) and returns them ([`Self::give_back`]).
 struct CarryArena<B: Buffers> {
     parts: Carry<B>,
     /// A state's worth of zeros: where a sequence of a resuming pass starts from nothing.

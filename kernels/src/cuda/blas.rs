@@ -133,7 +133,7 @@ const FINE_BUCKETS_UP_TO: usize = 4096;
 /// The row count up to which every multiple of 8 is a tuning bucket: `INSTINCT_GEMM_EXACT_ROWS`
 /// (rounded down to a multiple of 128, at most 4,096; 0 makes the buckets 128 rows wide from 129
 /// rows, as before the exact ones), else 2,048. Exact buckets make a first start on a GPU time
-/// ~270 row counts instead of ~40 (31 s of warm-up instead of ~4 on an H100); the winners are
+/// ~270 row counts instead of ~40 (ready after 27 s instead of 11 on an H100); the winners are
 /// kept in the tuning file, so later starts time nothing.
 pub(crate) fn exact_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -165,7 +165,7 @@ pub(crate) fn exact_rows() -> usize {
 /// fills 132 SMs in waves, so one more tile row can cost a wave. With 128-row buckets each timed
 /// at its top, an H100 forward of one question took 7-16% longer at 304-904 ids than with the
 /// winners timed at its own rows, 4-6% at 1,048-1,704 ids and 1-2% at 2,248-3,304 ids
-/// (docs/benchmarks/gpu-calls/2026-12-06-99b9d07-h100/bucket/, tools/reference/gemm_bucket_cost.sh).
+/// (docs/benchmarks/gpu-calls/2026-12-06-exact-buckets-h100/, tools/reference/gemm_bucket_cost.sh).
 pub(crate) fn row_bucket(rows: usize) -> usize {
     bucket_with(rows, exact_rows())
 }
