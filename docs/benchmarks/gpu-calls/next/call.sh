@@ -34,20 +34,15 @@ run_test cuda_gemm_tuning-test 120
 run_test cuda_memory_pool-test 60
 tests_summary
 wait_checkpoint
-# start NAME [FLAGS]: serve on the real-shape checkpoint until ready (at most 240 s: a first start
-# times the GEMM buckets), the log in $R/NAME.log; leaves it running (pid in $SERVER).
+# The servers: gpu_common.sh's serve_real (logs in $R/serve_NAME.log), each pass logged.
+source tools/reference/gpu_common.sh
+stamp() { t "$@"; }
+BIN=.carry/bin REAL=/tmp/real PORT=8124
 start() {
-  local name=$1 t0; shift; t0=$(date +%s)
-  INSTINCT_LOG=info,instinct::prefix_reuse=debug .carry/bin/instinct serve --model /tmp/real \
-    --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8124 "$@" > "$R/$name.log" 2>&1 &
-  SERVER=$!
-  until curl -sf http://127.0.0.1:8124/readyz > /dev/null; do
-    if ! kill -0 $SERVER 2> /dev/null || (( $(date +%s) - t0 > 240 )); then break; fi
-    sleep 0.2
-  done
-  t "$name ready after $(( $(date +%s) - t0 )) s"
+  local name=$1; shift
+  INSTINCT_LOG=info,instinct::prefix_reuse=debug OUT=$R serve_real "$name" 240 "$@"
 }
-stop() { kill $SERVER; wait $SERVER 2> /dev/null; gzip -f "$R/$1.log"; }
+stop() { stop_server; gzip -f "$R/serve_$1.log"; }
 LT=(.carry/bin/instinct-loadtest --target http://127.0.0.1:8124 --quiet)
 # goal_less NAME [FLAGS]: a server, 40 goal-less requests at one client, each pass's median.
 goal_less() {
@@ -56,7 +51,7 @@ goal_less() {
   timeout 60 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
     --concurrency 1 --requests 40 --duration 20 --warmup 2 --json "$R/$name.json" > /dev/null 2>&1
   t "$name exit $?"
-  python3 - "$R/$name.log" "$R/$name.json" "$name" >> $L 2>&1 <<'PY'
+  python3 - "$R/serve_$name.log" "$R/$name.json" "$name" >> $L 2>&1 <<'PY'
 import json, re, statistics, sys
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 passes = {}
