@@ -1628,6 +1628,36 @@ fn upload_stacked_rounds_every_part_into_place() {
     assert_eq!(gpu.read(&one, 7).unwrap(), bf16_round(&parts[3]));
 }
 
+/// `write_parts` into a GEMM input (bf16 on the GPU: the vision tower's pixels) rounds every value
+/// as the host does and lands the parts back to back, across the staging buffer's chunks; into
+/// f32 it copies them as they are. The values past the parts stay as they were, and a
+/// destination too small is refused.
+#[test]
+#[ignore = "needs a GPU"]
+fn write_parts_lands_every_part_in_place() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(17);
+    let parts: Vec<Vec<f32>> = [5, 0, (16 << 20) + 3, 11]
+        .into_iter()
+        .map(|n| rand_vec(&mut rng, n, 3.0))
+        .collect();
+    let refs: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    let all = parts.concat();
+    let len = all.len() + 4;
+    let mut input = gpu.alloc_gemm_input(len).unwrap();
+    assert_eq!(input.dtype(), DType::Bf16);
+    gpu.write_parts(&mut input, &refs).unwrap();
+    let got = gpu.read(&input, len).unwrap();
+    assert_eq!(bits(&got[..all.len()]), bits(&bf16_round(&all)));
+    assert_eq!(got[all.len()..], [0.0; 4]);
+    let mut plain = gpu.alloc(len).unwrap();
+    gpu.write_parts(&mut plain, &refs[2..]).unwrap();
+    let tail = parts[2..].concat();
+    assert_eq!(bits(&gpu.read(&plain, tail.len()).unwrap()), bits(&tail));
+    let e = gpu.write_parts(&mut input, &[&all, &all]).unwrap_err();
+    assert!(e.to_string().contains("destination holds"), "{e}");
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gemm_matches_cpu_on_odd_sizes() {

@@ -1113,3 +1113,21 @@ fn stacked_in_projection_blocks_read_in_place_equal_the_dense_ops() {
         )
         .is_err());
 }
+
+/// `write_parts` lands its parts back to back at the start of the buffer, leaves the rest, and
+/// refuses a destination too small for them.
+#[test]
+fn write_parts_concatenates_in_place() {
+    let cpu = CpuBackend::new();
+    let mut dst = cpu.alloc(8).unwrap();
+    cpu.write_parts(&mut dst, &[&[1.0, 2.0], &[], &[3.0, 4.0, 5.0]])
+        .unwrap();
+    assert_eq!(
+        cpu.read(&dst, 8).unwrap(),
+        [1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0]
+    );
+    let e = cpu
+        .write_parts(&mut dst, &[&[0.0; 5], &[0.0; 4]])
+        .unwrap_err();
+    assert!(e.to_string().contains("destination"), "{e}");
+}

@@ -166,6 +166,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write_parts(&self, dst: &mut Vec<f32>, parts: &[&[f32]]) -> KernelResult<()> {
+        let total = parts.iter().map(|p| p.len()).sum();
+        check_len("write", "destination", dst, total)?;
+        let mut at = 0;
+        for part in parts {
+            dst[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Ok(())
+    }
+
     fn write_idx(&self, dst: &mut Vec<u32>, data: &[u32]) -> KernelResult<()> {
         check_len("write_idx", "destination", dst, data.len())?;
         dst[..data.len()].copy_from_slice(data);

@@ -257,30 +257,37 @@ impl Backend for CudaBackend {
     }
 
     fn write(&self, dst: &mut CudaBuf, data: &[f32]) -> KernelResult<()> {
+        self.write_parts(dst, &[data])
+    }
+
+    /// Into f32, one copy per part; into bf16 (a GEMM input), rounded by every core into the
+    /// pinned staging buffer and copied from there at the bus's speed (the same bits as the
+    /// GEMM's own rounding of an f32 input), returning once the values are on the device.
+    fn write_parts(&self, dst: &mut CudaBuf, parts: &[&[f32]]) -> KernelResult<()> {
         const OP: &str = "write";
         self.gpu.workspace.capture.refuse(OP)?;
-        if dst.len() < data.len() {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if dst.len() < total {
             return Err(KernelError::invalid(
                 OP,
-                format!(
-                    "destination holds {} values, needs {}",
-                    dst.len(),
-                    data.len()
-                ),
+                format!("destination holds {} values, needs {total}", dst.len()),
             ));
         }
-        if data.is_empty() {
-            return Ok(());
-        }
-        let stream = &self.gpu.device.stream;
-        let copied = match dst {
-            CudaBuf::F32(s) => stream.memcpy_htod(data, &mut s.slice_mut(..data.len())),
-            CudaBuf::Bf16(s) => {
-                let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
-                stream.memcpy_htod(&host, &mut s.slice_mut(..data.len()))
+        let device = &self.gpu.device;
+        match dst {
+            CudaBuf::F32(s) => {
+                let mut at = 0;
+                for part in parts.iter().filter(|p| !p.is_empty()) {
+                    device
+                        .stream
+                        .memcpy_htod(*part, &mut s.slice_mut(at..at + part.len()))
+                        .map_err(|e| driver_err(OP, e))?;
+                    at += part.len();
+                }
+                Ok(())
             }
-        };
-        copied.map_err(|e| driver_err(OP, e))
+            CudaBuf::Bf16(s) => self.staging.write(&device.ctx, &device.stream, s, parts),
+        }
     }
 
     fn write_idx(&self, dst: &mut CudaSlice<u32>, data: &[u32]) -> KernelResult<()> {

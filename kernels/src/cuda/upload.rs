@@ -1,7 +1,8 @@
-//! Weight upload through a page-locked staging buffer: each chunk of f32 host values is rounded to
-//! bf16 by all cores straight into pinned memory, then copied to the device from there. A copy from
-//! pageable memory goes through the driver's own bounce buffers at a fraction of the bus speed, and
-//! rounding a whole tensor into a fresh heap vector first costs a page fault per 4 KiB.
+//! Weight upload, and writes into bf16 buffers (the vision tower's pixels), through a page-locked
+//! staging buffer: each chunk of f32 host values is rounded to bf16 by all cores straight into
+//! pinned memory, then copied to the device from there. A copy from pageable memory goes through
+//! the driver's own bounce buffers at a fraction of the bus speed, and rounding a whole tensor into
+//! a fresh heap vector first costs a page fault per 4 KiB.
 
 use std::sync::{Arc, Mutex};
 
@@ -33,15 +34,34 @@ impl Staging {
         stream: &Arc<CudaStream>,
         parts: &[&[f32]],
     ) -> KernelResult<CudaSlice<bf16>> {
-        const OP: &str = "upload";
-        let err = |e| driver_err(OP, e);
+        let err = |e| driver_err("upload", e);
         let total: usize = parts.iter().map(|p| p.len()).sum();
         if total == 0 {
             return stream.alloc_zeros::<bf16>(0).map_err(err);
         }
-        // SAFETY: every value is written below (the parts fill the buffer exactly) before the
-        // buffer is handed out.
+        // SAFETY: `write` fills every value (the parts fill the buffer exactly) before the buffer
+        // is handed out.
         let mut dst = unsafe { stream.alloc::<bf16>(total) }.map_err(err)?;
+        self.write(ctx, stream, &mut dst, parts)?;
+        Ok(dst)
+    }
+
+    /// Writes the concatenation of `parts`, rounded to nearest even, into the start of `dst`,
+    /// and returns once it is there: the stream is synchronized after each chunk, so anything
+    /// queued on it before finishes too.
+    pub fn write(
+        &self,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaSlice<bf16>,
+        parts: &[&[f32]],
+    ) -> KernelResult<()> {
+        let err = |e| driver_err("write", e);
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total == 0 {
+            return Ok(());
+        }
+        debug_assert!(total <= dst.len(), "checked by the callers");
         let mut guard = crate::cuda::lock(&self.buf);
         if guard.is_none() {
             // SAFETY: the buffer is only read after the chunk it holds has been written into it.
@@ -66,6 +86,6 @@ impl Staging {
             stream.synchronize().map_err(err)?;
             at += src.len();
         }
-        Ok(dst)
+        Ok(())
     }
 }

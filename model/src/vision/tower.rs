@@ -237,28 +237,13 @@ impl<B: VisionBackend> VisionTower<B> {
         // Patch embedding (the stride-equals-kernel Conv3d is a Linear over each patch row),
         // then the resampled learned position table added (one f32 add per value, as on the
         // host).
-        // An activation, not a weight: `upload` is for weights (and counts them); the GEMM rounds
-        // its input to its operand precision on a GPU, as a bf16 model's conv does.
-        let pixels = match images {
-            [image] => {
-                let mut pixels = be.alloc(image.pixel_values.len()).map_err(e)?;
-                be.write(&mut pixels, image.pixel_values).map_err(e)?;
-                pixels
-            }
-            _ => {
-                // Each image written, then copied into place (no host copy of the whole batch).
-                let mut pixels = be.alloc(n * cfg.patch_dim()).map_err(e)?;
-                let mut at = 0;
-                for image in images {
-                    let len = image.pixel_values.len();
-                    let mut one = be.alloc(len).map_err(e)?;
-                    be.write(&mut one, image.pixel_values).map_err(e)?;
-                    be.copy(&one, 0, &mut pixels, at, len).map_err(e)?;
-                    at += len;
-                }
-                pixels
-            }
-        };
+        // An activation, not a weight: `upload` is for weights (and counts them). The GEMM reads
+        // its input in its operand precision, as a bf16 model's conv does: on a GPU the pixels
+        // are rounded on the way up (the same bits as the GEMM rounding them), half the bytes
+        // through pinned memory. Each image is written in place, with no host copy of the batch.
+        let mut pixels = be.alloc_gemm_input(n * cfg.patch_dim()).map_err(e)?;
+        let parts: Vec<&[f32]> = images.iter().map(|image| image.pixel_values).collect();
+        be.write_parts(&mut pixels, &parts).map_err(e)?;
         let mut hidden = be.alloc(n * h).map_err(e)?;
         self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
         self.add_positions(images, coords, &mut hidden)?;
