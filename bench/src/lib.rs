@@ -5,7 +5,10 @@
 //! pass, the last hidden states copied to the host, the letter softmax on the host: the copy makes
 //! the device finish, so the times are real) for one question at each latency length and for
 //! each packed batch. HTTP mode (`--http URL`) times one question at each latency length against
-//! a running `instinct serve`, single client, one kept-alive connection.
+//! a running `instinct serve`, single client, one kept-alive connection. Vision mode
+//! (`--image-sizes WxH,...`, see [`vision`]) times the screenshot path's vision tower alone: the
+//! host's preprocessing of a seeded PNG of each size and the tower's forward pass on `--device`,
+//! each on its own.
 //!
 //! The server binary runs this as `instinct bench`, but it is no part of serving, so it has its
 //! own crate; not the load tester's, because forward mode needs the model and its kernels and
@@ -50,11 +53,13 @@ use serde_json::{json, Map, Value};
 mod cost;
 mod http;
 mod prompts;
+pub mod vision;
 
 pub use cost::{Ceilings, Flops, ModelCost};
 pub use prompts::{
     prompts_digest, OptionText, PromptSet, Row, RowKind, TextSource, PROMPTS_FORMAT,
 };
+pub use vision::{ImageSize, TowerFlops};
 
 /// Letters every forward question is read over (all 26, as the peers read them).
 pub const LETTERS: usize = 26;
@@ -90,10 +95,10 @@ pub struct BenchArgs {
     /// Without --prompts: tokens of each batch question.
     #[arg(long, default_value_t = 300)]
     pub batch_prompt_tokens: usize,
-    /// Without --prompts: seed of the synthetic ids.
+    /// Without --prompts: seed of the synthetic ids (with --image-sizes: of the PNGs).
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Timed runs of each latency row.
+    /// Timed runs of each latency row (with --image-sizes: of each size).
     #[arg(long, default_value_t = 20)]
     pub runs: usize,
     /// Timed runs of each batch row.
@@ -154,6 +159,26 @@ pub struct BenchArgs {
     /// allocations (`instinct serve --cuda-pool-keep-mib`; none by default).
     #[arg(long, conflicts_with = "http")]
     pub cuda_pool_keep_mib: Option<u64>,
+    /// Time the screenshot path's vision tower alone instead of text forward passes: for each
+    /// size, a PNG of W x H pixels (RGB, seeded by --seed: noisy gradients; within the serving
+    /// limits of 2048 px a side and 1,048,576 px), its preprocessing on the host and its encoding
+    /// by the tower on --device, timed apart. --runs, --warmup, --min-runs, --max-row-s and
+    /// --budget-s apply; the text rows' options are refused.
+    #[arg(
+        long,
+        value_name = "WxH[,WxH...]",
+        value_delimiter = ',',
+        conflicts_with_all = [
+            "http", "resume_tokens", "prompts", "lengths", "batch_sizes", "batch_prompt_tokens",
+            "batch_runs", "max_prompt_tokens", "max_batch_tokens", "text_adapter", "ceilings",
+        ]
+    )]
+    pub image_sizes: Option<Vec<ImageSize>>,
+    /// With --image-sizes and --model: the multimodal adapter whose vision modules are merged
+    /// into the tower at load (its language modules are not read into anything) [default: none,
+    /// the base tower; the demo model brings its own].
+    #[arg(long, value_name = "DIR", requires = "image_sizes")]
+    pub multimodal_adapter: Option<PathBuf>,
 }
 
 /// A flag's `on` or `off`.
@@ -174,13 +199,13 @@ pub type UserMessageOf<'a> = &'a dyn Fn(&[u8]) -> Result<String>;
 pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
     let started = Instant::now();
     let device = args.device;
-    let source = ModelSource::resolve(args.model.as_deref(), args.text_adapter.as_deref(), None)?;
+    let source = ModelSource::resolve(
+        args.model.as_deref(),
+        args.text_adapter.as_deref(),
+        args.multimodal_adapter.as_deref(),
+    )?;
     let config = read_config(&source.model_dir)?;
     let cost = ModelCost::new(&config.text);
-    let prompts = match &args.prompts {
-        Some(path) => PromptSet::from_file(path)?,
-        None => PromptSet::synthetic(args, config.text.vocab_size)?,
-    };
     let ceilings = args
         .ceilings
         .as_deref()
@@ -193,7 +218,15 @@ pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
         ceilings,
         report: Map::new(),
     };
-    bench.header(&device, &source, &prompts)?;
+    if let Some(sizes) = &args.image_sizes {
+        bench.header(&device, &source, None)?;
+        return vision::run(&mut bench, sizes, &source);
+    }
+    let prompts = match &args.prompts {
+        Some(path) => PromptSet::from_file(path)?,
+        None => PromptSet::synthetic(args, config.text.vocab_size)?,
+    };
+    bench.header(&device, &source, Some(&prompts))?;
     if let Some(url) = &args.http {
         return http::run(&mut bench, url, &source, &prompts, user_message_of);
     }
@@ -205,21 +238,25 @@ pub fn run(args: &BenchArgs, user_message_of: UserMessageOf<'_>) -> Result<()> {
     match device {
         Device::Cpu => bench.forward(CpuBackend::new(), 0.0, &source, &prompts, limits),
         Device::Cuda(ordinal) => {
-            let t0 = Instant::now();
-            let backend = CudaBackend::new(CudaOptions {
-                ordinal,
-                cuda_graphs: args.cuda_graphs,
-                pool_keep_bytes: args.cuda_pool_keep_mib.map(|mib| mib << 20),
-                ..CudaOptions::default()
-            })
-            .with_context(|| format!("starting {}", args.device))?;
-            let start_s = t0.elapsed().as_secs_f64();
-            eprintln!(
-                "[bench] cuda backend started (kernels compiled or loaded) in {start_s:.2} s"
-            );
+            let (backend, start_s) = start_cuda(args, ordinal)?;
             bench.forward(backend, start_s, &source, &prompts, limits)
         }
     }
+}
+
+/// The CUDA backend of GPU `ordinal` with the run's options, and the seconds it took to start.
+fn start_cuda(args: &BenchArgs, ordinal: usize) -> Result<(CudaBackend, f64)> {
+    let t0 = Instant::now();
+    let backend = CudaBackend::new(CudaOptions {
+        ordinal,
+        cuda_graphs: args.cuda_graphs,
+        pool_keep_bytes: args.cuda_pool_keep_mib.map(|mib| mib << 20),
+        ..CudaOptions::default()
+    })
+    .with_context(|| format!("starting {}", args.device))?;
+    let start_s = t0.elapsed().as_secs_f64();
+    eprintln!("[bench] cuda backend started (kernels compiled or loaded) in {start_s:.2} s");
+    Ok((backend, start_s))
 }
 
 fn read_config(model_dir: &Path) -> Result<ModelConfig> {
@@ -264,14 +301,28 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    fn header(&mut self, device: &Device, source: &ModelSource, prompts: &PromptSet) -> Result<()> {
+    /// The report's mode: `vision`, `http` or `forward`.
+    fn mode(&self) -> &'static str {
+        match (&self.args.image_sizes, &self.args.http) {
+            (Some(_), _) => "vision",
+            (None, Some(_)) => "http",
+            (None, None) => "forward",
+        }
+    }
+
+    /// What every report starts with; `prompts` in the text modes. Vision mode writes its own
+    /// model facts once the tower is loaded.
+    fn header(
+        &mut self,
+        device: &Device,
+        source: &ModelSource,
+        prompts: Option<&PromptSet>,
+    ) -> Result<()> {
         let a = self.args;
+        let mode = self.mode();
         let r = &mut self.report;
         r.insert("schema".into(), json!(REPORT_SCHEMA));
-        r.insert(
-            "mode".into(),
-            json!(if a.http.is_some() { "http" } else { "forward" }),
-        );
+        r.insert("mode".into(), json!(mode));
         r.insert(
             "command".into(),
             json!(std::env::args().collect::<Vec<_>>()),
@@ -291,8 +342,36 @@ impl Bench<'_> {
         r.insert("device".into(), json!(a.device.to_string()));
         r.insert("model".into(), json!(source.model_dir));
         r.insert("demo_model".into(), json!(source.demo));
+        if let Some(sizes) = &a.image_sizes {
+            r.insert(
+                "multimodal_adapter".into(),
+                json!(source.multimodal_adapter),
+            );
+            let sizes: Vec<String> = sizes.iter().map(ImageSize::to_string).collect();
+            r.insert(
+                "settings".into(),
+                json!({
+                    "image_sizes": sizes, "seed": a.seed,
+                    "runs": a.runs, "warmup": a.warmup,
+                    "min_runs": a.min_runs, "max_row_s": a.max_row_s, "budget_s": a.budget_s,
+                    "cuda_graphs": a.cuda_graphs,
+                    "cuda_pool_keep_mib": a.cuda_pool_keep_mib,
+                    "image": "RGB PNG per size, seeded by seed and the size: a random gradient \
+                              per channel plus uniform noise of +-32 levels per sample",
+                    "timing": vision::TIMING,
+                    "percentiles": "linear interpolation between order statistics",
+                }),
+            );
+            r.insert(
+                "conventions".into(),
+                json!({"flops": vision::FLOPS_CONVENTION}),
+            );
+            return Ok(());
+        }
         r.insert("text_adapter".into(), json!(source.text_adapter));
-        r.insert("prompts".into(), prompts.provenance.clone());
+        if let Some(prompts) = prompts {
+            r.insert("prompts".into(), prompts.provenance.clone());
+        }
         r.insert(
             "settings".into(),
             json!({

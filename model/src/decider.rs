@@ -10,8 +10,9 @@ use instinct_kernels::Backend;
 
 use crate::chat::ChatTemplate;
 use crate::checkpoint::Snapshot;
+use crate::config::ModelConfig;
 use crate::forward::{BatchLimits, EmbeddingOverride, Segment, SequenceInput, TextModel};
-use crate::lora::{LoraAdapter, MergeReport};
+use crate::lora::{LoraAdapter, LoraModule, LoraTarget, MergeReport};
 use crate::prefix::PrefixState;
 use crate::readout::LetterReadout;
 use crate::tokenizer::{Tokenizer, MAX_LETTERS};
@@ -461,6 +462,71 @@ pub struct LoadedMultimodal<B: VisionBackend> {
     pub image_token_id: u32,
 }
 
+/// `vision_config` of a snapshot's config, or why it cannot answer screenshot questions.
+fn vision_json(config: &ModelConfig) -> Result<&serde_json::Value> {
+    config
+        .vision
+        .as_ref()
+        .context("the snapshot has no vision_config: it cannot answer screenshot questions")
+}
+
+/// Reads the vision weights, merges `modules` (vision modules only) into them and uploads them to
+/// `backend`. Shared by the screenshot path and the tower alone.
+fn vision_tower<B: VisionBackend>(
+    backend: B,
+    snapshot: &Snapshot,
+    config: &VisionConfig,
+    modules: &[LoraModule],
+) -> Result<VisionTower<B>> {
+    let t0 = Instant::now();
+    let mut weights = VisionWeights::load(snapshot, config)?;
+    tracing::info!(ms = ms_since(t0), "vision weights read (f32 on the host)");
+    let merged_vision = weights.merge_lora(modules)?;
+    tracing::info!(vision = merged_vision, "adapter's vision modules merged");
+    let t0 = Instant::now();
+    let backend_name = backend.name();
+    let tower = VisionTower::new(backend, config, &weights)?;
+    tracing::info!(
+        backend = backend_name,
+        ms = ms_since(t0),
+        "vision weights uploaded"
+    );
+    Ok(tower)
+}
+
+/// Loads the vision tower alone onto `backend`, with the vision modules of `adapter_dir` (a
+/// multimodal adapter) merged; its language modules go nowhere. The language weights are not
+/// read: this is the screenshot path's tower, for timing it apart from the language model.
+pub fn load_vision_tower<B: VisionBackend>(
+    backend: B,
+    model_dir: &Path,
+    adapter_dir: Option<&Path>,
+) -> Result<VisionTower<B>> {
+    let snapshot = open_snapshot(model_dir)?;
+    let config = VisionConfig::from_json(vision_json(snapshot.config())?)?;
+    let modules: Vec<LoraModule> = match adapter_dir {
+        Some(dir) => {
+            let t0 = Instant::now();
+            let adapter = LoraAdapter::open(dir)
+                .with_context(|| format!("opening adapter {}", dir.display()))?;
+            let vision: Vec<LoraModule> = adapter
+                .modules()
+                .iter()
+                .filter(|m| matches!(m.target, LoraTarget::Vision(_)))
+                .cloned()
+                .collect();
+            tracing::info!(
+                modules = vision.len(),
+                ms = ms_since(t0),
+                "adapter read (its vision modules kept)"
+            );
+            vision
+        }
+        None => Vec::new(),
+    };
+    vision_tower(backend, &snapshot, &config, &modules)
+}
+
 /// Loads the screenshot path: the language model onto `language_backend`, the vision tower onto
 /// `vision_backend`. Every key of the adapter must land on a language or a vision weight.
 pub fn load_multimodal<B: VisionBackend>(
@@ -473,10 +539,7 @@ pub fn load_multimodal<B: VisionBackend>(
     // The config is checked before the (slow) weights are read.
     let snapshot = open_snapshot(model_dir)?;
     let config = snapshot.config();
-    let vision_json = config
-        .vision
-        .as_ref()
-        .context("the snapshot has no vision_config: it cannot answer screenshot questions")?;
+    let vision_json = vision_json(config)?;
     let image_token_id = config
         .image_token_id
         .context("config.json has no image_token_id")?;
@@ -487,10 +550,12 @@ pub fn load_multimodal<B: VisionBackend>(
         Some((adapter_dir, Merge::LanguageAndVision)),
     )?;
     let vision_modules = language.report.take().map(|r| r.vision).unwrap_or_default();
-    let mut vision_weights = VisionWeights::load(&language.snapshot, &vision_config)?;
-    let merged_vision = vision_weights.merge_lora(&vision_modules)?;
-    tracing::info!(vision = merged_vision, "adapter's vision modules merged");
-    let vision = VisionTower::new(vision_backend, &vision_config, &vision_weights)?;
+    let vision = vision_tower(
+        vision_backend,
+        &language.snapshot,
+        &vision_config,
+        &vision_modules,
+    )?;
     let decider = language.decider(language_backend, limits)?;
     free_in_background(language.weights);
     Ok(LoadedMultimodal {
@@ -547,5 +612,33 @@ mod tests {
         .unwrap();
         assert_eq!(loaded.decider.limits(), limits);
         assert!(loaded.vision.config().spatial_merge_size > 0);
+    }
+
+    #[test]
+    fn the_tower_alone_is_the_screenshot_paths_tower() {
+        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
+        let loaded = load_multimodal(
+            CpuBackend::new(),
+            CpuBackend::new(),
+            &demo.model_dir,
+            &demo.multimodal_adapter_dir,
+            BatchLimits::new(64, 1),
+        )
+        .unwrap();
+        let patch_dim = loaded.vision.config().patch_dim();
+        let pixels: Vec<f32> = (0..24 * patch_dim)
+            .map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let images = [crate::vision::ImageInput {
+            pixel_values: &pixels,
+            grid_thw: [1, 4, 6],
+        }];
+        let want = loaded.vision.forward(&images).unwrap();
+        let adapter = Some(demo.multimodal_adapter_dir.as_path());
+        let alone = load_vision_tower(CpuBackend::new(), &demo.model_dir, adapter).unwrap();
+        assert_eq!(alone.forward(&images).unwrap(), want);
+        // The base tower answers otherwise: the adapter's vision modules were merged.
+        let base = load_vision_tower(CpuBackend::new(), &demo.model_dir, None).unwrap();
+        assert_ne!(base.forward(&images).unwrap(), want);
     }
 }

@@ -1,5 +1,5 @@
 //! `instinct bench` on the built-in demo model (CPU): forward rows, a prompts file, the ceilings,
-//! the HTTP rows against a real demo server, and the errors.
+//! the HTTP rows against a real demo server, the vision tower rows, and the errors.
 
 mod common;
 
@@ -318,6 +318,111 @@ fn refuses_long_prompts_unknown_devices_and_mixed_prompt_sources() {
     let e = run(&["--http", "https://127.0.0.1:1", "--lengths", "300"]);
     assert!(e.contains("expected http://host:port"), "{e}");
     assert!(parse(&["--prompts", "p.json", "--lengths", "8"]).is_err());
+}
+
+/// `--image-sizes`: the demo model's vision tower alone, one row per size, preprocessing and
+/// encoding timed apart.
+#[test]
+fn vision_rows_on_the_demo_model() {
+    let dir = scratch("vision");
+    let out = dir.join("vision.json");
+    let args = parse(&[
+        "--image-sizes",
+        "64x64,200x100",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "--seed",
+        "11",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    instinct::bench::run(&args).unwrap();
+    let report = read(&out);
+    assert_eq!(report["mode"], "vision");
+    assert_eq!(report["backend"], "cpu");
+    assert_eq!(report["demo_model"], true);
+    // The demo model brings its multimodal adapter, whose vision modules are merged.
+    assert!(report["multimodal_adapter"].is_string(), "{report}");
+    assert!(f(&report["load"]["tower_load_s"]) > 0.0);
+    assert_eq!(
+        report["settings"]["image_sizes"],
+        json!(["64x64", "200x100"])
+    );
+    assert_eq!(report["skipped"], json!([]));
+    assert!(report.get("latency").is_none() && report.get("prompts").is_none());
+    let rows = report["vision"].as_array().unwrap();
+    // smart_resize: 64x64 grows to 256x256 (the minimum pixels), 200x100 to 384x192.
+    let want = [((64, 64), [1, 16, 16]), ((200, 100), [1, 12, 24])];
+    assert_eq!(rows.len(), want.len());
+    for (row, ((width, height), grid)) in rows.iter().zip(want) {
+        assert_eq!(row["name"], format!("{width}x{height}"));
+        assert_eq!(
+            (row["width"].clone(), row["height"].clone()),
+            (json!(width), json!(height))
+        );
+        assert_eq!(row["grid_thw"], json!(grid));
+        let patches = grid.iter().product::<u64>();
+        assert_eq!(row["patches"], patches, "{row}");
+        assert_eq!(row["image_tokens"], patches / 4, "{row}");
+        assert!(row["png_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(row["runs_requested"], 3);
+        assert_eq!(row["cut_by_max_row_s"], false);
+        for phase in ["preprocess", "encode"] {
+            let s = &row[phase];
+            assert_eq!(s["runs"], 3, "{phase}: {s}");
+            assert_eq!(s["runs_ms"].as_array().unwrap().len(), 3);
+            let (p10, median, p90) = (f(&s["p10_ms"]), f(&s["median_ms"]), f(&s["p90_ms"]));
+            assert!(
+                median > 0.0 && p10 <= median && median <= p90,
+                "{phase}: {s}"
+            );
+            assert_eq!(row["warmup_ms"][phase].as_array().unwrap().len(), 1);
+        }
+        let flops = &row["flops"];
+        assert!(
+            f(&flops["attention"]) > 0.0 && f(&flops["blocks"]) > 0.0,
+            "{flops}"
+        );
+        let total = f(&flops["total"]);
+        let achieved = total / (f(&row["encode"]["median_ms"]) / 1e3) / 1e12;
+        assert!((f(&row["achieved_TFLOPs"]) - achieved).abs() <= 1e-12 * achieved.max(1.0));
+    }
+    // More patches, more work.
+    assert!(f(&rows[1]["flops"]["total"]) > f(&rows[0]["flops"]["total"]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn refuses_malformed_image_sizes_and_text_options_beside_them() {
+    for bad in ["64", "64x", "0x64", "64by64", "64x64,", "axb"] {
+        let e = parse(&["--image-sizes", bad]).unwrap_err().to_string();
+        assert!(e.contains("--image-sizes"), "{bad}: {e}");
+        assert!(e.contains("expected WxH"), "{bad}: {e}");
+    }
+    for other in [
+        &["--lengths", "8"][..],
+        &["--http", "http://127.0.0.1:1"],
+        &["--resume-tokens", "4"],
+        &["--text-adapter", "t"],
+    ] {
+        let mut args = vec!["--image-sizes", "64x64"];
+        args.extend_from_slice(other);
+        let e = parse(&args).unwrap_err().to_string();
+        assert!(e.contains("cannot be used with"), "{other:?}: {e}");
+    }
+    // The adapter is the tower's: without --image-sizes it is refused.
+    let e = parse(&["--multimodal-adapter", "a"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--image-sizes"), "{e}");
+    // A size the server would refuse fails its row with the preprocessor's reason.
+    let e = instinct::bench::run(&parse(&["--image-sizes", "4096x64", "--runs", "1"]).unwrap())
+        .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("4096x64") && e.contains("2048"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

