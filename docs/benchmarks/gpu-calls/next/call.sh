@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planned device call (CALL_S seconds, 590 unless set):
-#   0. GPU tests never run yet: the tuning file taken up by a second copy, --cuda-pool-keep-mib,
+#   0. parity of the head, its bits against cbb1c82's; GPU tests never run yet: the tuning file taken up by a second copy, --cuda-pool-keep-mib,
 #      the tower's pixels written as bf16 through pinned memory (vision_tiny's GPU tests: the
 #      features against transformers, several images in one pass; cuda_ops' write_parts);
 #   1. the vision tower alone (`instinct bench --image-sizes 1024x1024`), as by default and with
@@ -35,6 +35,9 @@ run_test cuda_ops-test 60 write_parts
 tests_summary
 wait_checkpoint
 BIN=.carry/bin
+# Whole-model parity (84 questions) and its bits against cbb1c82's.
+parity
+same_bits_as 2026-12-06-cbb1c82-h100
 # 1. The tower alone.
 for keep in "" 4096; do
   timeout 90 $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 30 \
