@@ -3,10 +3,10 @@
 #   0. parity of the head, its bits against cbb1c82's; GPU tests never run yet: the tuning file taken up by a second copy, --cuda-pool-keep-mib,
 #      the tower's pixels written as bf16 through pinned memory (vision_tiny's GPU tests: the
 #      features against transformers, several images in one pass; cuda_ops' write_parts);
-#   1. the vision tower alone (`instinct bench --image-sizes 1024x1024`), as by default and with
+#   2. the vision tower alone (`instinct bench --image-sizes 1024x1024`), as by default and with
 #      --cuda-pool-keep-mib 4096 (the tower allocates ~230 MB of activations per pass), then its
 #      kernels under Nsight Compute;
-#   2. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
+#   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
 #      pass's rows and time: the pool as by default, an arena that holds the questions' pass
 #      (--carry-arena-prefix-tokens 16384: captured, staged without allocating), and
 #      --cuda-pool-keep-mib 4096, alternated. At cbb1c82 that pass took 26.6 ms for 975 rows
@@ -38,24 +38,7 @@ BIN=.carry/bin
 # Whole-model parity (84 questions) and its bits against cbb1c82's.
 parity
 same_bits_as 2026-12-06-cbb1c82-h100
-# 1. The tower alone.
-for keep in "" 4096; do
-  timeout 90 $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 30 \
-    --warmup 3 ${keep:+--cuda-pool-keep-mib $keep} --revision "$REV" --out $R/tower_keep${keep:-0}.json \
-    > $R/tower_keep${keep:-0}.log 2>&1
-  t "tower keep ${keep:-0} exit $?"
-  grep -E "^\[bench\] (vision|.*loaded)" $R/tower_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
-done
-t "ncu tower"
-timeout 100 ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
-  $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 1 --warmup 1 \
-  > /tmp/ncu_tower.csv 2> /tmp/ncu_tower.err
-t "ncu exit $?"
-gzip -c /tmp/ncu_tower.csv > $R/ncu-tower.csv.gz
-python3 tools/reference/ncu_forward.py /tmp/ncu_tower.csv > $R/ncu-tower.md 2>> $L
-head -24 $R/ncu-tower.md >> $L
-pack
-# 2. Goal-less requests: the servers through gpu_common.sh's serve_real, each pass logged.
+# 1. Goal-less requests: the servers through gpu_common.sh's serve_real, each pass logged.
 source tools/reference/gpu_common.sh
 stamp() { t "$@"; }
 REAL=/tmp/real PORT=8124
@@ -91,9 +74,30 @@ PY
 goal_less goal_less_default_1
 goal_less goal_less_arena_1 --carry-arena-prefix-tokens 16384
 goal_less goal_less_keep_1 --cuda-pool-keep-mib 4096
-goal_less goal_less_default_2
-goal_less goal_less_arena_2 --carry-arena-prefix-tokens 16384
-goal_less goal_less_both --carry-arena-prefix-tokens 16384 --cuda-pool-keep-mib 4096
+if (( $(left) > 330 )); then
+  goal_less goal_less_default_2
+  goal_less goal_less_arena_2 --carry-arena-prefix-tokens 16384
+  goal_less goal_less_both --carry-arena-prefix-tokens 16384 --cuda-pool-keep-mib 4096
+fi
+pack
+# 2. The tower alone (if time is left).
+(( $(left) > 200 )) && for keep in "" 4096; do
+  timeout 90 $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 30 \
+    --warmup 3 ${keep:+--cuda-pool-keep-mib $keep} --revision "$REV" --out $R/tower_keep${keep:-0}.json \
+    > $R/tower_keep${keep:-0}.log 2>&1
+  t "tower keep ${keep:-0} exit $?"
+  grep -E "^\[bench\] (vision|.*loaded)" $R/tower_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
+done
+if (( $(left) > 170 )); then
+t "ncu tower"
+timeout 70 ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
+  $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 1 --warmup 1 \
+  > /tmp/ncu_tower.csv 2> /tmp/ncu_tower.err
+t "ncu exit $?"
+gzip -c /tmp/ncu_tower.csv > $R/ncu-tower.csv.gz
+python3 tools/reference/ncu_forward.py /tmp/ncu_tower.csv > $R/ncu-tower.md 2>> $L
+head -24 $R/ncu-tower.md >> $L
+fi
 pack
 # 3. Screenshots with an arena for 8,192 prefix tokens.
 if (( $(left) > 150 )); then
