@@ -13,11 +13,12 @@
 #      in buffers allocated and freed each pass;
 #   2. if time is left, the vision tower alone (`instinct bench --image-sizes 1024x1024`), as
 #      by default and with --cuda-pool-keep-mib 4096 (the tower allocates ~230 MB of
-#      activations per pass), then its kernels under Nsight Compute;
+#      activations per pass);
 #   3. if time is left, gpu_vl_check.sh with --carry-arena-prefix-tokens 8192 (four questions
 #      on a cached screenshot resume from ~4 x 1,100 prefix rows): parity, a miss's encode with
 #      the bf16 pixels, bits against 99b9d07's screenshot answers;
-#   4. if time is left, gpu_load.sh with both options.
+#   4. if time is left, the tower's kernels under Nsight Compute, then gpu_load.sh with both
+#      options.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_gemm_tuning-test,
 # tests/cuda_memory_pool-test, tests/vision_tiny-test, tests/cuda_ops-test), .cache/qwen-tokenizer,
 # .cache/fixtures (and .cache/instinct-kernels where an earlier call's kernel-cache.tgz was
@@ -83,26 +84,16 @@ if (( $(left) > 330 )); then
 fi
 pack
 # 2. The tower alone (if time is left).
-(( $(left) > 200 )) && for keep in "" 4096; do
+(( $(left) > 190 )) && for keep in "" 4096; do
   timeout 90 $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 30 \
     --warmup 3 ${keep:+--cuda-pool-keep-mib $keep} --revision "$REV" --out $R/tower_keep${keep:-0}.json \
     > $R/tower_keep${keep:-0}.log 2>&1
   t "tower keep ${keep:-0} exit $?"
   grep -E "^\[bench\] (vision|.*loaded)" $R/tower_keep${keep:-0}.log | sed "s/^/keep ${keep:-0}: /" >> $L
 done
-if (( $(left) > 170 )); then
-t "ncu tower"
-timeout 70 ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
-  $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 1 --warmup 1 \
-  > /tmp/ncu_tower.csv 2> /tmp/ncu_tower.err
-t "ncu exit $?"
-gzip -c /tmp/ncu_tower.csv > $R/ncu-tower.csv.gz
-python3 tools/reference/ncu_forward.py /tmp/ncu_tower.csv > $R/ncu-tower.md 2>> $L
-head -24 $R/ncu-tower.md >> $L
-fi
 pack
 # 3. Screenshots with an arena for 8,192 prefix tokens.
-if (( $(left) > 150 )); then
+if (( $(left) > 130 )); then
   OUT=/tmp/vl SERVE_FLAGS="--carry-arena-prefix-tokens 8192" timeout 120 bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
   t "vl (arena 8192) exit $?"
   grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
@@ -113,6 +104,18 @@ a, b = (json.load(open(p))["rows"] for p in sys.argv[1:3])
 same = sum(x["p"] == y["p"] for x, y in zip(a, b))
 print(f"screenshots: {same} of {len(a)} answers identical to 99b9d07's")
 PY
+fi
+pack
+# Nsight Compute of the tower, if time is left.
+if (( $(left) > 80 )); then
+t "ncu tower"
+timeout $(( $(left) - 10 < 70 ? $(left) - 10 : 70 )) ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
+  $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 1 --warmup 1 \
+  > /tmp/ncu_tower.csv 2> /tmp/ncu_tower.err
+t "ncu exit $?"
+gzip -c /tmp/ncu_tower.csv > $R/ncu-tower.csv.gz
+python3 tools/reference/ncu_forward.py /tmp/ncu_tower.csv > $R/ncu-tower.md 2>> $L
+head -24 $R/ncu-tower.md >> $L
 fi
 pack
 # 4. The load with both options.
