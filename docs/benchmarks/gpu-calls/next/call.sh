@@ -7,7 +7,8 @@
 #   1. goal-less requests (8 questions over ~2,000 tokens, one client, 40 requests) with each
 #      pass's rows and time: the pool as by default, an arena that holds the questions' pass
 #      (--carry-arena-prefix-tokens 16384: captured, staged without allocating), and
-#      --cuda-pool-keep-mib 4096, alternated (the second round if time is left). At cbb1c82
+#      --cuda-pool-keep-mib 4096, alternated (the second round if time is left), and once with
+#      prefix reuse off (--prefix-cache-mib 0: issue 19's 4x is against it). At cbb1c82
 #      that pass took 26.6 ms for 975 rows where a plain ~1,000-row forward takes 15-17 ms:
 #      8 x 1,792 prefix rows exceed the arena's 2,048, so it ran as launched and staged ~1.3 GB
 #      in buffers allocated and freed each pass;
@@ -77,6 +78,7 @@ PY
 goal_less goal_less_default_1
 goal_less goal_less_arena_1 --carry-arena-prefix-tokens 16384
 goal_less goal_less_keep_1 --cuda-pool-keep-mib 4096
+goal_less goal_less_off --prefix-cache-mib 0
 if (( $(left) > 330 )); then
   goal_less goal_less_default_2
   goal_less goal_less_arena_2 --carry-arena-prefix-tokens 16384
