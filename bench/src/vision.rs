@@ -32,6 +32,7 @@ use instinct_model::image::preprocess;
 use instinct_model::vision::{ImageInput, VisionConfig, VisionTower};
 use serde_json::{json, Map, Value};
 
+use crate::prompts::SplitMix;
 use crate::{push, start_cuda, summarize, Bench, Device, ModelSource};
 
 /// What the vision mode's load time covers.
@@ -118,18 +119,7 @@ impl TowerFlops {
     }
 }
 
-/// SplitMix64, for the pixels.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
+impl SplitMix {
     /// Uniform in `[-1, 1)`.
     fn signed(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
@@ -140,7 +130,7 @@ impl Rng {
 /// of random direction and offset, plus uniform noise of ±32 levels on every sample.
 pub fn synthetic_png(size: ImageSize, seed: u64) -> Result<Vec<u8>> {
     let (w, h) = (size.width as usize, size.height as usize);
-    let mut rng = Rng(seed ^ (u64::from(size.width) << 32 | u64::from(size.height)));
+    let mut rng = SplitMix(seed ^ (u64::from(size.width) << 32 | u64::from(size.height)));
     let gradients: Vec<[f32; 3]> = (0..3)
         .map(|_| {
             [
