@@ -187,7 +187,8 @@ pub struct ServeArgs {
     /// allocations instead of handing it back at every synchronization (its default: none). A
     /// pass whose carried states do not fit the carry arena stages them in buffers of its own,
     /// allocated and freed each time (up to ~1.3 GB: 8 questions resumed from a 1,792-token
-    /// snapshot each). Off unless given: being measured (README, "On a GPU").
+    /// snapshot each). Off unless given: it did not speed that pass up on an H100 (README, "On a
+    /// GPU").
     #[arg(long, env = "INSTINCT_CUDA_POOL_KEEP_MIB")]
     pub cuda_pool_keep_mib: Option<u64>,
 
@@ -195,7 +196,8 @@ pub struct ServeArgs {
     /// captured pass may resume from (a power of two, 64 to 65,536). Each costs 64 KiB of device
     /// memory for Qwen3.5-4B in each language copy's carry arena (2,048: 128 MiB). A pass
     /// resuming from more (8 goal-less questions over one ~1,800-token tree: ~14,400) runs as
-    /// launched, its states staged in buffers of its own. Being measured (README, "On a GPU").
+    /// launched, its states staged in buffers of its own. A larger arena did not speed that pass
+    /// up on an H100 (README, "On a GPU").
     #[arg(long, env = "INSTINCT_CARRY_ARENA_PREFIX_TOKENS", default_value_t = 2048,
           value_parser = parse_arena_prefix_tokens)]
     pub carry_arena_prefix_tokens: usize,
