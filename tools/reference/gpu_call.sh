@@ -79,11 +79,11 @@ print(f"{same} of {len(a['rows'])} questions identical to {sys.argv[3]}'s report
 PY
 }
 
-# load_stage: gpu_load.sh (1 and 8 clients, open loop at 20-35 req/s, the fixtures) in what is
+# load_stage: gpu_load.sh (1 and 8 clients, open loop at 25-40 req/s, the fixtures) in what is
 # left of the call, at most 90 s; its summary into the call log, load.tgz into $OUT.
 load_stage() {
   (( $(left) > 80 )) || return 0
-  OUT=/tmp/load REVISION=$REV CLIENTS=1,8 LEVEL_S=8 RATES=20,25,30,35 FIXTURE_REQUESTS=60 \
+  OUT=/tmp/load REVISION=$REV CLIENTS=1,8 LEVEL_S=8 RATES=25,30,35,40 FIXTURE_REQUESTS=60 \
     TOTAL_S=$(( $(left) - 15 < 90 ? $(left) - 15 : 90 )) \
     timeout $(( $(left) - 5 < 100 ? $(left) - 5 : 100 )) bash tools/reference/gpu_load.sh > /dev/null 2>&1
   t "load exit $?"
