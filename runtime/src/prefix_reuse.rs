@@ -730,23 +730,34 @@ pub fn execute_mixed<B: Backend>(
     Ok(answers)
 }
 
+/// One pass of a planned batch (`pass`: its name in the log): its rows counted as computed, and
+/// at debug (`INSTINCT_LOG=instinct::prefix_reuse=debug`) its rows, segments and how long it took
+/// (the decider returns once its answers are read back, so this is the pass with its staging and
+/// snapshots).
+fn run_pass<B: Backend>(
+    decider: &mut Decider<B>,
+    reuse: &PrefixReuse,
+    pass: &str,
+    segments: &[QuestionSegment<'_>],
+) -> anyhow::Result<Vec<SegmentAnswer>> {
+    let rows = segments.iter().map(|s| s.prompt.ids.len()).sum();
+    reuse.count_computed(rows);
+    let started = std::time::Instant::now();
+    let outputs = decider.decide_segments(segments)?;
+    tracing::debug!(
+        pass,
+        rows,
+        segments = segments.len(),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "forward pass"
+    );
+    Ok(outputs)
+}
+
 /// [`execute_mixed`] with `riders` (segments of other work on the same weights: chunks of long
 /// prompts) run in the questions' pass, after the questions, so the batch runs no pass of its own
 /// for them; their outputs come back in order. The plan must leave room for them in that pass
 /// ([`PrefixReuse::plan_mixed`] with the riders' tokens and sequences taken off its limits).
-/// One pass of a planned batch, at debug (`INSTINCT_LOG=instinct::prefix_reuse=debug`): which pass,
-/// its rows and segments, and how long it took (the decider returns once its answers are read
-/// back, so this is the pass with its staging and snapshots).
-fn log_pass(pass: &str, rows: usize, segments: usize, started: std::time::Instant) {
-    tracing::debug!(
-        pass,
-        rows,
-        segments,
-        ms = started.elapsed().as_secs_f64() * 1e3,
-        "forward pass"
-    );
-}
-
 pub fn execute_with_riders<B: Backend>(
     decider: &mut Decider<B>,
     reuse: &PrefixReuse,
@@ -778,11 +789,7 @@ pub fn execute_with_riders<B: Backend>(
             .zip(&plan.prefixes)
             .map(|(part, job)| prefix_segment(part, job))
             .collect();
-        let rows = segments.iter().map(|s| s.prompt.ids.len()).sum();
-        reuse.count_computed(rows);
-        let started = std::time::Instant::now();
-        let outputs = decider.decide_segments(&segments)?;
-        log_pass("prefixes", rows, segments.len(), started);
+        let outputs = run_pass(decider, reuse, "prefixes", &segments)?;
         for (job, out) in plan.prefixes.iter().zip(outputs) {
             let state = Arc::new(
                 out.snapshot
@@ -820,11 +827,7 @@ pub fn execute_with_riders<B: Backend>(
         segments.push(prefix_segment(part, job));
     }
     segments.extend_from_slice(riders);
-    let rows = segments.iter().map(|s| s.prompt.ids.len()).sum();
-    reuse.count_computed(rows);
-    let started = std::time::Instant::now();
-    let mut outputs = decider.decide_segments(&segments)?;
-    log_pass("questions", rows, segments.len(), started);
+    let mut outputs = run_pass(decider, reuse, "questions", &segments)?;
     let rider_outputs = outputs.split_off(outputs.len() - riders.len());
     if let Some(job) = &plan.side {
         let out = outputs.pop().context("the side segment's output")?;
