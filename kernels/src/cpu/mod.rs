@@ -161,9 +161,7 @@ impl Backend for CpuBackend {
     }
 
     fn write(&self, dst: &mut Vec<f32>, data: &[f32]) -> KernelResult<()> {
-        check_len("write", "destination", dst, data.len())?;
-        dst[..data.len()].copy_from_slice(data);
-        Ok(())
+        self.write_parts(dst, &[data])
     }
 
     fn write_parts(&self, dst: &mut Vec<f32>, parts: &[&[f32]]) -> KernelResult<()> {
