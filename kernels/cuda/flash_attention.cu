@@ -597,6 +597,52 @@ extern "C" __global__ void flash_bidir_inputs(const float* __restrict__ qkv, u32
     fa_store_part(src, dst, col, head_dim, mul);
 }
 
+// flash_bidir_inputs from the qkv product before its bias and rotary: per value the same f32 ops as
+// add_bias, then rope_axial on q and k (axial_rotate), then flash_bidir_inputs, in one pass over
+// qkv instead of four. head_dim = d, a multiple of 16. One thread per (row, q|k|v head, 8 pairs
+// (j, j + half)): 16 values read, 16 stored.
+extern "C" __global__ void flash_bidir_inputs_rope(const float* __restrict__ qkv, const __nv_bfloat16* __restrict__ bias,
+                                                   const u32* __restrict__ positions, const AxialFreqs freqs,
+                                                   u32 rows, int heads, int head_dim, float scale,
+                                                   __nv_bfloat16* __restrict__ qb, __nv_bfloat16* __restrict__ kb,
+                                                   __nv_bfloat16* __restrict__ vb) {
+    const int half = head_dim / 2;
+    const int parts = half / 8;
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * 3 * heads * parts) return;
+    const int col = (int)(i % parts) * 8;
+    const i64 rh = i / parts;
+    const int hh = (int)(rh % (3 * heads));  // which of q, k, v (hh / heads) and head (hh % heads)
+    const i64 row = rh / (3 * heads);
+    const int which = hh / heads, h = hh % heads;
+    const float* src = qkv + (row * 3 * heads + hh) * head_dim;
+    const i64 b0 = (i64)hh * head_dim;
+    float a[8], b[8];
+    {
+        const float4 a0 = load4(src + col), a1 = load4(src + col + 4);
+        const float4 c0 = load4(src + col + half), c1 = load4(src + col + half + 4);
+        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const float bv[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            a[e] = av[e] + load_bf16(bias, b0 + col + e);
+            b[e] = bv[e] + load_bf16(bias, b0 + col + half + e);
+        }
+    }
+    if (which < 2) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) axial_rotate(positions, freqs, row, col + e, half, a[e], b[e]);
+    }
+    const float mul = which == 0 ? scale * 1.4426950408889634f : 1.0f;
+    __nv_bfloat16* dst = (which == 0 ? qb : which == 1 ? kb : vb) + (row * heads + h) * head_dim;
+    *reinterpret_cast<uint4*>(dst + col) =
+        make_uint4(pack_bf16x2(a[0] * mul, a[1] * mul), pack_bf16x2(a[2] * mul, a[3] * mul),
+                   pack_bf16x2(a[4] * mul, a[5] * mul), pack_bf16x2(a[6] * mul, a[7] * mul));
+    *reinterpret_cast<uint4*>(dst + col + half) =
+        make_uint4(pack_bf16x2(b[0] * mul, b[1] * mul), pack_bf16x2(b[2] * mul, b[3] * mul),
+                   pack_bf16x2(b[4] * mul, b[5] * mul), pack_bf16x2(b[6] * mul, b[7] * mul));
+}
+
 // Prefix keys and values (f32 [prefix_rows][kv_heads·head_dim], normed and roped k, as a snapshot
 // holds them) as bf16 into the joined rows of kb and vb [..][kv_heads][d]: prefix row p of
 // sequence s goes to joined row cu_seqlens[s] + p (the sequence's own rows before it are those of

@@ -234,3 +234,33 @@ __device__ __forceinline__ void delta_gate_at(const X* __restrict__ b, int b_str
     beta[i] = bg.x;
     g[i] = bg.y;
 }
+
+// ---- 2-D axial rotary (the vision tower's), shared by rope_axial (vision.cu) and the fused
+// attention inputs (flash_attention.cu), so both round exactly alike.
+
+#define AXIAL_MAX_FREQS 64  // head_dim <= 4 · AXIAL_MAX_FREQS
+
+// The D/4 inverse frequencies, computed on the host exactly as the CPU reference does (f32 powf) and
+// passed by value: no device table to allocate.
+struct AxialFreqs {
+    float inv_freq[AXIAL_MAX_FREQS];
+};
+
+// Pair (j, j + D/2) of a head (half = D/2) at row `t` rotated: by the row position times inv_freq[j]
+// for j < D/4, by the column position times inv_freq[j − D/4] above. An f32 product, then sin/cos of
+// that f32: the reference's rounding.
+__device__ __forceinline__ void axial_rotate(const u32* __restrict__ positions, const AxialFreqs& freqs, i64 t,
+                                             int j, int half, float& a, float& b) {
+    const int quarter = half >> 1;
+    const int axis = j < quarter ? 0 : 1;
+    const float angle = (float)positions[t * 2 + axis] * freqs.inv_freq[j - axis * quarter];
+    float s, c;
+    sincosf(angle, &s, &c);
+    // Each product and sum rounded on its own, as the CPU reference computes them: left to the
+    // compiler, the products would fuse into FMAs one way here and another way in a kernel that
+    // inlines this elsewhere, and the fused attention inputs would not be rope_axial's bits.
+    const float x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    a = x;
+    b = y;
+}

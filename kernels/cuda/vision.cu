@@ -70,10 +70,27 @@ LAYER_NORM_KERNEL(layer_norm_bf16_h16, 16, __nv_bfloat16)
 
 // ---- Element-wise: one thread per value.
 
+// The bias kernels below take VEC = 4 consecutive values of a row per thread when the row width
+// is a multiple of 4 (the launch sizes the grid so; one column index, one 16-byte load), else one:
+// the same operation per value either way.
+#define VEC_OF(dim) (((dim) & 3) == 0 ? 4 : 1)
+
 // x[t][c] += bias[c] over n = rows · dim values.
 extern "C" __global__ void add_bias(float* __restrict__ x, const __nv_bfloat16* __restrict__ bias, i64 n, int dim) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += load_bf16(bias, i % dim);
+    const int vec = VEC_OF(dim);
+    const i64 i = vec * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    const int c = (int)(i % dim);
+    if (vec == 4) {
+        float4 v = load4(x + i);
+        v.x += load_bf16(bias, c);
+        v.y += load_bf16(bias, c + 1);
+        v.z += load_bf16(bias, c + 2);
+        v.w += load_bf16(bias, c + 3);
+        *reinterpret_cast<float4*>(x + i) = v;
+    } else {
+        x[i] += load_bf16(bias, c);
+    }
 }
 
 // x[i] += delta[i] for i < n.
@@ -107,8 +124,19 @@ extern "C" __global__ void gelu_erf(float* __restrict__ x, i64 n) {
 #define BIAS_GELU_KERNEL(NAME, GELU, T)                                                                     \
     extern "C" __global__ void NAME(const float* __restrict__ x, const __nv_bfloat16* __restrict__ bias,    \
                                     T* __restrict__ out, i64 n, int dim) {                                  \
-        const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;                                           \
-        if (i < n) store_value(out, i, GELU(x[i] + load_bf16(bias, i % dim)));                               \
+        const int vec = VEC_OF(dim);                                                                        \
+        const i64 i = vec * ((i64)blockIdx.x * blockDim.x + threadIdx.x);                                   \
+        if (i >= n) return;                                                                                 \
+        const int c = (int)(i % dim);                                                                       \
+        if (vec == 4) {                                                                                     \
+            const float4 v = load4(x + i);                                                                  \
+            store_value(out, i, GELU(v.x + load_bf16(bias, c)));                                             \
+            store_value(out, i + 1, GELU(v.y + load_bf16(bias, c + 1)));                                     \
+            store_value(out, i + 2, GELU(v.z + load_bf16(bias, c + 2)));                                     \
+            store_value(out, i + 3, GELU(v.w + load_bf16(bias, c + 3)));                                     \
+        } else {                                                                                            \
+            store_value(out, i, GELU(x[i] + load_bf16(bias, c)));                                            \
+        }                                                                                                   \
     }
 BIAS_GELU_KERNEL(bias_gelu_tanh_f32, gelu_tanh_of, float)
 BIAS_GELU_KERNEL(bias_gelu_tanh_bf16, gelu_tanh_of, __nv_bfloat16)
@@ -118,22 +146,26 @@ BIAS_GELU_KERNEL(bias_gelu_erf_bf16, gelu_erf_of, __nv_bfloat16)
 // residual[t][c] += x[t][c] + bias[c]: add_bias then add_in_place in one pass, the same f32 adds.
 extern "C" __global__ void add_bias_residual(float* __restrict__ residual, const float* __restrict__ x,
                                              const __nv_bfloat16* __restrict__ bias, i64 n, int dim) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) residual[i] += x[i] + load_bf16(bias, i % dim);
+    const int vec = VEC_OF(dim);
+    const i64 i = vec * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    const int c = (int)(i % dim);
+    if (vec == 4) {
+        const float4 v = load4(x + i);
+        float4 r = load4(residual + i);
+        r.x += v.x + load_bf16(bias, c);
+        r.y += v.y + load_bf16(bias, c + 1);
+        r.z += v.z + load_bf16(bias, c + 2);
+        r.w += v.w + load_bf16(bias, c + 3);
+        *reinterpret_cast<float4*>(residual + i) = r;
+    } else {
+        residual[i] += x[i] + load_bf16(bias, c);
+    }
 }
 
 // ---- 2-D axial rotary embedding in place.
 
-#define AXIAL_MAX_FREQS 64  // head_dim <= 4 · AXIAL_MAX_FREQS
-
-// The D/4 inverse frequencies, computed on the host exactly as the CPU reference does (f32 powf) and
-// passed by value: no device table to allocate.
-struct AxialFreqs {
-    float inv_freq[AXIAL_MAX_FREQS];
-};
-
-// One thread per (row, head, pair j < D/2): pair (j, j + D/2) rotates by the row position times
-// inv_freq[j] for j < D/4, by the column position times inv_freq[j − D/4] above.
+// One thread per (row, head, pair j < D/2): pair (j, j + D/2) rotated by axial_rotate (prelude).
 extern "C" __global__ void rope_axial(float* __restrict__ x, const u32* __restrict__ positions,
                                       const AxialFreqs freqs, int rows, int heads, int half, int head_stride,
                                       int row_stride, int offset) {
@@ -143,17 +175,12 @@ extern "C" __global__ void rope_axial(float* __restrict__ x, const u32* __restri
     const i64 rh = i / half;
     const int h = (int)(rh % heads);
     const i64 t = rh / heads;
-    const int quarter = half >> 1;
-    const int axis = j < quarter ? 0 : 1;
-    // An f32 product, then sin/cos of that f32: the reference's rounding.
-    const float angle = (float)positions[t * 2 + axis] * freqs.inv_freq[j - axis * quarter];
-    float s, c;
-    sincosf(angle, &s, &c);
     float* head = x + t * row_stride + offset + (i64)h * head_stride;
-    const float a = head[j];
-    const float b = head[j + half];
-    head[j] = a * c - b * s;
-    head[j + half] = b * c + a * s;
+    float a = head[j];
+    float b = head[j + half];
+    axial_rotate(positions, freqs, t, j, half, a, b);
+    head[j] = a;
+    head[j + half] = b;
 }
 
 // ---- Bidirectional attention within each segment.

@@ -14,7 +14,7 @@
 mod common;
 use common::{bf16_round, cu_of, gpu, rand_vec};
 
-use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::backend::{bias_rope_attention_apart, Gelu, VisionBackend};
 use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::{Backend, CpuBackend, HeadLayout, KernelError, RowNorm, Varlen};
 use rand::rngs::StdRng;
@@ -237,7 +237,7 @@ fn fused_bias_ops_match_the_separate_ones<B: VisionBackend>(be: &B, gemm_input_i
             })
             .collect()
     };
-    for (rows, dim) in [(1, 4), (37, MLP), (5, 1000), (64, HIDDEN)] {
+    for (rows, dim) in [(1, 4), (37, MLP), (5, 1000), (64, HIDDEN), (3, 33)] {
         let len = rows * dim;
         let x = rand_vec(&mut rng, len, 4.0);
         let bias = bf16_weight(&mut rng, dim, 1.0);
@@ -412,6 +412,75 @@ fn attention_bidirectional_matches_cpu() {
             );
         }
     }
+}
+
+/// The block's attention from its qkv product before the bias (`bias_rope_attention`), its way
+/// (on the GPU the bias and the rotary applied as the flash kernel's inputs are written, for head
+/// sizes of 64, 128 and 256) against the four ops apart, on `be`: the same bits, nothing written
+/// past the rows. Patch positions as a grid's (row, column), ragged segments, one of one patch.
+fn bias_rope_attention_matches_the_ops_apart<B: VisionBackend>(be: &B) {
+    let mut rng = StdRng::seed_from_u64(23);
+    let cases: &[(usize, usize, &[usize])] = &[
+        (HEADS, HEAD_DIM, &[1, 64, 257, 1024]),
+        (HEADS, HEAD_DIM, &[16]),
+        (2, 128, &[3, 70]),
+        (1, 256, &[65, 1]),
+        // Not fused on the GPU (its flash head size is padded): the ops apart, as before.
+        (2, 16, &[1, 17, 33]),
+        (3, 40, &[5, 31]),
+    ];
+    for &(heads, head_dim, lens) in cases {
+        let rows: usize = lens.iter().sum();
+        let width = heads * head_dim;
+        let qkv = rand_vec(&mut rng, rows * 3 * width, 2.0);
+        let bias = bf16_weight(&mut rng, 3 * width, 1.0);
+        let positions: Vec<u32> = (0..rows as u32).flat_map(|t| [t / 32, t % 32]).collect();
+        let (bias_d, pos, cu) = (
+            be.upload(&bias).unwrap(),
+            indices(be, &positions),
+            indices(be, &cu_of(lens)),
+        );
+        let batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: lens.len(),
+            rows,
+        };
+        let dims = (heads, head_dim, (head_dim as f64).powf(-0.5) as f32);
+        let run = |fused: bool| {
+            let mut qkv_d = padded(be, &qkv);
+            let mut out = padded(be, &vec![f32::NAN; rows * width]);
+            let args = ((&mut qkv_d, &bias_d), (&pos, THETA), batch, dims);
+            match fused {
+                true => be.bias_rope_attention(args.0, args.1, args.2, args.3, &mut out),
+                false => bias_rope_attention_apart(be, args.0, args.1, args.2, args.3, &mut out),
+            }
+            .unwrap();
+            read_all(be, &out, rows * width)
+        };
+        let (got, want) = (run(true), run(false));
+        let what = format!("bias_rope_attention {heads}x{head_dim} {lens:?}");
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{what}"
+        );
+        assert!(got[..rows * width].iter().all(|v| v.is_finite()), "{what}");
+        assert!(
+            got[rows * width..].iter().all(|v| v.is_nan()),
+            "{what}: wrote past"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn bias_rope_attention_equals_the_ops_apart_on_the_gpu() {
+    bias_rope_attention_matches_the_ops_apart(&gpu());
+}
+
+#[test]
+fn bias_rope_attention_equals_the_ops_apart_on_the_cpu() {
+    bias_rope_attention_matches_the_ops_apart(&CpuBackend::new());
 }
 
 /// The tower's attention on one 1024×1024 screenshot (4,096 patches, 16 heads of 64): time per

@@ -637,6 +637,54 @@ pub trait VisionBackend: Backend {
         scale: f32,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+
+    /// A ViT block's attention from its qkv product before the bias: `qkv += bias` (`bias` of
+    /// `3·heads·head_dim`), q and k rotated by [`Self::rope_axial`] (`positions`, `theta`), then
+    /// [`Self::attention_bidirectional`]. `qkv` may be left with any of the first two applied. The
+    /// default runs the four ops; a backend may apply the bias and the rotary on the way into its
+    /// attention, with the same arithmetic.
+    fn bias_rope_attention(
+        &self,
+        (qkv, bias): (&mut Self::Buf, &Self::Buf),
+        (positions, theta): (&Self::Idx, f32),
+        batch: Varlen<'_, Self::Idx>,
+        (heads, head_dim, scale): (usize, usize, f32),
+        out: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        bias_rope_attention_apart(
+            self,
+            (qkv, bias),
+            (positions, theta),
+            batch,
+            (heads, head_dim, scale),
+            out,
+        )
+    }
+}
+
+/// [`VisionBackend::bias_rope_attention`] as its four ops, one after the other (its default, and a
+/// backend's way where it cannot fuse them).
+pub fn bias_rope_attention_apart<B: VisionBackend + ?Sized>(
+    be: &B,
+    (qkv, bias): (&mut B::Buf, &B::Buf),
+    (positions, theta): (&B::Idx, f32),
+    batch: Varlen<'_, B::Idx>,
+    (heads, head_dim, scale): (usize, usize, f32),
+    out: &mut B::Buf,
+) -> KernelResult<()> {
+    let width = heads * head_dim;
+    be.add_bias(qkv, bias, batch.rows, 3 * width)?;
+    let q = HeadLayout {
+        heads,
+        head_dim,
+        head_stride: head_dim,
+        row_stride: 3 * width,
+        offset: 0,
+    };
+    be.rope_axial(qkv, q, positions, batch.rows, theta)?;
+    let k = HeadLayout { offset: width, ..q };
+    be.rope_axial(qkv, k, positions, batch.rows, theta)?;
+    be.attention_bidirectional(qkv, batch, heads, head_dim, scale, out)
 }
 
 /// The largest row count of every bucket that `bucket` (a non-decreasing map from a row count to the

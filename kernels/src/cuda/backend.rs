@@ -25,12 +25,12 @@ use super::tuning::TuningFile;
 use super::upload::Staging;
 use super::workspace::Workspace;
 use crate::backend::{
-    captured_shape, conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart,
-    qk_norm_then_rope, stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d,
-    ConvWindow, CopyPart, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput,
-    DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult,
-    L2Heads, PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Varlen,
-    VisionBackend,
+    bias_rope_attention_apart, captured_shape, conv1d_silu_then_l2, delta_net_core_apart,
+    delta_net_core_carried_apart, qk_norm_then_rope, stacked_norm_rope, AttentionDims,
+    AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, CopyPart, DeltaCarry, DeltaDims,
+    DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm,
+    Gelu, GemmShape, HeadLayout, KernelResult, L2Heads, PassShape, PrefixKv, Projection,
+    QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
 
@@ -803,5 +803,28 @@ impl VisionBackend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         vision::attention_bidirectional(&self.gpu, qkv, batch, (heads, head_dim, scale), out)
+    }
+
+    /// The bias and the rotary applied as the flash kernel's inputs are written (one pass over
+    /// qkv instead of four, the same bits) where it takes the head size; the four ops elsewhere.
+    fn bias_rope_attention(
+        &self,
+        (qkv, bias): (&mut CudaBuf, &CudaBuf),
+        (positions, theta): (&CudaSlice<u32>, f32),
+        batch: Varlen<'_, CudaSlice<u32>>,
+        dims: (usize, usize, f32),
+        out: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        if vision::bias_rope_attention(
+            &self.gpu,
+            (qkv, bias),
+            (positions, theta),
+            batch,
+            dims,
+            out,
+        )? {
+            return Ok(());
+        }
+        bias_rope_attention_apart(self, (qkv, bias), (positions, theta), batch, dims, out)
     }
 }

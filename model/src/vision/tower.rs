@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, ensure, Context, Result};
 use instinct_kernels::backend::{Gelu, VisionBackend};
-use instinct_kernels::{GemmShape, HeadLayout, RowNorm, Varlen};
+use instinct_kernels::{GemmShape, RowNorm, Varlen};
 
 use super::config::{VisionConfig, VISION_LAYER_NORM_EPS};
 use super::grid::{add_position_embedding, patch_coords};
@@ -280,17 +280,6 @@ impl<B: VisionBackend> VisionTower<B> {
         let mut mlp = be.alloc(n * cfg.intermediate_size).map_err(e)?;
         // fc2's input: GELU(fc1 + bias) in the GEMM's operand precision.
         let mut mlp_in = be.alloc_gemm_input(n * cfg.intermediate_size).map_err(e)?;
-        let q_layout = HeadLayout {
-            heads,
-            head_dim: d,
-            head_stride: d,
-            row_stride: 3 * h,
-            offset: 0,
-        };
-        let k_layout = HeadLayout {
-            offset: h,
-            ..q_layout
-        };
         let scale = (d as f64).powf(-0.5) as f32;
         // Every LayerNorm of the tower runs over the n patch rows of width h.
         let layer_norm = |x: &B::Buf, norm: &Norm<B>, out: &mut B::Buf| {
@@ -305,19 +294,23 @@ impl<B: VisionBackend> VisionTower<B> {
         for (i, block) in self.blocks.iter().enumerate() {
             let ctx = || format!("vision block {i}");
             layer_norm(&hidden, &block.norm1, &mut normed)?;
-            self.linear(&normed, &block.qkv, n, &mut qkv)
+            // The qkv bias and the rotary go in with the attention (on a GPU as its inputs are
+            // written: one pass over qkv).
+            self.product(&normed, &block.qkv, n, &mut qkv)
                 .with_context(ctx)?;
-            be.rope_axial(&mut qkv, q_layout, &positions, n, cfg.rope_theta)
-                .map_err(e)?;
-            be.rope_axial(&mut qkv, k_layout, &positions, n, cfg.rope_theta)
-                .map_err(e)?;
             let batch = Varlen {
                 cu_seqlens: &cu_seqlens,
                 num_seqs: t,
                 rows: n,
             };
-            be.attention_bidirectional(&qkv, batch, heads, d, scale, &mut attn)
-                .map_err(e)?;
+            be.bias_rope_attention(
+                (&mut qkv, &block.qkv.bias),
+                (&positions, cfg.rope_theta),
+                batch,
+                (heads, d, scale),
+                &mut attn,
+            )
+            .map_err(e)?;
             // Each bias goes in with the op after its product: the same f32 adds, fewer passes.
             self.product(&attn, &block.proj, n, &mut out)
                 .with_context(ctx)?;

@@ -23,6 +23,7 @@ use super::super::device::driver_err;
 use super::super::launch::{linear, to_i32, to_u32, Gpu};
 use super::super::workspace::{FlashScratch, ScratchGuard};
 use super::rope::RopeTable;
+use super::vision::AxialFreqs;
 use crate::backend::{AttentionDims, KernelResult, Varlen};
 use crate::error::KernelError;
 
@@ -587,13 +588,26 @@ fn opt_in(
     Ok(())
 }
 
+/// The vision tower's qkv product before its bias and rotary, which the bidirectional kernel's
+/// inputs then add and apply on the way (`flash_bidir_inputs_rope`, the same f32 operations as
+/// `add_bias` and `rope_axial` first).
+#[derive(Clone, Copy)]
+pub(crate) struct RawQkv<'a> {
+    /// `[3·heads·head_dim]`, bf16.
+    pub bias: &'a CudaSlice<bf16>,
+    /// `[rows, 2]`: each row's patch row and column.
+    pub positions: &'a CudaSlice<u32>,
+    pub freqs: AxialFreqs,
+}
+
 /// Bidirectional attention within each segment (the vision tower's images) on the flash kernel:
 /// `qkv` rows `[q | k | v][heads][head_dim]` f32, `out` rows `[heads][head_dim]` f32, scores
-/// scaled by `scale`; Q, K and V rounded to bf16 first (`flash_bidir_inputs`). The caller checked
-/// that `flash_variant` takes `head_dim`, the batch and the buffers' sizes.
+/// scaled by `scale`; Q, K and V rounded to bf16 first (`flash_bidir_inputs`, or with `raw` the bias
+/// added and q and k rotated on the way). The caller checked that `flash_variant` takes `head_dim`,
+/// the batch and the buffers' sizes.
 pub(crate) fn flash_bidirectional(
     gpu: &Gpu,
-    qkv: &CudaSlice<f32>,
+    (qkv, raw): (&CudaSlice<f32>, Option<RawQkv<'_>>),
     batch: Varlen<'_, CudaSlice<u32>>,
     (heads, head_dim, scale): (usize, usize, f32),
     out: &mut CudaSlice<f32>,
@@ -620,22 +634,54 @@ pub(crate) fn flash_bidirectional(
     let heads_a = to_i32(OP, "heads", heads)?;
     let head_dim_a = to_i32(OP, "head_dim", head_dim)?;
     let d_a = to_i32(OP, "head size", d)?;
-    let cfg = linear(OP, batch.rows * 3 * heads * (d / 8), CONVERT_BLOCK)?;
-    // SAFETY: argument types match the kernel; qkv holds `rows` rows of 3·heads·head_dim (checked
-    // by the caller) and the scratch rows·heads·d values of each (sized above).
-    unsafe {
-        gpu.launch(OP, "flash_bidir_inputs", cfg, |launch| {
-            launch
-                .arg(qkv)
-                .arg(&rows)
-                .arg(&heads_a)
-                .arg(&head_dim_a)
-                .arg(&d_a)
-                .arg(&scale)
-                .arg(&mut scratch.q)
-                .arg(&mut scratch.k)
-                .arg(&mut scratch.v);
-        })?;
+    match raw {
+        None => {
+            let cfg = linear(OP, batch.rows * 3 * heads * (d / 8), CONVERT_BLOCK)?;
+            // SAFETY: argument types match the kernel; qkv holds `rows` rows of 3·heads·head_dim
+            // (checked by the caller) and the scratch rows·heads·d values of each (sized above).
+            unsafe {
+                gpu.launch(OP, "flash_bidir_inputs", cfg, |launch| {
+                    launch
+                        .arg(qkv)
+                        .arg(&rows)
+                        .arg(&heads_a)
+                        .arg(&head_dim_a)
+                        .arg(&d_a)
+                        .arg(&scale)
+                        .arg(&mut scratch.q)
+                        .arg(&mut scratch.k)
+                        .arg(&mut scratch.v);
+                })?;
+            }
+        }
+        Some(raw) => {
+            if d != head_dim || !head_dim.is_multiple_of(16) {
+                return Err(KernelError::invalid(
+                    OP,
+                    format!("the bias and rotary go in on the way for head sizes of 64, 128 or 256, not {head_dim}"),
+                ));
+            }
+            let cfg = linear(OP, batch.rows * 3 * heads * (head_dim / 16), CONVERT_BLOCK)?;
+            // SAFETY: argument types match the kernel; qkv holds `rows` rows of 3·heads·head_dim,
+            // the bias 3·heads·head_dim values and positions rows·2 (checked by the caller), the
+            // scratch rows·heads·d values of each (sized above; d = head_dim).
+            unsafe {
+                gpu.launch(OP, "flash_bidir_inputs_rope", cfg, |launch| {
+                    launch
+                        .arg(qkv)
+                        .arg(raw.bias)
+                        .arg(raw.positions)
+                        .arg(&raw.freqs)
+                        .arg(&rows)
+                        .arg(&heads_a)
+                        .arg(&head_dim_a)
+                        .arg(&scale)
+                        .arg(&mut scratch.q)
+                        .arg(&mut scratch.k)
+                        .arg(&mut scratch.v);
+                })?;
+            }
+        }
     }
     let kernel = shape.kernel(d);
     let smem = shape.smem_bytes(d);

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf};
 use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
-use super::flash_attention::{flash_bidirectional, flash_variant};
+use super::flash_attention::{flash_bidirectional, flash_variant, RawQkv};
 use super::shared::{check_batch, opt_in_smem};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
@@ -39,15 +39,49 @@ const DEFAULT_SMEM: usize = 48 * 1024;
 /// Blocks of a grid's y dimension (the attention's heads).
 const GRID_Y_MAX: usize = 65_535;
 
-/// The rotary kernel's by-value frequency table (`AxialFreqs` in vision.cu).
+/// The rotary kernels' by-value frequency table (`AxialFreqs` in prelude.cuh).
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct AxialFreqs {
+pub(crate) struct AxialFreqs {
     inv_freq: [f32; AXIAL_MAX_FREQS],
+}
+
+impl AxialFreqs {
+    /// The reference's `head_dim / 4` inverse frequencies, bit for bit (f32 powf on the host), or
+    /// why the kernels cannot rotate heads of `head_dim`.
+    fn new(op: &'static str, head_dim: usize, theta: f32) -> KernelResult<Self> {
+        if !head_dim.is_multiple_of(4) || head_dim / 4 > AXIAL_MAX_FREQS {
+            return Err(KernelError::invalid(
+                op,
+                format!(
+                    "head_dim {head_dim} must be a multiple of 4 up to {}",
+                    4 * AXIAL_MAX_FREQS
+                ),
+            ));
+        }
+        let (half, quarter) = (head_dim / 2, head_dim / 4);
+        let mut freqs = Self {
+            inv_freq: [0.0; AXIAL_MAX_FREQS],
+        };
+        for (i, f) in freqs.inv_freq[..quarter].iter_mut().enumerate() {
+            *f = 1.0 / theta.powf((2 * i) as f32 / half as f32);
+        }
+        Ok(freqs)
+    }
 }
 
 // SAFETY: plain `repr(C)` data with the same layout as the CUDA struct.
 unsafe impl DeviceRepr for AxialFreqs {}
+
+/// Threads of a bias kernel over `n` values in rows of `dim` (`VEC_OF` in vision.cu): four values
+/// each where `dim` is a multiple of 4 (every buffer from `alloc` starts 16-byte aligned), else one.
+fn per_thread(n: usize, dim: usize) -> usize {
+    if dim.is_multiple_of(4) {
+        n / 4
+    } else {
+        n
+    }
+}
 
 /// The LayerNorm kernel for rows of `dim`: the smallest variant holding the row in registers,
 /// writing bf16 or f32.
@@ -124,9 +158,14 @@ pub(crate) fn add_bias(
     let dim_a = to_i32(OP, "dim", dim)?;
     // SAFETY: argument types match the kernel; x holds n values and bias dim.
     unsafe {
-        gpu.launch(OP, "add_bias", linear(OP, n, BLOCK)?, |launch| {
-            launch.arg(x).arg(bias).arg(&n_a).arg(&dim_a);
-        })
+        gpu.launch(
+            OP,
+            "add_bias",
+            linear(OP, per_thread(n, dim), BLOCK)?,
+            |launch| {
+                launch.arg(x).arg(bias).arg(&n_a).arg(&dim_a);
+            },
+        )
     }
 }
 
@@ -178,11 +217,16 @@ pub(crate) fn bias_gelu(
     // SAFETY: argument types match the kernel (out's element type picks it); x and out hold n
     // values, bias dim.
     unsafe {
-        gpu.launch(OP, kernel, linear(OP, n, BLOCK)?, |launch| {
-            launch.arg(x).arg(bias);
-            out.push(launch);
-            launch.arg(&n_a).arg(&dim_a);
-        })
+        gpu.launch(
+            OP,
+            kernel,
+            linear(OP, per_thread(n, dim), BLOCK)?,
+            |launch| {
+                launch.arg(x).arg(bias);
+                out.push(launch);
+                launch.arg(&n_a).arg(&dim_a);
+            },
+        )
     }
 }
 
@@ -205,9 +249,14 @@ pub(crate) fn add_bias_residual(
     let dim_a = to_i32(OP, "dim", dim)?;
     // SAFETY: argument types match the kernel; residual and x hold n values, bias dim.
     unsafe {
-        gpu.launch(OP, "add_bias_residual", linear(OP, n, BLOCK)?, |launch| {
-            launch.arg(residual).arg(x).arg(bias).arg(&n_a).arg(&dim_a);
-        })
+        gpu.launch(
+            OP,
+            "add_bias_residual",
+            linear(OP, per_thread(n, dim), BLOCK)?,
+            |launch| {
+                launch.arg(residual).arg(x).arg(bias).arg(&n_a).arg(&dim_a);
+            },
+        )
     }
 }
 
@@ -241,27 +290,11 @@ pub(crate) fn rope_axial(
     layout.check_fits(OP, x.len(), rows)?;
     let x = act_mut(OP, "x", x, 0)?;
     let positions = idx(OP, "positions", positions, rows * 2)?;
-    let d = layout.head_dim;
-    if !d.is_multiple_of(4) || d / 4 > AXIAL_MAX_FREQS {
-        return Err(KernelError::invalid(
-            OP,
-            format!(
-                "head_dim {d} must be a multiple of 4 up to {}",
-                4 * AXIAL_MAX_FREQS
-            ),
-        ));
-    }
+    let freqs = AxialFreqs::new(OP, layout.head_dim, theta)?;
     if rows == 0 || layout.heads == 0 {
         return Ok(());
     }
-    let (half, quarter) = (d / 2, d / 4);
-    // The reference's frequencies, bit for bit (f32 powf on the host).
-    let mut freqs = AxialFreqs {
-        inv_freq: [0.0; AXIAL_MAX_FREQS],
-    };
-    for (i, f) in freqs.inv_freq[..quarter].iter_mut().enumerate() {
-        *f = 1.0 / theta.powf((2 * i) as f32 / half as f32);
-    }
+    let half = layout.head_dim / 2;
     let rows_a = to_i32(OP, "rows", rows)?;
     let heads = to_i32(OP, "heads", layout.heads)?;
     let half_a = to_i32(OP, "head_dim", half)?;
@@ -285,6 +318,46 @@ pub(crate) fn rope_axial(
                 .arg(&offset);
         })
     }
+}
+
+/// [`attention_bidirectional`] of qkv with its bias added and q and k rotated (as
+/// [`add_bias`] then [`rope_axial`] twice), applied as the flash kernel's inputs are written:
+/// `Ok(false)` where that kernel does not take the head size (the caller runs the ops apart).
+/// `qkv` is left as it was.
+pub(crate) fn bias_rope_attention(
+    gpu: &Gpu,
+    (qkv, bias): (&CudaBuf, &CudaBuf),
+    (positions, theta): (&CudaSlice<u32>, f32),
+    batch: Varlen<'_, CudaSlice<u32>>,
+    (heads, head_dim, scale): (usize, usize, f32),
+    out: &mut CudaBuf,
+) -> KernelResult<bool> {
+    const OP: &str = "bias_rope_attention";
+    if heads == 0 || head_dim == 0 || heads > GRID_Y_MAX {
+        return Ok(false);
+    }
+    match flash_variant(head_dim) {
+        Some((_, d)) if d == head_dim && head_dim.is_multiple_of(16) => {}
+        _ => return Ok(false),
+    }
+    let width = heads * head_dim;
+    let rows_cap = (qkv.len() / (3 * width)).min(out.len() / width);
+    let rows = check_batch(OP, &batch, rows_cap)?;
+    let qkv = act(OP, "qkv", qkv, 0)?;
+    let bias = weight(OP, "bias", bias, 3 * width)?;
+    let positions = idx(OP, "positions", positions, rows * 2)?;
+    let freqs = AxialFreqs::new(OP, head_dim, theta)?;
+    let out = act_mut(OP, "out", out, 0)?;
+    if rows == 0 || batch.num_seqs == 0 {
+        return Ok(true);
+    }
+    let raw = RawQkv {
+        bias,
+        positions,
+        freqs,
+    };
+    flash_bidirectional(gpu, (qkv, Some(raw)), batch, (heads, head_dim, scale), out)?;
+    Ok(true)
 }
 
 pub(crate) fn attention_bidirectional(
@@ -322,7 +395,7 @@ pub(crate) fn attention_bidirectional(
     // Head sizes the flash kernel takes (multiples of 16 up to 256, the tower's 64 among them) run
     // on bf16 tensor cores; the f32 kernel below takes the rest.
     if flash_variant(head_dim).is_some() {
-        return flash_bidirectional(gpu, qkv, batch, (heads, head_dim, scale), out);
+        return flash_bidirectional(gpu, (qkv, None), batch, (heads, head_dim, scale), out);
     }
     let smem = bidir_smem_bytes(head_dim);
     if smem > DEFAULT_SMEM {
