@@ -414,6 +414,56 @@ fn attention_bidirectional_matches_cpu() {
     }
 }
 
+/// The attention into a GEMM input (bf16 on the GPU, as the tower's proj GEMM reads it): each value
+/// the f32 output rounded to nearest even (the kernel rounds as it stores), for the head sizes the
+/// flash kernel takes; the others refuse a bf16 out.
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_into_a_gemm_input_is_the_f32_output_rounded() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(24);
+    let cases: &[(usize, usize, &[usize])] = &[
+        (HEADS, HEAD_DIM, &[1, 64, 257, 1024]),
+        (2, 16, &[1, 17, 33]),
+        (1, 256, &[65, 1]),
+    ];
+    for &(heads, head_dim, lens) in cases {
+        let rows: usize = lens.iter().sum();
+        let width = heads * head_dim;
+        let qkv = bf16_round(&rand_vec(&mut rng, rows * 3 * width, 2.0));
+        let want = attention_on(&gpu, &qkv, lens, (heads, head_dim), rows * width);
+        let qkv_d = padded(&gpu, &qkv);
+        let cu = indices(&gpu, &cu_of(lens));
+        let batch = Varlen {
+            cu_seqlens: &cu,
+            num_seqs: lens.len(),
+            rows,
+        };
+        let mut out = gpu.alloc_gemm_input(rows * width).unwrap();
+        let scale = (head_dim as f64).powf(-0.5) as f32;
+        gpu.attention_bidirectional(&qkv_d, batch, heads, head_dim, scale, &mut out)
+            .unwrap();
+        assert_eq!(
+            gpu.read(&out, rows * width).unwrap(),
+            bf16_round(&want[..rows * width]),
+            "attention {heads}x{head_dim} {lens:?} into a GEMM input"
+        );
+    }
+    let (heads, head_dim, rows) = (3, 40, 5);
+    let qkv_d = padded(&gpu, &vec![0.5; rows * 3 * heads * head_dim]);
+    let cu = indices(&gpu, &cu_of(&[rows]));
+    let batch = Varlen {
+        cu_seqlens: &cu,
+        num_seqs: 1,
+        rows,
+    };
+    let mut out = gpu.alloc_gemm_input(rows * heads * head_dim).unwrap();
+    let e = gpu
+        .attention_bidirectional(&qkv_d, batch, heads, head_dim, 0.1, &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("multiple of 16"), "{e}");
+}
+
 /// The block's attention from its qkv product before the bias (`bias_rope_attention`), its way
 /// (on the GPU the bias and the rotary applied as the flash kernel's inputs are written, for head
 /// sizes of 64, 128 and 256) against the four ops apart, on `be`: the same bits, nothing written
@@ -469,6 +519,35 @@ fn bias_rope_attention_matches_the_ops_apart<B: VisionBackend>(be: &B) {
             got[rows * width..].iter().all(|v| v.is_nan()),
             "{what}: wrote past"
         );
+        // Into a GEMM input (the tower's way; bf16 on the GPU for the flash head sizes): the
+        // same bits both ways, each the f32 output rounded to nearest even where it is bf16.
+        if head_dim.is_multiple_of(16) {
+            let into_gemm_input = |fused: bool| {
+                let mut qkv_d = padded(be, &qkv);
+                let mut out = be.alloc_gemm_input(rows * width).unwrap();
+                let args = ((&mut qkv_d, &bias_d), (&pos, THETA), batch, dims);
+                match fused {
+                    true => be.bias_rope_attention(args.0, args.1, args.2, args.3, &mut out),
+                    false => {
+                        bias_rope_attention_apart(be, args.0, args.1, args.2, args.3, &mut out)
+                    }
+                }
+                .unwrap();
+                be.read(&out, rows * width).unwrap()
+            };
+            let got = into_gemm_input(true);
+            assert_eq!(got, into_gemm_input(false), "{what} into a GEMM input");
+            if got != want[..rows * width] {
+                let rounded: Vec<f32> = want[..rows * width]
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect();
+                assert_eq!(
+                    got, rounded,
+                    "{what} into a GEMM input: the f32 output rounded"
+                );
+            }
+        }
     }
 }
 

@@ -120,9 +120,10 @@ pub trait Backend: Buffers {
     /// A zeroed buffer of `len` values for a GEMM input that only the norms write (`rms_norm`,
     /// `add_rms_norm` as `out`) and only GEMMs read, or for a GEMM output that only `swiglu` and
     /// `swiglu_gemm` read (the MLP's gate|up), or only `conv1d_silu(_l2)`, `delta_gates` and the
-    /// gated norms (as `z`) read (a Gated DeltaNet layer's stacked in-projection): a device
-    /// backend may hold it in its GEMM operand precision (bf16 on CUDA, as a bf16 model's
-    /// activations are). The default is [`Self::alloc`].
+    /// gated norms (as `z`) read (a Gated DeltaNet layer's stacked in-projection), or for the
+    /// vision tower's GEMM inputs (its pixels, its LayerNorms', GELUs' and attention's outputs):
+    /// a device backend may hold it in its GEMM operand precision (bf16 on CUDA, as a bf16
+    /// model's activations are). The default is [`Self::alloc`].
     fn alloc_gemm_input(&self, len: usize) -> KernelResult<Self::Buf> {
         self.alloc(len)
     }
@@ -627,7 +628,8 @@ pub trait VisionBackend: Backend {
 
     /// Full (bidirectional) multi-head attention within each segment of `batch`. `qkv` rows are
     /// `[q: heads·head_dim][k: heads·head_dim][v: heads·head_dim]`; `out` rows are
-    /// `[heads·head_dim]`. Scores are scaled by `scale`.
+    /// `[heads·head_dim]`, in `out`'s precision (from [`Backend::alloc_gemm_input`] when only a GEMM
+    /// reads it: rounded as that GEMM would round it). Scores are scaled by `scale`.
     fn attention_bidirectional(
         &self,
         qkv: &Self::Buf,

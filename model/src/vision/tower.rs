@@ -275,7 +275,8 @@ impl<B: VisionBackend> VisionTower<B> {
         // Only GEMMs read the LayerNorms' output: in their operand precision.
         let mut normed = be.alloc_gemm_input(n * h).map_err(e)?;
         let mut qkv = be.alloc(n * 3 * h).map_err(e)?;
-        let mut attn = be.alloc(n * h).map_err(e)?;
+        // Only the proj GEMM reads the attention's output: in its operand precision.
+        let mut attn = be.alloc_gemm_input(n * h).map_err(e)?;
         let mut out = be.alloc(n * h).map_err(e)?;
         let mut mlp = be.alloc(n * cfg.intermediate_size).map_err(e)?;
         // fc2's input: GELU(fc1 + bias) in the GEMM's operand precision.

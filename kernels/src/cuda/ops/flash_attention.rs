@@ -601,7 +601,8 @@ pub(crate) struct RawQkv<'a> {
 }
 
 /// Bidirectional attention within each segment (the vision tower's images) on the flash kernel:
-/// `qkv` rows `[q | k | v][heads][head_dim]` f32, `out` rows `[heads][head_dim]` f32, scores
+/// `qkv` rows `[q | k | v][heads][head_dim]` f32, `out` rows `[heads][head_dim]` f32 or bf16 (the
+/// next GEMM's input: each f32 result rounded to nearest even as it is stored), scores
 /// scaled by `scale`; Q, K and V rounded to bf16 first (`flash_bidir_inputs`, or with `raw` the bias
 /// added and q and k rotated on the way). The caller checked that `flash_variant` takes `head_dim`,
 /// the batch and the buffers' sizes.
@@ -610,7 +611,7 @@ pub(crate) fn flash_bidirectional(
     (qkv, raw): (&CudaSlice<f32>, Option<RawQkv<'_>>),
     batch: Varlen<'_, CudaSlice<u32>>,
     (heads, head_dim, scale): (usize, usize, f32),
-    out: &mut CudaSlice<f32>,
+    mut out: OutBuf<'_>,
 ) -> KernelResult<()> {
     const OP: &str = "attention_bidirectional";
     let Some((_, d)) = flash_variant(head_dim) else {
@@ -700,7 +701,8 @@ pub(crate) fn flash_bidirectional(
         shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
     };
     let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
-    let (unread_stride, unread_flag, f32_out, no_splits) = (0i64, 0i32, 0i32, 0i32);
+    let (unread_stride, unread_flag, no_splits) = (0i64, 0i32, 0i32);
+    let out_bf16 = i32::from(out.is_bf16());
     // SAFETY: argument types match the kernel; it clamps every segment to `rows`, which the
     // scratch and `out` (checked by the caller) hold; the gate arguments are not read.
     unsafe {
@@ -714,9 +716,10 @@ pub(crate) fn flash_bidirectional(
                 .arg(&unread_flag)
                 .arg(batch.cu_seqlens)
                 .arg(&num_seqs)
-                .arg(&rows)
-                .arg(&mut *out)
-                .arg(&f32_out)
+                .arg(&rows);
+            out.push(launch);
+            launch
+                .arg(&out_bf16)
                 .arg(&heads_a)
                 .arg(&heads_a)
                 .arg(&head_dim_a)

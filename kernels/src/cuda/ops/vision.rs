@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf};
+use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf, OutBuf};
 use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
 use super::flash_attention::{flash_bidirectional, flash_variant, RawQkv};
 use super::shared::{check_batch, opt_in_smem};
@@ -347,7 +347,7 @@ pub(crate) fn bias_rope_attention(
     let bias = weight(OP, "bias", bias, 3 * width)?;
     let positions = idx(OP, "positions", positions, rows * 2)?;
     let freqs = AxialFreqs::new(OP, head_dim, theta)?;
-    let out = act_mut(OP, "out", out, 0)?;
+    let out = out_buf(OP, "out", out, 0)?;
     if rows == 0 || batch.num_seqs == 0 {
         return Ok(true);
     }
@@ -388,15 +388,21 @@ pub(crate) fn attention_bidirectional(
     let rows_cap = (qkv.len() / (3 * width)).min(out.len() / width);
     let rows = check_batch(OP, &batch, rows_cap)?;
     let qkv = act(OP, "qkv", qkv, 0)?;
-    let out = act_mut(OP, "out", out, 0)?;
+    let out = out_buf(OP, "out", out, 0)?;
     if rows == 0 || batch.num_seqs == 0 {
         return Ok(());
     }
     // Head sizes the flash kernel takes (multiples of 16 up to 256, the tower's 64 among them) run
-    // on bf16 tensor cores; the f32 kernel below takes the rest.
+    // on bf16 tensor cores; the f32 kernel below takes the rest (into an f32 `out` only).
     if flash_variant(head_dim).is_some() {
         return flash_bidirectional(gpu, (qkv, None), batch, (heads, head_dim, scale), out);
     }
+    let OutBuf::F32(out) = out else {
+        return Err(KernelError::invalid(
+            OP,
+            format!("a bf16 out needs a head size that is a multiple of 16, not {head_dim}"),
+        ));
+    };
     let smem = bidir_smem_bytes(head_dim);
     if smem > DEFAULT_SMEM {
         opt_in_smem_checked(gpu, OP, kernel, smem)?;
