@@ -2,8 +2,8 @@
 # The planned device call (CALL_S seconds, 590 unless set; planned for ~170), on this branch
 # (vision-fused-inputs: main and the fused tower inputs, to merge once this call passes): the
 # vision tower's fused attention inputs (bias_rope_attention: the qkv bias and the 2-D rotary applied as the flash
-# kernel's inputs are written, flash_bidir_inputs_rope) and its 4-wide bias kernels, never run on
-# a GPU yet:
+# kernel's inputs are written, flash_bidir_inputs_rope), its 4-wide bias kernels and its attention
+# output in bf16 for the proj GEMM, never run on a GPU yet:
 #   0. cuda_vision's GPU tests (the fused op against the ops apart bit for bit; each op against
 #      the CPU reference), vision_tiny's (the tiny tower against transformers; several images in
 #      one pass);
