@@ -16,6 +16,7 @@ use crate::lora::{LoraAdapter, LoraModule, LoraTarget, MergeReport};
 use crate::prefix::PrefixState;
 use crate::readout::LetterReadout;
 use crate::tokenizer::{Tokenizer, MAX_LETTERS};
+use crate::values::Values;
 use crate::vision::{VisionConfig, VisionTower, VisionWeights};
 use crate::weights::TextWeights;
 
@@ -44,8 +45,9 @@ impl<'a> Prompt<'a> {
 #[derive(Debug)]
 pub struct ImagePrompt {
     pub image_token_id: u32,
-    /// `[image tokens, hidden]`, shared by every question about the same image.
-    pub features: std::sync::Arc<Vec<f32>>,
+    /// `[image tokens, hidden]`, shared by every question about the same image (where the tower
+    /// left them: device memory on a GPU).
+    pub features: Values,
     /// The row of `features` the prompt's first image token takes (0 for a whole question; a
     /// later part of one, [`Self::part`], starts further in).
     pub first_row: usize,
@@ -55,11 +57,7 @@ pub struct ImagePrompt {
 
 impl ImagePrompt {
     /// A whole question's image: every feature row, from the first.
-    pub fn new(
-        image_token_id: u32,
-        features: std::sync::Arc<Vec<f32>>,
-        positions: Vec<[u32; 3]>,
-    ) -> Self {
+    pub fn new(image_token_id: u32, features: Values, positions: Vec<[u32; 3]>) -> Self {
         Self {
             image_token_id,
             features,
@@ -82,24 +80,6 @@ impl ImagePrompt {
             first_row: self.first_row + before,
             positions: self.positions[range].to_vec(),
         }
-    }
-
-    /// The feature rows of the image tokens among `ids` (this prompt's own), `hidden` values each;
-    /// `None` when there are none.
-    fn rows_for(&self, ids: &[u32], hidden: usize) -> Result<Option<&[f32]>> {
-        let count = ids.iter().filter(|&&t| t == self.image_token_id).count();
-        if count == 0 {
-            return Ok(None);
-        }
-        let (from, to) = (self.first_row * hidden, (self.first_row + count) * hidden);
-        let rows = self.features.get(from..to).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{count} image tokens from feature row {} need {to} values; the image has {}",
-                self.first_row,
-                self.features.len()
-            )
-        })?;
-        Ok(Some(rows))
     }
 }
 
@@ -237,18 +217,16 @@ impl<B: Backend> Decider<B> {
         &self,
         prompts: impl Iterator<Item = &'p Prompt<'p>>,
     ) -> Result<Vec<Option<EmbeddingOverride<'p>>>> {
-        let hidden = self.model.hidden_size();
         prompts
             .map(|p| {
-                let Some(image) = p.image else {
-                    return Ok(None);
-                };
-                Ok(image
-                    .rows_for(p.ids, hidden)?
-                    .map(|rows| EmbeddingOverride {
-                        token_id: image.image_token_id,
-                        rows,
-                    }))
+                let image = p
+                    .image
+                    .filter(|image| p.ids.contains(&image.image_token_id));
+                Ok(image.map(|image| EmbeddingOverride {
+                    token_id: image.image_token_id,
+                    values: &image.features,
+                    first_row: image.first_row,
+                }))
             })
             .collect()
     }

@@ -118,12 +118,14 @@ pub struct SegmentOutput {
 }
 
 /// Embedding rows that replace the token embeddings of one sequence: the i-th position holding
-/// `token_id` gets row i of `rows` (`[count, hidden]`); used to place image features at the image
-/// tokens.
+/// `token_id` gets row `first_row + i` of `values` (rows of `hidden`); used to place image
+/// features at the image tokens. Values in a buffer this backend can read (a vision tower's on
+/// the same device) are copied on the device; values on the host are uploaded.
 #[derive(Clone, Copy, Debug)]
 pub struct EmbeddingOverride<'a> {
     pub token_id: u32,
-    pub rows: &'a [f32],
+    pub values: &'a Values,
+    pub first_row: usize,
 }
 
 /// L2-norm epsilon of the DeltaNet q/k (fixed in transformers, not `rms_norm_eps`).
@@ -1573,8 +1575,9 @@ impl<B: Backend> TextModel<B> {
         Ok(())
     }
 
-    /// Embeds the staged batch into `residual` and replaces the overridden rows (through the
-    /// host: a reference path for the vision-language prompt, not a serving one).
+    /// Embeds the staged batch into `residual` and replaces the overridden rows: from a buffer
+    /// of the backend by device copies (one launch for every run of consecutive image tokens of
+    /// the batch), from the host through an upload and a scatter.
     fn apply_overrides(
         &mut self,
         seqs: &[SequenceInput<'_>],
@@ -1594,36 +1597,74 @@ impl<B: Backend> TextModel<B> {
             &mut ws.residual,
         )
         .map_err(e)?;
-        // The rows go to the device and are scattered there: the embeddings never make a trip
-        // through the host.
+        let mut copies = Vec::new();
         let mut start = 0;
         for (s, seq) in seqs.iter().enumerate() {
-            if let Some(Some(o)) = overrides.get(s) {
-                let slots: Vec<u32> = seq
-                    .token_ids
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &t)| t == o.token_id)
-                    .map(|(i, _)| (start + i) as u32)
-                    .collect();
-                ensure!(
-                    o.rows.len() == slots.len() * h,
-                    "sequence {s}: {} positions hold token {}, but {} values ({} rows of {h}) were given",
-                    slots.len(),
-                    o.token_id,
-                    o.rows.len(),
-                    o.rows.len() as f64 / h as f64
-                );
-                if !slots.is_empty() {
-                    let mut src = be.alloc(o.rows.len()).map_err(e)?;
-                    be.write(&mut src, o.rows).map_err(e)?;
-                    let mut at = be.alloc_idx(slots.len()).map_err(e)?;
-                    be.write_idx(&mut at, &slots).map_err(e)?;
-                    be.scatter_rows(&src, &at, slots.len(), h, &mut ws.residual)
+            let Some(Some(o)) = overrides.get(s) else {
+                start += seq.token_ids.len();
+                continue;
+            };
+            let slots: Vec<usize> = seq
+                .token_ids
+                .iter()
+                .enumerate()
+                .filter(|(_, &t)| t == o.token_id)
+                .map(|(i, _)| start + i)
+                .collect();
+            start += seq.token_ids.len();
+            if slots.is_empty() {
+                continue;
+            }
+            let need = (o.first_row + slots.len()) * h;
+            ensure!(
+                need <= o.values.len(),
+                "sequence {s}: {} positions hold token {}; from row {} of {h} values they need \
+                 {need} values, {} were given",
+                slots.len(),
+                o.token_id,
+                o.first_row,
+                o.values.len()
+            );
+            match o.values.buffer::<B::Buf>().filter(|buf| be.can_read(buf)) {
+                Some(src) => {
+                    // Image tokens come in runs (one per image): one part per run.
+                    let mut i = 0;
+                    while i < slots.len() {
+                        let run = slots[i..]
+                            .iter()
+                            .enumerate()
+                            .take_while(|&(k, &slot)| slot == slots[i] + k)
+                            .count();
+                        copies.push(CopyPart {
+                            src,
+                            src_at: (o.first_row + i) * h,
+                            dst: 0,
+                            dst_at: slots[i] * h,
+                            len: run * h,
+                        });
+                        i += run;
+                    }
+                }
+                None => {
+                    let host = o.values.as_host().with_context(|| {
+                        format!(
+                            "sequence {s}: image features held by another device than {}",
+                            be.name()
+                        )
+                    })?;
+                    let host = &host[o.first_row * h..need];
+                    let mut src = be.alloc(host.len()).map_err(e)?;
+                    be.write(&mut src, host).map_err(e)?;
+                    let at: Vec<u32> = slots.iter().map(|&slot| slot as u32).collect();
+                    let mut idx = be.alloc_idx(at.len()).map_err(e)?;
+                    be.write_idx(&mut idx, &at).map_err(e)?;
+                    be.scatter_rows(&src, &idx, at.len(), h, &mut ws.residual)
                         .map_err(e)?;
                 }
             }
-            start += seq.token_ids.len();
+        }
+        if !copies.is_empty() {
+            be.copy_many(&mut [&mut ws.residual], &copies).map_err(e)?;
         }
         Ok(())
     }

@@ -21,5 +21,6 @@ pub mod readout;
 pub mod source;
 pub mod tensor_store;
 pub mod tokenizer;
+pub mod values;
 pub mod vision;
 pub mod weights;

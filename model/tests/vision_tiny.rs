@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use instinct_kernels::backend::VisionBackend;
-use instinct_kernels::cuda::CudaBackend;
+use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::CpuBackend;
 use instinct_model::checkpoint::Snapshot;
 use instinct_model::forward::{BatchLimits, EmbeddingOverride, SequenceInput, TextModel};
 use instinct_model::lora::LoraAdapter;
 use instinct_model::mrope::{expand_image_placeholders, rope_index};
 use instinct_model::readout::LetterReadout;
+use instinct_model::values::Values;
 use instinct_model::vision::{ImageInput, VisionConfig, VisionTower, VisionWeights};
 use serde_json::Value;
 
@@ -137,6 +138,9 @@ fn max_rel_diff(got: &[f32], want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The tower's features against transformers', the language model's answers over them (left on
+/// the tower's backend, as served) against transformers', and the same answers over the features
+/// given from the host, bit for bit.
 fn check<B: VisionBackend>(
     start: impl Fn() -> B,
     tol: Tolerance,
@@ -153,14 +157,18 @@ fn check<B: VisionBackend>(
     for (im, px) in g["images"].as_array().unwrap().iter().zip(&pixels) {
         let name = im["name"].as_str().unwrap();
         let grid_thw = grid(&im["grid_thw"]);
-        let feats = loaded
-            .tower
-            .forward(&[ImageInput {
-                pixel_values: px,
-                grid_thw,
-            }])
-            .unwrap()
-            .remove(0);
+        let input = ImageInput {
+            pixel_values: px,
+            grid_thw,
+        };
+        let feats = loaded.tower.forward(&[input]).unwrap().remove(0);
+        let kept = loaded.tower.forward_kept(&[input]).unwrap().remove(0);
+        assert_eq!(
+            loaded.tower.features_on_host(&kept).unwrap(),
+            feats,
+            "{name}: the features kept on the backend"
+        );
+        let on_host = Values::host(feats.clone());
         let rel = max_rel_diff(&feats, &floats(&im[format!("features_{variant}")]));
         assert!(
             rel < tol.rel,
@@ -184,15 +192,24 @@ fn check<B: VisionBackend>(
                 token_ids: &ids,
                 positions: Some(&positions),
             };
-            let over = EmbeddingOverride {
-                token_id: image_token,
-                rows: &feats,
+            let mut hidden_over = |values| {
+                let over = EmbeddingOverride {
+                    token_id: image_token,
+                    values,
+                    first_row: 0,
+                };
+                loaded
+                    .text
+                    .forward_last_with_embeddings(&[seq], &[Some(over)])
+                    .unwrap()
+                    .remove(0)
             };
-            let hidden = loaded
-                .text
-                .forward_last_with_embeddings(&[seq], &[Some(over)])
-                .unwrap()
-                .remove(0);
+            let hidden = hidden_over(&kept);
+            assert_eq!(
+                hidden,
+                hidden_over(&on_host),
+                "{name} n={n}: features from the host"
+            );
             let want = &p[variant];
             let hidden_rel = max_rel_diff(&hidden, &floats(&want["final_hidden"]));
             assert!(
@@ -252,6 +269,21 @@ fn on_the_gpu_multimodal_adapter_matches_peft() {
     check(gpu, GPU, "adapter", true);
 }
 
+/// As served: the tower and the language copy each on a stream of their own (captured passes
+/// on), the features handed from one to the other in device memory.
+#[test]
+#[ignore = "needs a GPU"]
+fn on_the_gpu_with_captured_passes_the_multimodal_adapter_matches_peft() {
+    let start = || {
+        let options = CudaOptions {
+            cuda_graphs: true,
+            ..Default::default()
+        };
+        CudaBackend::new(options).unwrap_or_else(|e| panic!("CUDA: {e}"))
+    };
+    check(start, GPU, "adapter", true);
+}
+
 #[test]
 fn multimodal_adapter_matches_peft() {
     check(CpuBackend::new, CPU, "adapter", true);
@@ -288,10 +320,15 @@ fn several_images_in_one_pass<B: VisionBackend>(start: impl Fn() -> B) {
     order.push(0);
     let batch: Vec<ImageInput> = order.iter().map(|&i| inputs[i]).collect();
     let together = loaded.tower.forward(&batch).unwrap();
+    let kept = loaded.tower.forward_kept(&batch).unwrap();
     assert_eq!(together.len(), order.len());
+    assert_eq!(kept.len(), order.len());
     for (k, &i) in order.iter().enumerate() {
         assert_eq!(together[k], alone[i], "image {i} at place {k} of the pass");
+        let kept = loaded.tower.features_on_host(&kept[k]).unwrap();
+        assert_eq!(kept, alone[i], "image {i} kept, at place {k} of the pass");
     }
+    assert!(loaded.tower.forward_kept(&[]).unwrap().is_empty());
     assert!(loaded.tower.forward(&[]).unwrap().is_empty());
     let short = ImageInput {
         pixel_values: &pixels[0][1..],
@@ -339,7 +376,8 @@ fn image_features_reach_the_prompt_and_counts_are_checked() {
             &[seq],
             &[Some(EmbeddingOverride {
                 token_id: image_token,
-                rows: &zeros,
+                values: &Values::host(zeros.clone()),
+                first_row: 0,
             })],
         )
         .unwrap()
@@ -356,14 +394,15 @@ fn image_features_reach_the_prompt_and_counts_are_checked() {
         "zeroed image features changed nothing ({moved})"
     );
 
-    let short = &zeros[..zeros.len() - 64];
+    let short = Values::host(zeros[..zeros.len() - 64].to_vec());
     let err = loaded
         .text
         .forward_last_with_embeddings(
             &[seq],
             &[Some(EmbeddingOverride {
                 token_id: image_token,
-                rows: short,
+                values: &short,
+                first_row: 0,
             })],
         )
         .unwrap_err();
@@ -488,7 +527,7 @@ fn a_screenshot_prompt_resumed_inside_or_after_its_image_answers_as_whole() {
     let ids = u32s(&p["input_ids"]);
     let n = p["n_options"].as_u64().unwrap() as usize;
     let positions = rope_index(&ids, image_token, &[grid_thw], MERGE).unwrap();
-    let image = ImagePrompt::new(image_token, std::sync::Arc::new(features), positions);
+    let image = ImagePrompt::new(image_token, Values::host(features), positions);
     let first = ids.iter().position(|&t| t == image_token).unwrap();
     let last = ids.iter().rposition(|&t| t == image_token).unwrap();
     assert!(last > first + 2, "the image has tokens to cut between");

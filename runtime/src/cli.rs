@@ -54,7 +54,8 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_MULTIMODAL_ADAPTER")]
     pub multimodal_adapter: Option<PathBuf>,
 
-    /// Byte budget of the encoded-screenshot cache, in MiB (0 disables it).
+    /// Byte budget of the encoded-screenshot cache, in MiB (0 disables it). On a GPU the features
+    /// stay in device memory, where the tower computed them (~10 MiB a 1024×1024 screenshot).
     #[arg(long, env = "INSTINCT_IMAGE_CACHE_MIB", default_value_t = 256)]
     pub image_cache_mib: usize,
 

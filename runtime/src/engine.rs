@@ -22,6 +22,7 @@ use instinct_model::prefix::{PrefixState, SnapshotCost};
 use instinct_model::prompt::SYSTEM_PROMPT;
 use instinct_model::source::{Device, ModelSource};
 use instinct_model::tokenizer::{EncodedPrefix, Tokenizer};
+use instinct_model::values::Values;
 use instinct_model::vision::VisionTower;
 use instinct_scheduler::{Batch, Bucket, ChunkInput, Engine, FatalEngineError, Question, SeqInput};
 use rayon::prelude::*;
@@ -50,14 +51,20 @@ pub struct Preparer {
 /// Encodes one preprocessed screenshot into the language model's image features: the vision
 /// tower, on whichever backend it was loaded.
 pub trait ImageEncoder: Send + Sync {
-    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>>;
+    /// The image's features, where the tower computed them (device memory on a GPU).
+    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Values>;
+    /// From now on, features on the host (language copies on several devices read them).
+    fn features_to_host(&self);
 }
 
 /// Concurrent requests' screenshots share tower passes (one pass at a time: a GPU backend's ops
 /// share scratch buffers on one stream; the CPU ops spread one pass over every core anyway).
 impl<T: Tower> ImageEncoder for TowerBatcher<T> {
-    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
+    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Values> {
         TowerBatcher::encode(self, pixel_values, grid_thw)
+    }
+    fn features_to_host(&self) {
+        TowerBatcher::features_to_host(self)
     }
 }
 
@@ -130,6 +137,14 @@ impl Preparer {
         self.states_on_device
     }
 
+    /// From now on, encoded images' features are read back to the host (for engines on other
+    /// devices than the tower's); by default they stay where the tower computed them.
+    pub fn image_features_to_host(&self) {
+        if let Some(vision) = &self.vision {
+            vision.encoder.features_to_host();
+        }
+    }
+
     /// Whether screenshot questions are served.
     pub fn serves_screenshots(&self) -> bool {
         self.vision.is_some()
@@ -163,7 +178,7 @@ impl Preparer {
                 .map_err(ScreenshotError::Internal)?;
             histogram!(m::IMAGE_ENCODE_SECONDS).record(preprocessed.elapsed().as_secs_f64());
             Ok(EncodedImage {
-                features: Arc::new(features),
+                features,
                 grid_thw: pre.grid_thw,
             })
         })?;
@@ -421,9 +436,10 @@ pub struct ScreenshotContext {
 
 /// Bytes the prepared questions of one request hold until answered: their token ids, and for
 /// screenshot questions their 3-D positions and the image features (counted once per image, as
-/// the questions share them).
+/// the questions share them; wherever they are held: on a GPU in its memory, which this bounds
+/// too).
 pub fn held_bytes(questions: &[Question]) -> usize {
-    let mut images: Vec<*const Vec<f32>> = Vec::new();
+    let mut images: Vec<&Values> = Vec::new();
     let mut bytes = 0;
     for q in questions {
         bytes += std::mem::size_of_val(q.ids.as_slice());
@@ -436,10 +452,9 @@ pub fn held_bytes(questions: &[Question]) -> usize {
             continue;
         };
         bytes += std::mem::size_of_val(image.positions.as_slice());
-        let features = Arc::as_ptr(&image.features);
-        if !images.contains(&features) {
-            images.push(features);
-            bytes += std::mem::size_of_val(image.features.as_slice());
+        if !images.iter().any(|held| held.shares(&image.features)) {
+            images.push(&image.features);
+            bytes += 4 * image.features.len();
         }
     }
     bytes
@@ -659,7 +674,13 @@ pub fn load_on(
             }
         }
     }
-    all.context("no device to load onto")
+    let all = all.context("no device to load onto")?;
+    // The preparer's tower is the first device's: engines on another read its features from the
+    // host.
+    if devices.iter().any(|d| *d != devices[0]) {
+        all.preparer.image_features_to_host();
+    }
+    Ok(all)
 }
 
 /// What the loader needs of a backend beyond its ops (every serving backend has the vision ops

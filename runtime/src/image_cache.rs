@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use instinct_model::values::Values;
 use metrics::{counter, gauge};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -15,10 +16,11 @@ pub const MISSES_TOTAL: &str = "instinct_image_cache_misses_total";
 /// Gauge: bytes of features held.
 pub const BYTES: &str = "instinct_image_cache_bytes";
 
-/// An encoded image: its features (`[image tokens, hidden]`) and its patch grid.
+/// An encoded image: its features (`[image tokens, hidden]`, where the tower left them: device
+/// memory on a GPU) and its patch grid.
 #[derive(Debug)]
 pub struct EncodedImage {
-    pub features: Arc<Vec<f32>>,
+    pub features: Values,
     pub grid_thw: [u32; 3],
 }
 
@@ -131,7 +133,7 @@ mod tests {
 
     fn image(values: usize) -> EncodedImage {
         EncodedImage {
-            features: Arc::new(vec![0.5; values]),
+            features: Values::host(vec![0.5; values]),
             grid_thw: [1, 2, 2],
         }
     }

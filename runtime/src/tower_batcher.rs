@@ -6,8 +6,10 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use instinct_kernels::backend::VisionBackend;
+use instinct_model::values::Values;
 use instinct_model::vision::{ImageInput, VisionTower};
 use parking_lot::{Condvar, Mutex};
 
@@ -16,17 +18,26 @@ use parking_lot::{Condvar, Mutex};
 /// this still runs, alone.
 pub const MAX_PASS_PATCHES: usize = 16_384;
 
-/// What a tower pass needs: features of each image, in order (see [`VisionTower::forward`]).
+/// What a tower pass needs: features of each image, in order (see [`VisionTower::forward`]), left
+/// where the tower computed them (device memory on a GPU) or, with `to_host`, on the host.
 pub trait Tower: Send {
-    fn encode_all(&self, images: &[ImageInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>>;
+    fn encode_all(&self, images: &[ImageInput<'_>], to_host: bool) -> anyhow::Result<Vec<Values>>;
 }
 
 impl<B: VisionBackend> Tower for VisionTower<B>
 where
     VisionTower<B>: Send,
 {
-    fn encode_all(&self, images: &[ImageInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
-        self.forward(images)
+    fn encode_all(&self, images: &[ImageInput<'_>], to_host: bool) -> anyhow::Result<Vec<Values>> {
+        if to_host {
+            Ok(self
+                .forward(images)?
+                .into_iter()
+                .map(Values::host)
+                .collect())
+        } else {
+            self.forward_kept(images)
+        }
     }
 }
 
@@ -50,7 +61,7 @@ struct State {
     waiting: Vec<Waiting>,
     /// Results not yet collected by their callers (an error's message for each image of a
     /// failed pass).
-    done: HashMap<u64, Result<Vec<f32>, String>>,
+    done: HashMap<u64, Result<Values, String>>,
     next_id: u64,
     /// Passes run and images encoded, for tests and logs.
     passes: u64,
@@ -65,6 +76,8 @@ pub struct TowerBatcher<T: Tower> {
     state: Mutex<State>,
     finished: Condvar,
     max_patches: usize,
+    /// Features go back to the host (for language copies on other devices than the tower's).
+    to_host: AtomicBool,
 }
 
 impl<T: Tower> TowerBatcher<T> {
@@ -79,7 +92,13 @@ impl<T: Tower> TowerBatcher<T> {
             state: Mutex::new(State::default()),
             finished: Condvar::new(),
             max_patches,
+            to_host: AtomicBool::new(false),
         }
+    }
+
+    /// From now on, every image's features are read back to the host after its pass.
+    pub fn features_to_host(&self) {
+        self.to_host.store(true, Ordering::Relaxed);
     }
 
     /// (passes run, images encoded) so far.
@@ -90,7 +109,7 @@ impl<T: Tower> TowerBatcher<T> {
 
     /// The features of one image, from the first pass that takes it: run by this caller when
     /// no pass is running, else by whichever caller starts the next one.
-    pub fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Vec<f32>> {
+    pub fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Values> {
         let mut state = self.state.lock();
         let id = state.next_id;
         state.next_id += 1;
@@ -136,7 +155,7 @@ impl<T: Tower> TowerBatcher<T> {
 
     /// One pass over `batch`: each image's features, or the pass's error (a panic included) for
     /// every image of it.
-    fn run(&self, batch: &[Waiting]) -> Vec<Result<Vec<f32>, String>> {
+    fn run(&self, batch: &[Waiting]) -> Vec<Result<Values, String>> {
         let inputs: Vec<ImageInput> = batch
             .iter()
             .map(|w| ImageInput {
@@ -145,7 +164,8 @@ impl<T: Tower> TowerBatcher<T> {
             })
             .collect();
         let tower = self.tower.lock();
-        let outcome = catch_unwind(AssertUnwindSafe(|| tower.encode_all(&inputs)));
+        let to_host = self.to_host.load(Ordering::Relaxed);
+        let outcome = catch_unwind(AssertUnwindSafe(|| tower.encode_all(&inputs, to_host)));
         match outcome {
             Ok(Ok(features)) if features.len() == batch.len() => {
                 features.into_iter().map(Ok).collect()
@@ -179,21 +199,21 @@ mod tests {
     }
 
     impl Tower for Summing {
-        fn encode_all(&self, images: &[ImageInput<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        fn encode_all(&self, images: &[ImageInput<'_>], _: bool) -> anyhow::Result<Vec<Values>> {
             std::thread::sleep(self.pass);
             let sums: Vec<f32> = images.iter().map(|i| i.pixel_values.iter().sum()).collect();
             if let Some(bad) = self.fail_on {
                 anyhow::ensure!(!sums.contains(&bad), "an image summing to {bad}");
                 assert!(!sums.contains(&-bad), "a panicking image");
             }
-            Ok(sums.into_iter().map(|s| vec![s]).collect())
+            Ok(sums.into_iter().map(|s| Values::host(vec![s])).collect())
         }
     }
 
     fn send(
         batcher: &Arc<TowerBatcher<Summing>>,
         values: Vec<Vec<f32>>,
-    ) -> Vec<anyhow::Result<Vec<f32>>> {
+    ) -> Vec<anyhow::Result<Values>> {
         let handles: Vec<_> = values
             .into_iter()
             .map(|v| {
@@ -221,9 +241,9 @@ mod tests {
         // patches), the one after the other two.
         let values: Vec<Vec<f32>> = (0..6).map(|k| vec![k as f32; 16]).collect();
         let results = send(&batcher, values);
-        assert_eq!(first.join().unwrap().unwrap(), vec![4.0]);
+        assert_eq!(first.join().unwrap().unwrap(), Values::host(vec![4.0]));
         for (k, r) in results.into_iter().enumerate() {
-            assert_eq!(r.unwrap(), vec![16.0 * k as f32], "image {k}");
+            assert_eq!(r.unwrap(), Values::host(vec![16.0 * k as f32]), "image {k}");
         }
         assert_eq!(batcher.counts(), (3, 7));
     }
@@ -241,7 +261,7 @@ mod tests {
         };
         std::thread::sleep(Duration::from_millis(30));
         let results = send(&batcher, vec![vec![3.0], vec![5.0]]);
-        assert_eq!(blocker.join().unwrap().unwrap(), vec![1.0]);
+        assert_eq!(blocker.join().unwrap().unwrap(), Values::host(vec![1.0]));
         for r in results {
             let e = r.unwrap_err().to_string();
             assert!(e.contains("an image summing to 3"), "{e}");
@@ -252,7 +272,7 @@ mod tests {
         // Still serving.
         assert_eq!(
             batcher.encode(vec![2.0, 2.0], [1, 1, 2]).unwrap(),
-            vec![4.0]
+            Values::host(vec![4.0])
         );
     }
 
@@ -265,7 +285,7 @@ mod tests {
         let batcher = TowerBatcher::with_max_patches(tower, 8);
         assert_eq!(
             batcher.encode(vec![1.0; 20], [1, 4, 5]).unwrap(),
-            vec![20.0]
+            Values::host(vec![20.0])
         );
         assert_eq!(batcher.counts(), (1, 1));
     }

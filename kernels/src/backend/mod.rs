@@ -130,6 +130,17 @@ pub trait Backend: Buffers {
 
     /// A zeroed u32 buffer of `len` values.
     fn alloc_idx(&self, len: usize) -> KernelResult<Self::Idx>;
+    /// Waits until every op queued so far has finished, so that another backend on the same
+    /// device may read what they wrote (a vision tower's features, read by a language copy's
+    /// ops on their own stream). The default returns at once: its ops finish before they return.
+    fn synchronize(&self) -> KernelResult<()> {
+        Ok(())
+    }
+    /// Whether this backend's ops may read `buf`, which another backend of its kind may have
+    /// allocated (on a GPU: one on the same device). The default: any.
+    fn can_read(&self, _buf: &Self::Buf) -> bool {
+        true
+    }
     /// A new buffer holding `data` (weights are uploaded once with this).
     fn upload(&self, data: &[f32]) -> KernelResult<Self::Buf>;
     /// A new buffer holding the concatenation of `parts` (a stacked projection's weights, uploaded

@@ -158,16 +158,6 @@ impl CudaBackend {
     pub fn graph_probe(&self) -> Option<GraphProbe> {
         self.graphs.as_ref().map(Graphs::probe)
     }
-
-    /// Waits for every queued op to finish.
-    pub fn synchronize(&self) -> KernelResult<()> {
-        self.gpu.workspace.capture.refuse("synchronize")?;
-        self.gpu
-            .device
-            .stream
-            .synchronize()
-            .map_err(|e| driver_err("synchronize", e))
-    }
 }
 
 impl Buffers for CudaBackend {
@@ -238,6 +228,21 @@ impl Backend for CudaBackend {
         let slice = slice.map_err(|e| driver_err("alloc_idx", e))?;
         self.gpu.workspace.add_bytes(4 * len as u64);
         Ok(slice)
+    }
+
+    fn synchronize(&self) -> KernelResult<()> {
+        self.gpu.workspace.capture.refuse("synchronize")?;
+        self.gpu
+            .device
+            .stream
+            .synchronize()
+            .map_err(|e| driver_err("synchronize", e))
+    }
+
+    /// A buffer of this device, whichever backend allocated it: every backend of a device shares
+    /// its primary context.
+    fn can_read(&self, buf: &CudaBuf) -> bool {
+        buf.ordinal() == self.ordinal
     }
 
     /// Uploads a weight in bf16 (the model stores its weights in bf16), rounded on every core into

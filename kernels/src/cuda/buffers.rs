@@ -24,6 +24,14 @@ pub enum CudaBuf {
 }
 
 impl CudaBuf {
+    /// The GPU it was allocated on.
+    pub fn ordinal(&self) -> usize {
+        match self {
+            Self::F32(s) => s.ordinal(),
+            Self::Bf16(s) => s.ordinal(),
+        }
+    }
+
     pub fn dtype(&self) -> DType {
         match self {
             Self::F32(_) => DType::F32,

@@ -10,6 +10,8 @@ use super::config::{VisionConfig, VISION_LAYER_NORM_EPS};
 use super::grid::{add_position_embedding, patch_coords};
 use super::weights::{LinearWeights, NormWeights, VisionWeights};
 
+use crate::values::Values;
+
 /// One image: its `pixel_values` rows (`[t·h·w, patch_dim]`, block order, as the processor emits
 /// them) and its patch grid.
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +127,77 @@ impl<B: VisionBackend> VisionTower<B> {
     /// others in the pass (the same bits alone or beside them, where the backend's GEMMs are
     /// batch-invariant).
     pub fn forward(&self, images: &[ImageInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let Some((features, rows)) = self.forward_checked(images)? else {
+            return Ok(Vec::new());
+        };
+        let width = self.cfg.out_hidden_size;
+        let all = be
+            .read(&features, rows.iter().sum::<usize>() * width)
+            .map_err(e)?;
+        if images.len() == 1 {
+            return Ok(vec![all]);
+        }
+        // Each image's merged rows follow the previous image's.
+        let mut rest = all.as_slice();
+        Ok(rows
+            .iter()
+            .map(|&r| {
+                let (mine, after) = rest.split_at(r * width);
+                rest = after;
+                mine.to_vec()
+            })
+            .collect())
+    }
+
+    /// [`Self::forward`], each image's features left in a buffer of the backend (device memory on
+    /// a GPU: a language copy on the same device places them without a trip through the host).
+    /// Returns once they are written, so that another backend's ops may read them.
+    pub fn forward_kept(&self, images: &[ImageInput<'_>]) -> Result<Vec<Values>> {
+        let be = &self.backend;
+        let e = |err| anyhow!("{}: {err}", be.name());
+        let Some((features, rows)) = self.forward_checked(images)? else {
+            return Ok(Vec::new());
+        };
+        let width = self.cfg.out_hidden_size;
+        let kept = if let [rows] = rows[..] {
+            vec![Values::in_buffer(rows * width, features)]
+        } else {
+            // One buffer per image, so that each is freed with the last question holding it.
+            let mut at = 0;
+            rows.iter()
+                .map(|&r| {
+                    let len = r * width;
+                    let mut own = be.alloc(len).map_err(e)?;
+                    be.copy(&features, at, &mut own, 0, len).map_err(e)?;
+                    at += len;
+                    Ok(Values::in_buffer(len, own))
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        be.synchronize().map_err(e)?;
+        Ok(kept)
+    }
+
+    /// Features that [`Self::forward_kept`] left in a buffer of this tower's backend (or any on
+    /// the host), read back (for tests and tools).
+    pub fn features_on_host(&self, features: &Values) -> Result<Vec<f32>> {
+        if let Some(host) = features.as_host() {
+            return Ok(host.to_vec());
+        }
+        let be = &self.backend;
+        let buf = features
+            .buffer::<B::Buf>()
+            .filter(|buf| be.can_read(buf))
+            .with_context(|| format!("features held by another backend than {}", be.name()))?;
+        be.read(buf, features.len())
+            .map_err(|err| anyhow!("{}: {err}", be.name()))
+    }
+
+    /// The features of `images`, packed in one buffer, with each image's row count (`None` for no
+    /// image), once their pixels are checked against their grids.
+    fn forward_checked(&self, images: &[ImageInput<'_>]) -> Result<Option<(B::Buf, Vec<usize>)>> {
         let merge = self.cfg.spatial_merge_size;
         let coords = images
             .iter()
@@ -144,9 +217,14 @@ impl<B: VisionBackend> VisionTower<B> {
             })
             .collect::<Result<Vec<_>>>()?;
         if images.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        self.forward_packed(images, &coords)
+        let features = self.forward_packed(images, &coords)?;
+        let unit = self.cfg.merge_unit();
+        Ok(Some((
+            features,
+            coords.iter().map(|c| c.len() / unit).collect(),
+        )))
     }
 
     fn linear(&self, x: &B::Buf, l: &Linear<B>, rows: usize, y: &mut B::Buf) -> Result<()> {
@@ -221,13 +299,13 @@ impl<B: VisionBackend> VisionTower<B> {
         be.add_in_place(hidden, &packed, total).map_err(e)
     }
 
-    /// [`Self::forward`] over images whose patches (`coords[i]`) were checked against their
-    /// pixel values.
+    /// The packed features (`[Σ tokens, out_hidden]`) of images whose patches (`coords[i]`) were
+    /// checked against their pixel values.
     fn forward_packed(
         &self,
         images: &[ImageInput<'_>],
         coords: &[Vec<(usize, usize)>],
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<B::Buf> {
         let cfg = &self.cfg;
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
@@ -348,22 +426,6 @@ impl<B: VisionBackend> VisionTower<B> {
         .map_err(e)?;
         let mut features = be.alloc(tokens * cfg.out_hidden_size).map_err(e)?;
         self.linear(&merged_in, &self.merger_fc2, tokens, &mut features)?;
-        let all = be
-            .read(&features, tokens * cfg.out_hidden_size)
-            .map_err(e)?;
-        if images.len() == 1 {
-            return Ok(vec![all]);
-        }
-        // Each image's merged rows follow the previous image's.
-        let mut rest = all.as_slice();
-        let per_image = coords
-            .iter()
-            .map(|c| {
-                let (mine, after) = rest.split_at(c.len() / cfg.merge_unit() * cfg.out_hidden_size);
-                rest = after;
-                mine.to_vec()
-            })
-            .collect();
-        Ok(per_image)
+        Ok(features)
     }
 }

@@ -3,10 +3,13 @@
 # (vision-fused-inputs: main and the fused tower inputs, to merge once this call passes): the
 # vision tower's fused attention inputs (bias_rope_attention: the qkv bias and the 2-D rotary applied as the flash
 # kernel's inputs are written, flash_bidir_inputs_rope), its 4-wide bias kernels and its attention
-# output in bf16 for the proj GEMM, never run on a GPU yet:
+# output in bf16 for the proj GEMM, and the image features kept in device memory (the tower's
+# buffer handed to the language copy, copied into place on the device; cached there), never run
+# on a GPU yet:
 #   0. cuda_vision's GPU tests (the fused op against the ops apart bit for bit; each op against
 #      the CPU reference), vision_tiny's (the tiny tower against transformers; several images in
-#      one pass);
+#      one pass; the answers over features kept on the device = over features from the host, bit
+#      for bit, with captured passes on: two streams);
 #   1. the tower alone (`instinct bench --image-sizes 1024x1024`), against 19.68 ms at 188ef8e on
 #      an H100;
 #   2. gpu_vl_check.sh: screenshot parity, a miss's encode, latency; the answers' bits against
