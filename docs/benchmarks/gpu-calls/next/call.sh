@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~170), on this branch
+# The planned device call (CALL_S seconds, 590 unless set; planned for ~300), on this branch
 # (vision-fused-inputs: main and the fused tower inputs, to merge once this call passes): the
 # vision tower's fused attention inputs (bias_rope_attention: the qkv bias and the 2-D rotary applied as the flash
 # kernel's inputs are written, flash_bidir_inputs_rope), its 4-wide bias kernels and its attention
@@ -14,11 +14,14 @@
 #      an H100;
 #   2. gpu_vl_check.sh: screenshot parity, a miss's encode, latency; the answers' bits against
 #      188ef8e's (the rotation's products are no longer fused into FMAs, so they may move);
-#   3. the tower's kernels under Nsight Compute, if time is left.
+#   3. the tower's kernels under Nsight Compute, if time is left;
+#   4. if time is left, half text and half screenshot requests, closed loop at 1 and 8 clients
+#      (gpu_mixed_load.sh, each screenshot new): the tower under load, its features kept on the
+#      device, against 6b2473a's 52.5 / 65.8 decisions/s.
 # Carries .carry (carry.tar.xz: bin/instinct, bin/instinct-loadtest, tests/cuda_vision-test,
 # tests/vision_tiny-test), .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels
 # (188ef8e's kernel-cache.tgz: its GEMM tuning). Returns results.tgz.
-#   REV=<sha> [CALL_S=170] bash docs/benchmarks/gpu-calls/next/call.sh
+#   REV=<sha> [CALL_S=300] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 R=/tmp/results
@@ -56,6 +59,15 @@ if (( $(left) > 35 )); then
   gzip -c /tmp/ncu_tower.csv > $R/ncu-tower.csv.gz
   python3 tools/reference/ncu_forward.py --passes 2 /tmp/ncu_tower.csv > $R/ncu-tower.md 2>> $L
   head -14 $R/ncu-tower.md >> $L
+  pack
+fi
+if (( $(left) > 100 )); then
+  t "mixed load"
+  OUT=$R/mixed RUNS=mixed_closed CLIENTS=1,8 LEVEL_S=10 REVISION=$REV timeout $(( $(left) - 10 )) \
+    bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
+  t "mixed exit $?"
+  grep -E "dec/s|image stages" $R/mixed/gpu_mixed_load.log | tail -8 >> $L
+  gzip -f $R/mixed/serve_mixed.log 2> /dev/null
   pack
 fi
 t done
