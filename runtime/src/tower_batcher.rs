@@ -276,6 +276,34 @@ mod tests {
         );
     }
 
+    /// A tower that answers whether its features were asked for on the host.
+    struct Placing;
+
+    impl Tower for Placing {
+        fn encode_all(
+            &self,
+            images: &[ImageInput<'_>],
+            to_host: bool,
+        ) -> anyhow::Result<Vec<Values>> {
+            let placed = if to_host { 1.0 } else { 0.0 };
+            Ok(images.iter().map(|_| Values::host(vec![placed])).collect())
+        }
+    }
+
+    #[test]
+    fn features_stay_with_the_tower_until_asked_for_on_the_host() {
+        let batcher = TowerBatcher::new(Placing);
+        assert_eq!(
+            batcher.encode(vec![1.0], [1, 1, 1]).unwrap(),
+            Values::host(vec![0.0])
+        );
+        batcher.features_to_host();
+        assert_eq!(
+            batcher.encode(vec![1.0], [1, 1, 1]).unwrap(),
+            Values::host(vec![1.0])
+        );
+    }
+
     #[test]
     fn an_image_larger_than_a_pass_runs_alone() {
         let tower = Summing {
