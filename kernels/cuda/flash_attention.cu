@@ -577,6 +577,229 @@ FA_BIDIR_WIDE_ENTRY(flash_attention_bidir_wide_d64, 64, 2)
 FA_BIDIR_WIDE_ENTRY(flash_attention_bidir_wide_d128, 128, 2)
 FA_BIDIR_WIDE_ENTRY(flash_attention_bidir_wide_d256, 256, 1)
 
+// The bidirectional form with two 16-row groups per warp (8 warps, 256 query rows per block, grid
+// (query tiles, heads)), for whole screenshots at d = 64: each K and V fragment a warp reads from
+// shared memory serves both groups, halving the shared-memory reads per MMA, which bound the
+// one-group layouts. Every row's operations are the one-group kernel's in the same order (the same
+// MMAs over the same key tiles, the same online softmax, exact multiplies by 1 skipped), so it
+// gives the same bits.
+template <int D>
+__device__ __forceinline__ void flash_bidir_paired_impl(const __nv_bfloat16* __restrict__ qb,
+                                                        const __nv_bfloat16* __restrict__ kb,
+                                                        const __nv_bfloat16* __restrict__ vb,
+                                                        const u32* __restrict__ cu_seqlens, int num_seqs,
+                                                        u32 rows, void* __restrict__ out, int out_bf16,
+                                                        int heads, int head_dim) {
+    constexpr int WARPS = 8;
+    constexpr int RG = 2;                     // 16-row groups per warp
+    constexpr int FA_BM = WARPS * 16 * RG;    // query rows per block
+    constexpr int FA_THREADS = WARPS * 32;
+    constexpr int STRIDE = D + FA_PAD;
+    constexpr int KSTEPS = D / 16;
+
+    int tile = -1;
+    u32 seq_start = 0;
+    int len = 0;
+    if (!fa_find_tile_serial<FA_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, tile, seq_start, len)) return;
+
+    const int h = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int tq = lane & 3;
+    const int q0 = tile * FA_BM;
+    const int n_tiles = (len + FA_BN - 1) / FA_BN;
+    const int wrow = q0 + warp * 16 * RG;  // first query row of this warp (group r: wrow + 16 r)
+    const bool warp_rows = wrow < len;
+
+    __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(fa_smem);
+    __nv_bfloat16* s_k = s_q + FA_BM * STRIDE;
+    __nv_bfloat16* s_v = s_k + FA_BN * STRIDE;
+    const u32 sq = smem_addr(s_q), sk = smem_addr(s_k), sv = smem_addr(s_v);
+    const i64 kv_row = (i64)heads * D;
+    const __nv_bfloat16* k_seq = kb + (i64)seq_start * kv_row + (i64)h * D;
+    const __nv_bfloat16* v_seq = vb + (i64)seq_start * kv_row + (i64)h * D;
+
+    fa_load_tile<D, FA_THREADS, FA_BM>(sq, qb + ((i64)(seq_start + q0) * heads + h) * D, (i64)heads * D, q0, len);
+    fa_load_tile<D, FA_THREADS, FA_BN>(sk, k_seq, kv_row, 0, len);
+    cp_async_commit();
+    fa_load_tile<D, FA_THREADS, FA_BN>(sv, v_seq, kv_row, 0, len);
+    cp_async_commit();
+
+    // ldmatrix lane addresses as in flash_attention_impl; group r's Q rows 16 further per group.
+    const u32 q_addr = smem_addr(s_q + (warp * 16 * RG + (lane & 15)) * STRIDE + (lane >> 4) * 8);
+    const u32 k_addr = smem_addr(s_k + ((lane & 7) + (lane >> 4) * 8) * STRIDE + ((lane >> 3) & 1) * 8);
+    const u32 v_addr = smem_addr(s_v + (lane & 15) * STRIDE + (lane >> 4) * 8);
+
+    float o[RG][D / 8][4];
+    float m[RG][2], l[RG][2];
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[r][n][0] = o[r][n][1] = o[r][n][2] = o[r][n][3] = 0.0f;
+        m[r][0] = m[r][1] = F32_NEG_INF;
+        l[r][0] = l[r][1] = 0.0f;
+    }
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int key0 = j * FA_BN;
+        const bool has_next = j + 1 < n_tiles;
+
+        cp_async_wait<1>();  // K_j
+        __syncthreads();
+
+        float s[RG][FA_BN / 8][4];
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+#pragma unroll
+            for (int n = 0; n < FA_BN / 8; ++n) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;
+        }
+        if (warp_rows) {
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                u32 qa[RG][4];
+#pragma unroll
+                for (int r = 0; r < RG; ++r) ldmatrix_x4(qa[r], q_addr + (r * 16 * STRIDE + kk * 16) * 2);
+#pragma unroll
+                for (int np = 0; np < FA_BN / 16; ++np) {
+                    u32 kb4[4];
+                    ldmatrix_x4(kb4, k_addr + (np * 16 * STRIDE + kk * 16) * 2);
+#pragma unroll
+                    for (int r = 0; r < RG; ++r) {
+                        mma_bf16_16816(s[r][2 * np], qa[r], kb4[0], kb4[1]);
+                        mma_bf16_16816(s[r][2 * np + 1], qa[r], kb4[2], kb4[3]);
+                    }
+                }
+            }
+        }
+
+        u32 p[RG][FA_BN / 16][4];
+        if (warp_rows) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                if (key0 + FA_BN > len) {  // the tile runs past the segment (its rows load as zeros)
+#pragma unroll
+                    for (int n = 0; n < FA_BN / 8; ++n) {
+                        const int key = key0 + n * 8 + tq * 2;
+                        if (key >= len) s[r][n][0] = s[r][n][2] = F32_NEG_INF;
+                        if (key + 1 >= len) s[r][n][1] = s[r][n][3] = F32_NEG_INF;
+                    }
+                }
+                float x0 = m[r][0], x1 = m[r][1];
+#pragma unroll
+                for (int n = 0; n < FA_BN / 8; ++n) {
+                    x0 = fmaxf(x0, fmaxf(s[r][n][0], s[r][n][1]));
+                    x1 = fmaxf(x1, fmaxf(s[r][n][2], s[r][n][3]));
+                }
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+                const float b0 = x0 == F32_NEG_INF ? 0.0f : x0;
+                const float b1 = x1 == F32_NEG_INF ? 0.0f : x1;
+                const float c0 = fa_exp2(m[r][0] - b0);
+                const float c1 = fa_exp2(m[r][1] - b1);
+                m[r][0] = x0;
+                m[r][1] = x1;
+                l[r][0] *= c0;
+                l[r][1] *= c1;
+                if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
+#pragma unroll
+                    for (int n = 0; n < D / 8; ++n) {
+                        o[r][n][0] *= c0;
+                        o[r][n][1] *= c0;
+                        o[r][n][2] *= c1;
+                        o[r][n][3] *= c1;
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < FA_BN / 8; ++n) {
+                    s[r][n][0] = fa_exp2(s[r][n][0] - b0);
+                    s[r][n][1] = fa_exp2(s[r][n][1] - b0);
+                    s[r][n][2] = fa_exp2(s[r][n][2] - b1);
+                    s[r][n][3] = fa_exp2(s[r][n][3] - b1);
+                    l[r][0] += s[r][n][0] + s[r][n][1];
+                    l[r][1] += s[r][n][2] + s[r][n][3];
+                }
+#pragma unroll
+                for (int ks = 0; ks < FA_BN / 16; ++ks) {
+                    p[r][ks][0] = pack_bf16x2(s[r][2 * ks][0], s[r][2 * ks][1]);
+                    p[r][ks][1] = pack_bf16x2(s[r][2 * ks][2], s[r][2 * ks][3]);
+                    p[r][ks][2] = pack_bf16x2(s[r][2 * ks + 1][0], s[r][2 * ks + 1][1]);
+                    p[r][ks][3] = pack_bf16x2(s[r][2 * ks + 1][2], s[r][2 * ks + 1][3]);
+                }
+            }
+        }
+
+        __syncthreads();  // every warp is done reading K_j
+        if (has_next) fa_load_tile<D, FA_THREADS, FA_BN>(sk, k_seq + (i64)(key0 + FA_BN) * kv_row, kv_row,
+                                                         key0 + FA_BN, len);
+        cp_async_commit();
+        cp_async_wait<1>();  // V_j
+        __syncthreads();
+
+        if (warp_rows) {
+#pragma unroll
+            for (int dp = 0; dp < KSTEPS; ++dp) {
+#pragma unroll
+                for (int ks = 0; ks < FA_BN / 16; ++ks) {
+                    u32 vb4[4];
+                    ldmatrix_x4_trans(vb4, v_addr + (ks * 16 * STRIDE + dp * 16) * 2);
+#pragma unroll
+                    for (int r = 0; r < RG; ++r) {
+                        mma_bf16_16816(o[r][2 * dp], p[r][ks], vb4[0], vb4[1]);
+                        mma_bf16_16816(o[r][2 * dp + 1], p[r][ks], vb4[2], vb4[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // every warp is done reading V_j
+        if (has_next) fa_load_tile<D, FA_THREADS, FA_BN>(sv, v_seq + (i64)(key0 + FA_BN) * kv_row, kv_row,
+                                                         key0 + FA_BN, len);
+        cp_async_commit();
+    }
+
+    if (!warp_rows) return;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float sum = l[r][half];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int row = wrow + r * 16 + g + half * 8;
+            if (row >= len) continue;
+            const float inv = 1.0f / sum;
+            const i64 dst = (((i64)seq_start + row) * heads + h) * head_dim;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                const int col = n * 8 + tq * 2;
+                if (col >= head_dim) continue;
+                // As the one-group kernel: (o · inv) · 1, its gate for the bidirectional form.
+                const float2 y = make_float2(o[r][n][half * 2] * inv * 1.0f, o[r][n][half * 2 + 1] * inv * 1.0f);
+                if (out_bf16) {
+                    *reinterpret_cast<u32*>(static_cast<__nv_bfloat16*>(out) + dst + col) = pack_bf16x2(y.x, y.y);
+                } else {
+                    *reinterpret_cast<float2*>(static_cast<float*>(out) + dst + col) = y;
+                }
+            }
+        }
+    }
+}
+
+// The arguments of FA_BIDIR_WIDE_ENTRY (qg, qg_stride, gate_in_out, kv_heads, tiles_per_split and
+// partial unread); launch with 256 threads and (256 + 2·FA_BN)·(D + FA_PAD)·2 bytes of dynamic
+// shared memory, grid (ceil(rows / 256) + num_seqs, heads).
+extern "C" __global__ void __launch_bounds__(256, 1)
+    flash_attention_bidir_paired_d64(const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
+                                     const __nv_bfloat16* __restrict__ vb, const float* __restrict__ qg,
+                                     i64 qg_stride, int gate_in_out, const u32* __restrict__ cu_seqlens,
+                                     int num_seqs, u32 rows, void* __restrict__ out, int out_bf16, int q_heads,
+                                     int kv_heads, int head_dim, int tiles_per_split, float* __restrict__ partial) {
+    flash_bidir_paired_impl<64>(qb, kb, vb, cu_seqlens, num_seqs, rows, out, out_bf16, q_heads, head_dim);
+}
+
 // The vision tower's stacked qkv (f32 [rows][q | k | v][heads][head_dim]) as the bidirectional
 // kernel's bf16 inputs [rows][heads][d]: q times scale·log2(e), columns at or beyond head_dim zero
 // (head_dim a multiple of 16: a part of 8 is wholly in or out). One thread per 8 values.
