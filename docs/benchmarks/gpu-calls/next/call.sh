@@ -3,7 +3,8 @@
 # (vision-fused-inputs: main and the fused tower inputs, to merge once this call passes): the
 # vision tower's fused attention inputs (bias_rope_attention: the qkv bias and the 2-D rotary applied as the flash
 # kernel's inputs are written, flash_bidir_inputs_rope), its 4-wide bias kernels and its attention
-# output in bf16 for the proj GEMM, and the image features kept in device memory (the tower's
+# output in bf16 for the proj GEMM, its paired attention layout (two 16-row groups a warp, picked
+# for whole screenshots at d = 64), and the image features kept in device memory (the tower's
 # buffer handed to the language copy, copied into place on the device; cached there), never run
 # on a GPU yet:
 #   0. cuda_vision's GPU tests (the fused op against the ops apart bit for bit; each op against
@@ -31,6 +32,7 @@ start_checkpoint
 run_test cuda_vision-test 60
 run_test vision_tiny-test 30
 tests_summary
+grep -E "^attention [0-9]+ patches" $TESTS_LOG >> $L
 wait_checkpoint
 BIN=.carry/bin
 timeout 60 $BIN/instinct bench --model /tmp/real --device cuda:0 --image-sizes 1024x1024 --runs 30 \
