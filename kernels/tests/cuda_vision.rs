@@ -585,7 +585,7 @@ fn attention_bidirectional_speed_on_a_full_screenshot() {
     };
     let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
     let flops = 4.0 * (n * n) as f64 * (HEADS * HEAD_DIM) as f64;
-    // Each layout forced, then the one the op picks (the paired one for a whole screenshot).
+    // Each layout forced, then the one the op picks (the wide one for a whole screenshot).
     let layouts = [
         ("narrow", Some(64)),
         ("wide", Some(128)),

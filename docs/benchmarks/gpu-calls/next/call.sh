@@ -3,8 +3,9 @@
 # (vision-fused-inputs: main and the fused tower inputs, to merge once this call passes): the
 # vision tower's fused attention inputs (bias_rope_attention: the qkv bias and the 2-D rotary applied as the flash
 # kernel's inputs are written, flash_bidir_inputs_rope), its 4-wide bias kernels and its attention
-# output in bf16 for the proj GEMM, its paired attention layout (two 16-row groups a warp, picked
-# for whole screenshots at d = 64), and the image features kept in device memory (the tower's
+# output in bf16 for the proj GEMM, its paired attention layout (two 16-row groups a warp, at
+# d = 64; forced in cuda_vision's tests only, timed there against the wide one), and the image
+# features kept in device memory (the tower's
 # buffer handed to the language copy, copied into place on the device; cached there), never run
 # on a GPU yet:
 #   0. cuda_vision's GPU tests (the fused op against the ops apart bit for bit; each op against

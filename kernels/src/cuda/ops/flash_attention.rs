@@ -261,17 +261,13 @@ pub(crate) fn flash_shape(rows: usize, num_seqs: usize) -> FlashShape {
 }
 
 /// The bidirectional layout for a batch at head size `d`, by the same rule as [`flash_shape`]: a
-/// whole screenshot takes the wide one, paired at d = 64 (or as forced: `BM_PAIRED` rows). All
-/// sum each row's keys in the same order.
+/// whole screenshot takes the wide one. The paired one (d = 64) only where forced (`BM_PAIRED`
+/// rows) until it is timed against the wide one. All sum each row's keys in the same order.
 pub(crate) fn bidir_shape(rows: usize, num_seqs: usize, d: usize) -> FlashShape {
-    let forced = FORCE_ROWS.load(Ordering::Relaxed);
-    if d == 64 && forced == BM_PAIRED {
+    if d == 64 && FORCE_ROWS.load(Ordering::Relaxed) == BM_PAIRED {
         return BIDIR_PAIRED;
     }
-    match narrow_or_wide((BIDIR, BIDIR_WIDE), rows, num_seqs) {
-        BIDIR_WIDE if d == 64 && forced == 0 => BIDIR_PAIRED,
-        shape => shape,
-    }
+    narrow_or_wide((BIDIR, BIDIR_WIDE), rows, num_seqs)
 }
 
 fn narrow_or_wide(
@@ -892,8 +888,8 @@ mod tests {
 
     #[test]
     fn long_images_take_the_wide_bidirectional_layout() {
-        // One 1024x1024 screenshot: 4,096 patches in one segment; the tower's heads of 64 paired.
-        assert_eq!(bidir_shape(4096, 1, 64), BIDIR_PAIRED);
+        // One 1024x1024 screenshot: 4,096 patches in one segment.
+        assert_eq!(bidir_shape(4096, 1, 64), BIDIR_WIDE);
         assert_eq!(bidir_shape(4096, 1, 128), BIDIR_WIDE);
         // Small images (the tiny model's, thumbnails) stay narrow.
         assert_eq!(bidir_shape(64, 1, 64), BIDIR);
