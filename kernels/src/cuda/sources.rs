@@ -145,7 +145,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "flash_attention_bidir_wide_d64",
             "flash_attention_bidir_wide_d128",
             "flash_attention_bidir_wide_d256",
-            "flash_attention_bidir_paired_d64",
             "flash_bidir_inputs",
             "flash_bidir_inputs_rope",
             "flash_prefix_rows",

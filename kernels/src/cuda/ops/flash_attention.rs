@@ -31,8 +31,6 @@ use crate::error::KernelError;
 const BM: usize = 128;
 /// Query rows per block of the narrow kernel (4 warps; two blocks per SM at d = 256).
 const BM_NARROW: usize = 64;
-/// Query rows per block of the paired bidirectional kernel (8 warps of two 16-row groups, d = 64).
-const BM_PAIRED: usize = 256;
 /// Keys per shared-memory tile (`FA_BN`).
 const BN: usize = 64;
 /// bf16 padding per shared-memory row (`FA_PAD`).
@@ -88,7 +86,7 @@ pub(crate) fn invariant_last_row_split(rows: usize) -> (usize, usize) {
     )
 }
 
-/// One shape of the flash kernel: query rows per block (16 per warp, 32 paired), whether query tiles run on
+/// One shape of the flash kernel: query rows per block (16 per warp), whether query tiles run on
 /// grid x (wide) or grid y (narrow: heads on x, so the heads of a kv group run side by side and
 /// share K/V in L2), and whether it computes each sequence's last row only (one block per
 /// sequence, on its last tile).
@@ -103,9 +101,6 @@ pub(crate) struct FlashShape {
     pub prefix: bool,
     /// The bidirectional form (the vision tower): no causal mask, no gate.
     pub bidir: bool,
-    /// Two 16-row groups per warp (the bidirectional wide form at d = 64 only): each K and V
-    /// fragment read from shared memory serves both.
-    pub paired: bool,
 }
 
 pub(crate) const WIDE: FlashShape = FlashShape {
@@ -115,7 +110,6 @@ pub(crate) const WIDE: FlashShape = FlashShape {
     split: false,
     prefix: false,
     bidir: false,
-    paired: false,
 };
 
 pub(crate) const NARROW: FlashShape = FlashShape {
@@ -125,7 +119,6 @@ pub(crate) const NARROW: FlashShape = FlashShape {
     split: false,
     prefix: false,
     bidir: false,
-    paired: false,
 };
 
 /// The narrow layout, for `attention_last`.
@@ -170,20 +163,9 @@ pub(crate) const BIDIR_WIDE: FlashShape = FlashShape {
     ..WIDE
 };
 
-/// The wide bidirectional layout with two row groups per warp, at d = 64 (the tower's heads).
-pub(crate) const BIDIR_PAIRED: FlashShape = FlashShape {
-    rows: BM_PAIRED,
-    paired: true,
-    ..BIDIR_WIDE
-};
-
 impl FlashShape {
     /// The entry point laid out for head size `d` (64, 128 or 256, from [`flash_variant`]).
     pub fn kernel(self, d: usize) -> &'static str {
-        if self.paired {
-            // Only d = 64 is compiled paired (`bidir_shape` picks it for no other size).
-            return "flash_attention_bidir_paired_d64";
-        }
         if self.bidir {
             return match (self.tiles_on_y, d) {
                 (true, 64) => "flash_attention_bidir_d64",
@@ -227,12 +209,8 @@ impl FlashShape {
     }
 
     fn threads(self) -> u32 {
-        // 32 threads per warp, 16 query rows per warp (32 paired).
-        if self.paired {
-            self.rows as u32
-        } else {
-            (self.rows * 2) as u32
-        }
+        // 32 threads per warp, 16 query rows per warp.
+        (self.rows * 2) as u32
     }
 
     /// Dynamic shared memory at head size `d`: the Q tile, one K and one V tile, bf16 with padded
@@ -260,13 +238,9 @@ pub(crate) fn flash_shape(rows: usize, num_seqs: usize) -> FlashShape {
     narrow_or_wide((NARROW, WIDE), rows, num_seqs)
 }
 
-/// The bidirectional layout for a batch at head size `d`, by the same rule as [`flash_shape`]: a
-/// whole screenshot takes the wide one. The paired one (d = 64) only where forced (`BM_PAIRED`
-/// rows) until it is timed against the wide one. All sum each row's keys in the same order.
-pub(crate) fn bidir_shape(rows: usize, num_seqs: usize, d: usize) -> FlashShape {
-    if d == 64 && FORCE_ROWS.load(Ordering::Relaxed) == BM_PAIRED {
-        return BIDIR_PAIRED;
-    }
+/// The bidirectional layout for a batch, by the same rule as [`flash_shape`]: a whole screenshot
+/// takes the wide one. Both sum each row's keys in the same order.
+pub(crate) fn bidir_shape(rows: usize, num_seqs: usize) -> FlashShape {
     narrow_or_wide((BIDIR, BIDIR_WIDE), rows, num_seqs)
 }
 
@@ -300,8 +274,7 @@ pub(crate) fn flash_variant(head_dim: usize) -> Option<(&'static str, usize)> {
 
 /// Forces the flash attention kernel shape for every later call in this process, for tests
 /// and benchmarks: `Some(128)` the wide kernel, `Some(64)` the narrow one (unless a batch's
-/// grid would not fit it), `Some(256)` the paired bidirectional one at d = 64 (else as
-/// chosen), `None` (or any other value) back to choosing by batch shape.
+/// grid would not fit it), `None` (or any other value) back to choosing by batch shape.
 pub(crate) fn force_query_rows(rows: Option<usize>) {
     FORCE_ROWS.store(rows.unwrap_or(0), Ordering::Relaxed);
 }
@@ -647,7 +620,7 @@ pub(crate) fn flash_bidirectional(
             format!("flash attention does not take head_dim {head_dim}"),
         ));
     };
-    let shape = bidir_shape(batch.rows, batch.num_seqs, d);
+    let shape = bidir_shape(batch.rows, batch.num_seqs);
     let tiles = shape.tiles(batch.rows, batch.num_seqs);
     if shape.tiles_on_y && tiles > GRID_Y_MAX {
         return Err(KernelError::invalid(
@@ -877,7 +850,6 @@ mod tests {
             PREFIX_LAST_SPLIT,
             BIDIR,
             BIDIR_WIDE,
-            BIDIR_PAIRED,
         ] {
             for d in [64, 128, 256] {
                 assert!(listed.contains(&shape.kernel(d)), "{}", shape.kernel(d));
@@ -889,11 +861,10 @@ mod tests {
     #[test]
     fn long_images_take_the_wide_bidirectional_layout() {
         // One 1024x1024 screenshot: 4,096 patches in one segment.
-        assert_eq!(bidir_shape(4096, 1, 64), BIDIR_WIDE);
-        assert_eq!(bidir_shape(4096, 1, 128), BIDIR_WIDE);
+        assert_eq!(bidir_shape(4096, 1), BIDIR_WIDE);
         // Small images (the tiny model's, thumbnails) stay narrow.
-        assert_eq!(bidir_shape(64, 1, 64), BIDIR);
-        assert_eq!(bidir_shape(3000, 4, 64), BIDIR);
+        assert_eq!(bidir_shape(64, 1), BIDIR);
+        assert_eq!(bidir_shape(3000, 4), BIDIR);
     }
 
     #[test]
