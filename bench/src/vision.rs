@@ -8,8 +8,9 @@
 //! compressible), and each run times, separately, the host's
 //! [`preprocess`](instinct_model::image::preprocess) of the PNG bytes (header checks under the
 //! serving limits, decode, resize, normalize, patches) and the device's
-//! [`VisionTower::forward`] of the result (pixels written, the tower, the features read back to
-//! the host, which waits for the device). `--warmup` untimed runs come first; `--runs` timed runs
+//! [`VisionTower::forward_kept`] of the result as the server runs it (pixels written, the tower,
+//! the features left on the device once it is done), then the features read back to the host
+//! (timed apart). `--warmup` untimed runs come first; `--runs` timed runs
 //! follow, cut by `--max-row-s` (after `--min-runs`) as the text rows are. The tower keeps the
 //! position table of recent grids on the device, so only the first (warm-up) run of a size
 //! resamples and uploads it, as a server answering screenshots of one size does.
@@ -42,9 +43,10 @@ const LOAD_WHAT: &str = "backend_start_s: CUDA context and kernel modules (compi
 /// How the vision rows are timed (written into the report).
 pub(crate) const TIMING: &str = "per run, wall clock around each of: \
     instinct_model::image::preprocess of the PNG bytes (host: header checks, decode, resize, \
-    normalize, patches) and VisionTower::forward of its output (device: pixels written, the \
-    tower, the features copied to the host, which waits for the device); the tower keeps recent \
-    grids' position tables, so only a size's first warm-up run resamples and uploads one";
+    normalize, patches), VisionTower::forward_kept of its output (device, as the server runs it: \
+    pixels written, the tower, waiting for the device; the features stay there) and the features \
+    read back to the host (read_back); the tower keeps recent grids' position tables, so only a \
+    size's first warm-up run resamples and uploads one";
 /// The FLOP convention of the vision rows (written into the report).
 pub(crate) const FLOPS_CONVENTION: &str = "2 per multiply-accumulate; patch_embed = the patch \
     GEMM (n x patch_dim x hidden); blocks = qkv, proj, fc1 and fc2 GEMMs of every block; \
@@ -260,8 +262,12 @@ fn size_row<B: VisionBackend>(
         (first.grid_thw, first.patch_count(), first.image_tokens());
     let feature_values = image_tokens * tower.config().out_hidden_size;
     drop(first);
-    // One run: preprocess, then encode its output; each time pushed to its own list.
-    let run = |preprocess_ms: &mut Vec<f64>, encode_ms: &mut Vec<f64>| -> Result<()> {
+    // One run: preprocess, then encode its output as the server does (features left on the
+    // device), then read them back; each time pushed to its own list.
+    let run = |preprocess_ms: &mut Vec<f64>,
+               encode_ms: &mut Vec<f64>,
+               read_ms: &mut Vec<f64>|
+     -> Result<()> {
         let t = Instant::now();
         let image = preprocess(&png, "image/png")?;
         preprocess_ms.push(ms_since(t));
@@ -270,11 +276,14 @@ fn size_row<B: VisionBackend>(
             grid_thw: image.grid_thw,
         };
         let t = Instant::now();
-        let features = tower.forward(&[input])?;
+        let kept = tower.forward_kept(&[input])?;
         encode_ms.push(ms_since(t));
-        let [features] = features.as_slice() else {
-            anyhow::bail!("{} feature sets for one image", features.len());
+        let [kept] = kept.as_slice() else {
+            anyhow::bail!("{} feature sets for one image", kept.len());
         };
+        let t = Instant::now();
+        let features = tower.features_on_host(kept)?;
+        read_ms.push(ms_since(t));
         ensure!(
             features.len() == feature_values,
             "{} feature values, {image_tokens} image tokens need {feature_values}",
@@ -286,21 +295,25 @@ fn size_row<B: VisionBackend>(
         );
         Ok(())
     };
-    let (mut warm_pre, mut warm_enc) = (Vec::new(), Vec::new());
+    let (mut warm_pre, mut warm_enc, mut warm_read) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.warmup {
-        run(&mut warm_pre, &mut warm_enc)?;
+        run(&mut warm_pre, &mut warm_enc, &mut warm_read)?;
     }
     let wanted = args.runs.max(1);
-    let (mut pre, mut enc) = (Vec::with_capacity(wanted), Vec::with_capacity(wanted));
-    let (_, cut, _) = bench.timed_runs(wanted, || run(&mut pre, &mut enc))?;
-    let (pre, enc) = (summarize(&pre), summarize(&enc));
+    let (mut pre, mut enc, mut read) = (
+        Vec::with_capacity(wanted),
+        Vec::with_capacity(wanted),
+        Vec::with_capacity(wanted),
+    );
+    let (_, cut, _) = bench.timed_runs(wanted, || run(&mut pre, &mut enc, &mut read))?;
+    let (pre, enc, read) = (summarize(&pre), summarize(&enc), summarize(&read));
     let median = |s: &Value| s["median_ms"].as_f64().unwrap_or(f64::NAN);
-    let (pre_median, enc_median) = (median(&pre), median(&enc));
+    let (pre_median, enc_median, read_median) = (median(&pre), median(&enc), median(&read));
     let flops = TowerFlops::of(tower.config(), grid_thw);
     let tflops = flops.total() / (enc_median / 1e3) / 1e12;
     eprintln!(
         "[bench] vision {size}: preprocess median {pre_median:.3} ms, encode median \
-         {enc_median:.3} ms ({tflops:.3} TFLOP/s)"
+         {enc_median:.3} ms ({tflops:.3} TFLOP/s), features read back median {read_median:.3} ms"
     );
     let mut out = Map::new();
     out.insert("name".into(), json!(size.to_string()));
@@ -312,12 +325,13 @@ fn size_row<B: VisionBackend>(
     out.insert("image_tokens".into(), json!(image_tokens));
     out.insert(
         "warmup_ms".into(),
-        json!({"preprocess": warm_pre, "encode": warm_enc}),
+        json!({"preprocess": warm_pre, "encode": warm_enc, "read_back": warm_read}),
     );
     out.insert("runs_requested".into(), json!(wanted));
     out.insert("cut_by_max_row_s".into(), json!(cut));
     out.insert("preprocess".into(), pre);
     out.insert("encode".into(), enc);
+    out.insert("read_back".into(), read);
     out.insert("flops".into(), flops.json());
     out.insert("achieved_TFLOPs".into(), json!(tflops));
     Ok(out)

@@ -157,6 +157,7 @@ impl<B: VisionBackend> VisionTower<B> {
     pub fn forward_kept(&self, images: &[ImageInput<'_>]) -> Result<Vec<Values>> {
         let be = &self.backend;
         let e = |err| anyhow!("{}: {err}", be.name());
+        let t0 = std::time::Instant::now();
         let Some((features, rows)) = self.forward_checked(images)? else {
             return Ok(Vec::new());
         };
@@ -177,6 +178,11 @@ impl<B: VisionBackend> VisionTower<B> {
                 .collect::<Result<Vec<_>>>()?
         };
         be.synchronize().map_err(e)?;
+        tracing::debug!(
+            images = images.len(),
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            "vision pass done (features kept)"
+        );
         Ok(kept)
     }
 
@@ -319,9 +325,11 @@ impl<B: VisionBackend> VisionTower<B> {
         // its input in its operand precision, as a bf16 model's conv does: on a GPU the pixels
         // are rounded on the way up (the same bits as the GEMM rounding them), half the bytes
         // through pinned memory. Each image is written in place, with no host copy of the batch.
+        let t0 = std::time::Instant::now();
         let mut pixels = be.alloc_gemm_input(n * cfg.patch_dim()).map_err(e)?;
         let parts: Vec<&[f32]> = images.iter().map(|image| image.pixel_values).collect();
         be.write_parts(&mut pixels, &parts).map_err(e)?;
+        let pixels_ms = t0.elapsed().as_secs_f64() * 1e3;
         let mut hidden = be.alloc(n * h).map_err(e)?;
         self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
         self.add_positions(images, coords, &mut hidden)?;
@@ -426,6 +434,14 @@ impl<B: VisionBackend> VisionTower<B> {
         .map_err(e)?;
         let mut features = be.alloc(tokens * cfg.out_hidden_size).map_err(e)?;
         self.linear(&merged_in, &self.merger_fc2, tokens, &mut features)?;
+        // Where a pass's host time goes: the pixels' upload (rounded on the host), then queueing
+        // the ops (on a GPU they run meanwhile; the caller waits for the rest).
+        tracing::debug!(
+            patches = n,
+            pixels_ms,
+            queued_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "vision pass queued"
+        );
         Ok(features)
     }
 }
