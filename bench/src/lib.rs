@@ -7,8 +7,8 @@
 //! each packed batch. HTTP mode (`--http URL`) times one question at each latency length against
 //! a running `instinct serve`, single client, one kept-alive connection. Vision mode
 //! (`--image-sizes WxH,...`, see [`vision`]) times the screenshot path's vision tower alone: the
-//! host's preprocessing of a seeded PNG of each size and the tower's forward pass on `--device`,
-//! each on its own.
+//! host's preprocessing of a seeded PNG of each size, the tower's forward pass on `--device` (its
+//! features left there, as served) and their read-back, each on its own.
 //!
 //! The server binary runs this as `instinct bench`, but it is no part of serving, so it has its
 //! own crate; not the load tester's, because forward mode needs the model and its kernels and
@@ -161,8 +161,9 @@ pub struct BenchArgs {
     pub cuda_pool_keep_mib: Option<u64>,
     /// Time the screenshot path's vision tower alone instead of text forward passes: for each
     /// size, a PNG of W x H pixels (RGB, seeded by --seed: noisy gradients; within the serving
-    /// limits of 2048 px a side and 1,048,576 px), its preprocessing on the host and its encoding
-    /// by the tower on --device, timed apart. --runs, --warmup, --min-runs, --max-row-s and
+    /// limits of 2048 px a side and 1,048,576 px), its preprocessing on the host, its encoding
+    /// by the tower on --device (the features left there, as served) and their read-back, timed
+    /// apart. --runs, --warmup, --min-runs, --max-row-s and
     /// --budget-s apply; the text rows' options are refused.
     #[arg(
         long,
