@@ -67,15 +67,40 @@ parity() {
   grep -E "questions on|PASS|FAIL|Error" /tmp/check.log >> "$CALL_LOG"
 }
 
-# same_bits_as CALL_DIR: how many questions of this call's parity report ($OUT/check.json) are bit
-# for bit those of an earlier call's (docs/benchmarks/gpu-calls/CALL_DIR/check.json), into the
+# identical_rows REPORT EARLIER WHAT: how many rows of REPORT (a parity or screenshot report's
+# "rows", each with its probabilities "p") are bit for bit EARLIER's, as "N of M WHAT", into the
 # call log.
-same_bits_as() {
-  python3 - "$OUT/check.json" "docs/benchmarks/gpu-calls/$1/check.json" "$1" >> "$CALL_LOG" 2>&1 <<'PY'
+identical_rows() {
+  python3 - "$1" "$2" "$3" >> "$CALL_LOG" 2>&1 <<'PY'
 import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-same = sum(x["p"] == y["p"] for x, y in zip(a["rows"], b["rows"]))
-print(f"{same} of {len(a['rows'])} questions identical to {sys.argv[3]}'s report")
+a, b = (json.load(open(p))["rows"] for p in sys.argv[1:3])
+same = sum(x["p"] == y["p"] for x, y in zip(a, b))
+print(f"{same} of {len(a)} {sys.argv[3]}")
+PY
+}
+
+# same_bits_as CALL_DIR: how many questions of this call's parity report ($OUT/check.json) are bit
+# for bit those of an earlier call's (docs/benchmarks/gpu-calls/CALL_DIR/check.json).
+same_bits_as() {
+  identical_rows "$OUT/check.json" "docs/benchmarks/gpu-calls/$1/check.json" \
+    "questions identical to $1's report"
+}
+
+# tower_pass_medians LOG: the medians of the vision passes' debug timings in an `instinct bench
+# --image-sizes` log run with INSTINCT_LOG=info,instinct_model::vision=debug (pixel upload,
+# queueing, the whole pass), into the call log.
+tower_pass_medians() {
+  python3 - "$1" >> "$CALL_LOG" 2>&1 <<'PY'
+import re, statistics, sys
+ansi = re.compile(r"\x1b\[[0-9;]*m")
+rows = {"pixels_ms": [], "queued_ms": [], "ms": []}
+for line in open(sys.argv[1]):
+    line = ansi.sub("", line)
+    if "vision pass" in line:
+        for k, v in re.findall(r"(\w+)=([0-9.]+)", line):
+            if k in rows:
+                rows[k].append(float(v))
+print("tower passes, medians ms: " + ", ".join(f"{k} {statistics.median(v):.2f} (n {len(v)})" for k, v in rows.items() if v))
 PY
 }
 

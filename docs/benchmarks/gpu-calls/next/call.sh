@@ -26,18 +26,7 @@ for run in 1 2; do
     > $R/tower_$run.log 2>&1
   t "tower $run exit $?"
   grep -E "^\[bench\] vision" $R/tower_$run.log >> $L
-  python3 - $R/tower_$run.log >> $L 2>&1 <<'PY'
-import re, statistics, sys
-ansi = re.compile(r"\x1b\[[0-9;]*m")
-rows = {"pixels_ms": [], "queued_ms": [], "ms": []}
-for line in open(sys.argv[1]):
-    line = ansi.sub("", line)
-    if "vision pass" in line:
-        for k, v in re.findall(r"(\w+)=([0-9.]+)", line):
-            if k in rows:
-                rows[k].append(float(v))
-print("tower passes, medians ms: " + ", ".join(f"{k} {statistics.median(v):.2f} (n {len(v)})" for k, v in rows.items() if v))
-PY
+  tower_pass_medians $R/tower_$run.log
   gzip -f $R/tower_$run.log
 done
 pack
@@ -46,12 +35,8 @@ if (( $(left) > 60 )); then
   t "vl exit $?"
   grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
   cp /tmp/vl/vl_parity.json /tmp/vl/gpu_vl_check.log $R/ 2> /dev/null
-  python3 - $R/vl_parity.json docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json >> $L 2>&1 <<'PY'
-import json, sys
-a, b = (json.load(open(p))["rows"] for p in sys.argv[1:3])
-same = sum(x["p"] == y["p"] for x, y in zip(a, b))
-print(f"screenshots: {same} of {len(a)} answers identical to c0266f3's")
-PY
+  identical_rows $R/vl_parity.json docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json \
+    "screenshot answers identical to c0266f3's"
   pack
 fi
 t done
