@@ -200,7 +200,7 @@ impl<B: Backend> Decider<B> {
                 positions: p.image.map(|i| i.positions.as_slice()),
             })
             .collect();
-        let overrides = self.overrides(prompts.iter())?;
+        let overrides = self.overrides(prompts.iter());
         let hidden = self
             .model
             .forward_last_with_embeddings(&inputs, &overrides)?;
@@ -216,17 +216,17 @@ impl<B: Backend> Decider<B> {
     fn overrides<'p>(
         &self,
         prompts: impl Iterator<Item = &'p Prompt<'p>>,
-    ) -> Result<Vec<Option<EmbeddingOverride<'p>>>> {
+    ) -> Vec<Option<EmbeddingOverride<'p>>> {
         prompts
             .map(|p| {
                 let image = p
                     .image
                     .filter(|image| p.ids.contains(&image.image_token_id));
-                Ok(image.map(|image| EmbeddingOverride {
+                image.map(|image| EmbeddingOverride {
                     token_id: image.image_token_id,
                     values: &image.features,
                     first_row: image.first_row,
-                }))
+                })
             })
             .collect()
     }
@@ -255,7 +255,7 @@ impl<B: Backend> Decider<B> {
                 snapshot_at: s.snapshot_at,
             })
             .collect();
-        let overrides = self.overrides(segments.iter().map(|s| &s.prompt))?;
+        let overrides = self.overrides(segments.iter().map(|s| &s.prompt));
         let outputs = self.model.forward_segments(&inputs, &overrides)?;
         segments
             .iter()
