@@ -15,10 +15,19 @@
 // Keys past the segment load as zeros and are masked to -inf; query rows past it compute on zero
 // rows and are not stored. A row's keys are summed tile by tile in key order whichever block or
 // batch holds it, so an image's features do not depend on the other images of its pass.
+//
+// With BN = 64 (the entry point below) the tiles, the softmax steps and every rounding are those of
+// flash_attention.cu's mma.sync layouts, and the results are the same bits (measured on an H100:
+// ragged batches and a 4,096-row image, 16 heads), at ~1.45x their speed on a whole screenshot.
+// BN = 128 was 6% faster still but rounds differently (fewer rescaling steps).
 
 #define FW_D 64
 #define FW_BM 128
 #define FW_THREADS 256
+
+// Shared memory the kernel takes for BN and STAGES: Q, the K and V stages, and slack to align
+// the tiles to 1024 bytes (the swizzle's period).
+#define FW_SMEM_BYTES(BN, STAGES) (1024 + FW_BM * 128 + (STAGES) * (BN) * 128 * 2)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -97,9 +106,6 @@ __device__ __forceinline__ void fw_mma_rs_n64_tb(float (&d)[32], const u32 (&a)[
 
 extern __shared__ __align__(1024) unsigned char fw_smem[];
 
-// Shared memory the kernel takes for BN and STAGES: Q, the K and V stages, and slack to align
-// the tiles to 1024 bytes (the swizzle's period).
-#define FW_SMEM_BYTES(BN, STAGES) (1024 + FW_BM * 128 + (STAGES) * (BN) * 128 * 2)
 
 template <int BN>
 __device__ __forceinline__ void fw_mma_s(float (&s)[BN / 2], unsigned long long a, unsigned long long b,
@@ -290,4 +296,4 @@ __device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ q
         FW_BODY(BN, STAGES)                                                                                \
     }
 
-FW_ENTRY(flash_bidir_wgmma_d64, 128, 2, 2)
+FW_ENTRY(flash_bidir_wgmma_d64, 64, 2, 2)

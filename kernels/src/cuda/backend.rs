@@ -146,13 +146,6 @@ impl CudaBackend {
         (weights, buffers)
     }
 
-    /// Whether the bidirectional attention of heads of `head_dim` runs on the warpgroup-MMA
-    /// kernel here (heads of 64 on an sm_90 GPU, no layout forced), which rounds differently from
-    /// the mma.sync layouts.
-    pub fn uses_wgmma_attention(&self, head_dim: usize) -> bool {
-        flash_attention::uses_wgmma_bidir(&self.gpu, head_dim)
-    }
-
     /// Forces the flash attention kernel shape for every later call in this process, for tests
     /// and benchmarks: `Some(128)` the wide kernel, `Some(64)` the narrow one (unless a batch's
     /// grid would not fit it), `None` (or any other value) back to choosing by batch shape.

@@ -8,7 +8,8 @@
 //! sequence length is below 1,024, where the wide one mostly waits on memory.
 //!
 //! The vision tower's bidirectional attention at head size 64 runs on Hopper's warpgroup MMAs
-//! instead (`kernels/cuda/flash_bidir_wgmma.cu`), unless a layout is forced.
+//! instead (`kernels/cuda/flash_bidir_wgmma.cu`; the same bits as the mma.sync layouts, faster),
+//! unless a layout is forced.
 //!
 //! Both read Q, K and V in bf16 (so their tiles stream in with cp.async): a first kernel,
 //! `flash_bf16_inputs` (or, from a stacked projection, rope.cu's `attention_prologue`), writes them
@@ -52,7 +53,7 @@ static FORCE_ROWS: AtomicUsize = AtomicUsize::new(0);
 /// The Hopper bidirectional kernel (`flash_bidir_wgmma_d64`): query rows per block (two
 /// warpgroups of 64), keys per shared-memory stage and stages in its ring, as compiled.
 const WGMMA_BM: usize = 128;
-const WGMMA_BN: usize = 128;
+const WGMMA_BN: usize = 64;
 const WGMMA_STAGES: usize = 2;
 /// Its threads per block (two warpgroups).
 const WGMMA_THREADS: u32 = 256;
@@ -746,7 +747,7 @@ pub(crate) fn flash_bidirectional(
 
 /// Whether the bidirectional attention of heads of `head_dim` runs on the Hopper kernel: heads of
 /// exactly 64 on an sm_90 GPU (its kernels are compiled for sm_90a), with no layout forced.
-pub(crate) fn uses_wgmma_bidir(gpu: &Gpu, head_dim: usize) -> bool {
+fn uses_wgmma_bidir(gpu: &Gpu, head_dim: usize) -> bool {
     head_dim == 64 && gpu.device.arch == GpuArch::SM_90 && FORCE_ROWS.load(Ordering::Relaxed) == 0
 }
 
