@@ -388,8 +388,10 @@ fn attention_bidirectional_matches_cpu() {
         };
         let want = attention_on(&cpu, &qkv, lens, (heads, head_dim), rows * width);
         let what = format!("attention {heads}x{head_dim} {lens:?}");
-        // Each flash layout (the narrow one of short segments, the wide one of long images),
-        // forced: both sum a row's keys in one order, so they agree bit for bit.
+        // Each mma.sync flash layout (the narrow one of short segments, the wide one of long
+        // images), forced: both sum a row's keys in one order, so they agree bit for bit. Unforced,
+        // heads of 64 on an H100/H200 take the warpgroup-MMA kernel, which sums them in that order
+        // too; the rest one of the two.
         let mut layouts = Vec::new();
         for rows_per_block in [Some(64), Some(128)] {
             CudaBackend::force_flash_query_rows(rows_per_block);
@@ -412,6 +414,45 @@ fn attention_bidirectional_matches_cpu() {
             );
         }
     }
+}
+
+/// An image's attention rows are the same bits alone as beside other images in one batch (the
+/// tower's features must not depend on what else a pass holds), in the layout the op picks and in
+/// each forced one: a whole screenshot, small images, segments of one row and not multiples of a
+/// tile.
+#[test]
+#[ignore = "needs a GPU"]
+fn attention_bidirectional_rows_do_not_depend_on_the_batch() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(25);
+    let lens: &[usize] = &[300, 1, 4096, 64, 129, 1000];
+    let width = HEADS * HEAD_DIM;
+    let rows: usize = lens.iter().sum();
+    let qkv = bf16_round(&rand_vec(&mut rng, rows * 3 * width, 2.0));
+    for force in [None, Some(64), Some(128)] {
+        CudaBackend::force_flash_query_rows(force);
+        let together = attention_on(&gpu, &qkv, lens, (HEADS, HEAD_DIM), rows * width);
+        let mut at = 0;
+        for &len in lens {
+            let alone = attention_on(
+                &gpu,
+                &qkv[at * 3 * width..(at + len) * 3 * width],
+                &[len],
+                (HEADS, HEAD_DIM),
+                len * width,
+            );
+            let mine = &together[at * width..(at + len) * width];
+            assert!(
+                alone
+                    .iter()
+                    .zip(mine)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "layout {force:?}: a segment of {len} rows differs alone and in the batch"
+            );
+            at += len;
+        }
+    }
+    CudaBackend::force_flash_query_rows(None);
 }
 
 /// The attention into a GEMM input (bf16 on the GPU, as the tower's proj GEMM reads it): each value
@@ -584,7 +625,8 @@ fn attention_bidirectional_speed_on_a_full_screenshot() {
     };
     let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
     let flops = 4.0 * (n * n) as f64 * (HEADS * HEAD_DIM) as f64;
-    // Each layout forced, then the one the op picks (the wide one for a whole screenshot).
+    // Each layout forced, then the one the op picks (the wide one for a whole screenshot, or on an
+    // H100/H200 the warpgroup-MMA kernel).
     for (layout, rows_per_block) in [("narrow", Some(64)), ("wide", Some(128)), ("picked", None)] {
         CudaBackend::force_flash_query_rows(rows_per_block);
         let seconds = common::mean_seconds(&gpu, 20, || {

