@@ -38,6 +38,7 @@ pub use pass::{
 pub use rope::Rope;
 
 use crate::error::KernelError;
+use crate::patches::PatchRows;
 
 /// Result of a backend call.
 pub type KernelResult<T> = Result<T, KernelError>;
@@ -577,6 +578,13 @@ pub trait VisionBackend: Backend {
         bias: &Self::Buf,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+
+    /// Writes the patch rows of each image (its u8 pixels normalized and packed as
+    /// [`crate::patches::patchify`] packs them) into `dst`, a buffer from
+    /// [`Backend::alloc_gemm_input`] (the patch embedding's input), from the image's `first_row`:
+    /// in `dst`'s precision, so on a GPU as bf16, each value rounded to nearest even as the GEMM
+    /// would round it. Rows no image covers are left as they were.
+    fn write_patch_rows(&self, dst: &mut Self::Buf, images: &[PatchRows<'_>]) -> KernelResult<()>;
 
     /// `x[t] += bias` for every row `t < rows` of `dim`.
     fn add_bias(
