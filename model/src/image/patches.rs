@@ -18,6 +18,6 @@ pub fn patchify(image: &RgbImage) -> (Vec<f32>, usize, usize) {
 }
 
 /// `image` as the kernels crate packs it.
-pub(crate) fn patch_image(image: &RgbImage) -> PatchImage<'_> {
+fn patch_image(image: &RgbImage) -> PatchImage<'_> {
     PatchImage::new(&image.pixels, image.width as usize, image.height as usize)
 }
