@@ -1,5 +1,6 @@
-// The vision tower's ops: LayerNorm, bias and residual adds, GELU, 2-D axial rotary and bidirectional
-// attention within each segment (image frame) of a packed batch. Activations f32, weights bf16.
+// The vision tower's ops: the patch rows from u8 images, LayerNorm, bias and residual adds, GELU, 2-D
+// axial rotary and bidirectional attention within each segment (image frame) of a packed batch.
+// Activations f32, weights bf16.
 
 // An f32 activation, or a bf16 one that only a GEMM reads (rounded to nearest even, as the GEMM
 // rounds an f32 input): the same bits reach the GEMM either way.

@@ -151,8 +151,9 @@ pub trait Backend: Buffers {
     }
     /// Copies `data` into the start of `dst`.
     fn write(&self, dst: &mut Self::Buf, data: &[f32]) -> KernelResult<()>;
-    /// Copies the concatenation of `parts` into the start of `dst` (several images' pixels into
-    /// one pass's input without first joining them on the host, where the backend can). Into a
+    /// Copies the concatenation of `parts` into the start of `dst` (several host arrays into one
+    /// buffer without first joining them on the host, where the backend can; a screenshot's
+    /// patch rows go through [`VisionBackend::write_patch_rows`] instead). Into a
     /// buffer from [`Self::alloc_gemm_input`], a device backend may round on the host and return
     /// once the values are on the device.
     fn write_parts(&self, dst: &mut Self::Buf, parts: &[&[f32]]) -> KernelResult<()> {
