@@ -242,7 +242,7 @@ impl<B: VisionBackend> VisionTower<B> {
                     "image {i}: grid {:?} has {t} frames, not one",
                     image.grid_thw
                 );
-                let need = (h * w) as usize * PATCH_SIZE * PATCH_SIZE * CHANNELS;
+                let need = h as usize * w as usize * PATCH_SIZE * PATCH_SIZE * CHANNELS;
                 ensure!(
                     image.rgb.len() == need,
                     "image {i}: {} bytes, grid {:?} needs {need} ({}x{} RGB)",
