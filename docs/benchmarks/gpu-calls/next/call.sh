@@ -27,7 +27,7 @@ run_test cuda_vision-test 120
 start_checkpoint
 run_test vision_tiny-test 30
 tests_summary
-grep -E "^attention 4096|^patch rows" "$TESTS_LOG" >> $L
+grep -E "^attention 4096|^write_patch_rows" "$TESTS_LOG" >> $L
 wait_checkpoint
 for run in 1 2; do
   INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 .carry/bin/instinct bench --model /tmp/real \
