@@ -448,4 +448,4 @@ __device__ __forceinline__ void fw_attention_overlap(const __nv_bfloat16* __rest
         FW_OVERLAP_BODY(BN)                                                                                \
     }
 
-FW_ENTRY(flash_bidir_wgmma_d64, 64, 2, 2)
+FW_OVERLAP_ENTRY(flash_bidir_wgmma_d64, 64, 2)
