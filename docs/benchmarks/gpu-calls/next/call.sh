@@ -59,7 +59,7 @@ if (( $(left) > 60 )); then
     "screenshot answers identical to c0266f3's"
   pack
 fi
-if (( $(left) > 60 )); then
+if (( $(left) > 100 )); then
   INSTINCT=.carry/ov/bin/instinct OUT=/tmp/vl_ov timeout $(( $(left) - 10 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
   t "ov vl exit $?"
   grep -E "vl_parity\]" /tmp/vl_ov/gpu_vl_check.log | tail -3 >> $L
