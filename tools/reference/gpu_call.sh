@@ -105,6 +105,33 @@ print("tower passes, medians ms: " + ", ".join(f"{k} {statistics.median(v):.2f} 
 PY
 }
 
+# tower_run NAME DIR [INSTINCT] [REVISION]: the vision tower alone as the server runs it
+# (`instinct bench --image-sizes 1024x1024`, 30 runs after 3, each pass's debug timings), into
+# DIR/tower_NAME.json and DIR/tower_NAME.log.gz; its summary and the pass medians into the call log.
+tower_run() {
+  local name=$1 dir=$2 bin=${3:-.carry/bin/instinct} rev=${4:-$REV}
+  INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 "$bin" bench --model /tmp/real \
+    --device cuda:0 --image-sizes 1024x1024 --runs 30 --warmup 3 --revision "$rev" \
+    --out "$dir/tower_$name.json" > "$dir/tower_$name.log" 2>&1
+  t "tower $name exit $?"
+  grep -E "^\[bench\] vision" "$dir/tower_$name.log" >> "$CALL_LOG"
+  tower_pass_medians "$dir/tower_$name.log"
+  gzip -f "$dir/tower_$name.log"
+}
+
+# screenshot_check DIR EARLIER LABEL [INSTINCT]: gpu_vl_check.sh with the defaults in what is left
+# of the call (its work under /tmp/vl_LABEL), its verdict into the call log, vl_parity.json and the
+# log into DIR, and the answers' bits against the report EARLIER.
+screenshot_check() {
+  local dir=$1 earlier=$2 label=$3 bin=${4:-.carry/bin/instinct}
+  mkdir -p "$dir"
+  INSTINCT=$bin OUT=/tmp/vl_$label timeout $(( $(left) - 10 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
+  t "$label screenshot check exit $?"
+  grep -E "vl_parity\]" "/tmp/vl_$label/gpu_vl_check.log" | tail -3 >> "$CALL_LOG"
+  cp "/tmp/vl_$label/vl_parity.json" "/tmp/vl_$label/gpu_vl_check.log" "$dir/" 2> /dev/null
+  identical_rows "$dir/vl_parity.json" "$earlier" "screenshot answers ($label build) identical to those of $earlier"
+}
+
 # load_stage: gpu_load.sh (1 and 8 clients, open loop at 25-40 req/s, the fixtures) in what is
 # left of the call, at most 90 s; its summary into the call log, load.tgz into $OUT.
 load_stage() {

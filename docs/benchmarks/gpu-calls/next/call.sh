@@ -43,34 +43,16 @@ t "ov vision_tiny-test exit $?"
 tests_summary
 grep -E "^attention 4096|^write_patch_rows" "$TESTS_LOG" >> $L
 wait_checkpoint
-for run in 1 ov1; do
-  bin=.carry/bin rev=$REV
-  [[ $run == ov* ]] && bin=.carry/ov/bin rev=$OV_REV
-  INSTINCT_LOG=info,instinct_model::vision=debug timeout 60 $bin/instinct bench --model /tmp/real \
-    --device cuda:0 --image-sizes 1024x1024 --runs 30 --warmup 3 --revision "$rev" --out $R/tower_$run.json \
-    > $R/tower_$run.log 2>&1
-  t "tower $run exit $?"
-  grep -E "^\[bench\] vision" $R/tower_$run.log >> $L
-  tower_pass_medians $R/tower_$run.log
-  gzip -f $R/tower_$run.log
-done
+tower_run 1 $R
+tower_run ov1 $R .carry/ov/bin/instinct "$OV_REV"
 pack
+EARLIER=docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json
 if (( $(left) > 60 )); then
-  OUT=/tmp/vl timeout $(( $(left) - 10 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
-  t "vl exit $?"
-  grep -E "vl_parity\]" /tmp/vl/gpu_vl_check.log | tail -3 >> $L
-  cp /tmp/vl/vl_parity.json /tmp/vl/gpu_vl_check.log $R/ 2> /dev/null
-  identical_rows $R/vl_parity.json docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json \
-    "screenshot answers identical to c0266f3's"
+  screenshot_check $R $EARLIER base
   pack
 fi
 if (( $(left) > 100 )); then
-  INSTINCT=.carry/ov/bin/instinct OUT=/tmp/vl_ov timeout $(( $(left) - 10 )) bash tools/reference/gpu_vl_check.sh > /dev/null 2>&1
-  t "ov vl exit $?"
-  grep -E "vl_parity\]" /tmp/vl_ov/gpu_vl_check.log | tail -3 >> $L
-  mkdir -p $R/ov && cp /tmp/vl_ov/vl_parity.json /tmp/vl_ov/gpu_vl_check.log $R/ov/ 2> /dev/null
-  identical_rows $R/ov/vl_parity.json docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json \
-    "ov build: screenshot answers identical to c0266f3's"
+  screenshot_check $R/ov $EARLIER ov .carry/ov/bin/instinct
   pack
 fi
 t done

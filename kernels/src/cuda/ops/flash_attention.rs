@@ -489,7 +489,7 @@ pub(crate) fn flash_attention(
     };
     let smem = shape.smem_bytes(d);
     let kernel = shape.kernel(d);
-    opt_in(gpu, OP, kernel, shape, smem)?;
+    opt_in(gpu, OP, kernel, shape.tiles_on_y, smem)?;
     let tiles = to_u32(OP, "query tiles", shape.tiles(batch.rows, batch.num_seqs))?;
     let heads = to_u32(OP, "q_heads", dims.q_heads)?;
     let splits_a = to_u32(OP, "key splits", splits)?;
@@ -572,15 +572,15 @@ pub(crate) fn flash_attention(
     }
 }
 
-/// Sets `kernel`'s shared-memory attributes for `shape` (`smem` bytes). Above 48 KiB a kernel must
-/// opt in. Setting it on every launch costs a host-side driver call, is no stream operation (so it
-/// is fine during graph capture), and keeps the attribute with the function, whichever backend
-/// instance launches it.
+/// Sets `kernel`'s shared-memory attributes (`smem` bytes; the largest carveout where two blocks
+/// share an SM). Above 48 KiB a kernel must opt in. Setting it on every launch costs a host-side
+/// driver call, is no stream operation (so it is fine during graph capture), and keeps the
+/// attribute with the function, whichever backend instance launches it.
 fn opt_in(
     gpu: &Gpu,
     op: &'static str,
     kernel: &str,
-    shape: FlashShape,
+    two_blocks_per_sm: bool,
     smem: usize,
 ) -> KernelResult<()> {
     let f = gpu.device.function(kernel)?;
@@ -589,9 +589,9 @@ fn opt_in(
         to_i32(op, "shared memory", smem)?,
     )
     .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
-    if shape.tiles_on_y {
-        // Two narrow blocks per SM need the largest shared-memory carveout (a hint the driver
-        // may otherwise size for one block).
+    if two_blocks_per_sm {
+        // Two blocks per SM (the narrow layout, the wgmma kernel) need the largest shared-memory
+        // carveout (a hint the driver may otherwise size for one block).
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
             100,
@@ -702,7 +702,7 @@ pub(crate) fn flash_bidirectional(
     }
     let kernel = shape.kernel(d);
     let smem = shape.smem_bytes(d);
-    opt_in(gpu, OP, kernel, shape, smem)?;
+    opt_in(gpu, OP, kernel, shape.tiles_on_y, smem)?;
     let (heads_g, tiles_g) = (
         to_u32(OP, "heads", heads)?,
         to_u32(OP, "query tiles", tiles)?,
@@ -768,18 +768,7 @@ fn wgmma_bidirectional(
     const OP: &str = "attention_bidirectional";
     const KERNEL: &str = "flash_bidir_wgmma_d64";
     let smem = wgmma_smem_bytes();
-    let f = gpu.device.function(KERNEL)?;
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        to_i32(OP, "shared memory", smem)?,
-    )
-    .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
-    // Two blocks per SM need the largest carveout.
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-        100,
-    )
-    .map_err(|e| driver_err("attention: shared memory carveout", e))?;
+    opt_in(gpu, OP, KERNEL, true, smem)?;
     let tiles = batch.rows.div_ceil(WGMMA_BM) + batch.num_seqs;
     let cfg = LaunchConfig {
         grid_dim: (
