@@ -7,9 +7,9 @@
 //! `--seed` and the size: random gradients under per-pixel noise, so it is not trivially
 //! compressible), and each run times, separately, the host's
 //! [`preprocess`](instinct_model::image::preprocess) of the PNG bytes (header checks under the
-//! serving limits, decode, resize, normalize, patches) and the device's
-//! [`VisionTower::forward_kept`] of the result as the server runs it (pixels written, the tower,
-//! the features left on the device once it is done), then the features read back to the host
+//! serving limits, decode, resize) and the device's [`VisionTower::forward_kept`] of the result
+//! as the server runs it (the patch rows packed from the u8 image, on a GPU its bytes copied up
+//! and packed by a kernel; the tower; the features left on the device once it is done), then the features read back to the host
 //! (timed apart). `--warmup` untimed runs come first; `--runs` timed runs
 //! follow, cut by `--max-row-s` (after `--min-runs`) as the text rows are. The tower keeps the
 //! position table of recent grids on the device, so only the first (warm-up) run of a size
@@ -30,7 +30,7 @@ use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::CpuBackend;
 use instinct_model::decider::load_vision_tower;
 use instinct_model::image::preprocess;
-use instinct_model::vision::{ImageInput, VisionConfig, VisionTower};
+use instinct_model::vision::{VisionConfig, VisionTower};
 use serde_json::{json, Map, Value};
 
 use crate::prompts::SplitMix;
@@ -42,9 +42,10 @@ const LOAD_WHAT: &str = "backend_start_s: CUDA context and kernel modules (compi
     the adapter's vision modules in f32, upload (bf16 on the GPU)";
 /// How the vision rows are timed (written into the report).
 pub(crate) const TIMING: &str = "per run, wall clock around each of: \
-    instinct_model::image::preprocess of the PNG bytes (host: header checks, decode, resize, \
-    normalize, patches), VisionTower::forward_kept of its output (device, as the server runs it: \
-    pixels written, the tower, waiting for the device; the features stay there) and the features \
+    instinct_model::image::preprocess of the PNG bytes (host: header checks, decode, resize), \
+    VisionTower::forward_kept of its output (device, as the server runs it: the patch rows packed \
+    from the u8 image, normalized and rounded to bf16 on the GPU, the tower, waiting for the \
+    device; the features stay there) and the features \
     read back to the host (read_back); the tower keeps recent grids' position tables, so only a \
     size's first warm-up run resamples and uploads one";
 /// The FLOP convention of the vision rows (written into the report).
@@ -271,10 +272,7 @@ fn size_row<B: VisionBackend>(
         let t = Instant::now();
         let image = preprocess(&png, "image/png")?;
         preprocess_ms.push(ms_since(t));
-        let input = ImageInput {
-            pixel_values: &image.pixel_values,
-            grid_thw: image.grid_thw,
-        };
+        let input = image.tower_input();
         let t = Instant::now();
         let kept = tower.forward_kept(&[input])?;
         encode_ms.push(ms_since(t));

@@ -370,11 +370,13 @@ pub fn image(data: &[u8]) {
     assert!(u64::from(rw) * u64::from(rh) <= MAX_PIXELS);
     let patch = PATCH_SIZE as u32;
     assert_eq!(pre.grid_thw, [1, rh / patch, rw / patch]);
+    assert_eq!((pre.image.width, pre.image.height), (rw, rh));
+    let values = pre.pixel_values();
     assert_eq!(
-        pre.pixel_values.len(),
+        values.len(),
         (rh / patch) as usize * (rw / patch) as usize * PATCH_VALUES
     );
-    assert!(pre.pixel_values.iter().all(|v| v.is_finite()));
+    assert!(values.iter().all(|v| v.is_finite()));
 }
 
 /// Splits the input as UTF-8 (invalid bytes become U+FFFD) at its first NUL into the system and

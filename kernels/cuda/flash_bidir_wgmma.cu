@@ -51,7 +51,11 @@ __device__ __forceinline__ unsigned long long fw_desc(u32 addr) {
 
 __device__ __forceinline__ void fw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void fw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void fw_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N of this warpgroup's committed MMA groups are still running.
+template <int N>
+__device__ __forceinline__ void fw_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // cp.async's writes (the generic proxy) made visible to wgmma's reads (the async proxy).
 __device__ __forceinline__ void fw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -121,141 +125,124 @@ __device__ __forceinline__ void fw_mma_s<128>(float (&s)[64], unsigned long long
     fw_mma_ss_n128(s, a, b, accumulate);
 }
 
+// One tile's online softmax step for rows g and g + 8 of a warp (as flash_attention.cu's): keys at
+// or past `len` masked, the running maxima and denominators updated, s replaced by exp2(s − max).
+// c0 and c1 are the factors the accumulator rows must be scaled by before this tile's P V.
+template <int BN>
+__device__ __forceinline__ void fw_softmax(float (&s)[BN / 2], int key0, int len, int tq, float& m0, float& m1,
+                                           float& l0, float& l1, float& c0, float& c1) {
+    if (key0 + BN > len) {  // the tile runs past the segment (its rows loaded as zeros)
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+            const int key = key0 + n * 8 + tq * 2;
+            if (key >= len) s[4 * n] = s[4 * n + 2] = F32_NEG_INF;
+            if (key + 1 >= len) s[4 * n + 1] = s[4 * n + 3] = F32_NEG_INF;
+        }
+    }
+    float x0 = m0, x1 = m1;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+        x0 = fmaxf(x0, fmaxf(s[4 * n], s[4 * n + 1]));
+        x1 = fmaxf(x1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    // The four threads of a quad hold one row between them.
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+    // A row that has seen no key yet keeps max -inf: subtract 0 instead so exp2 gives 0, not NaN.
+    const float b0 = x0 == F32_NEG_INF ? 0.0f : x0;
+    const float b1 = x1 == F32_NEG_INF ? 0.0f : x1;
+    c0 = fw_exp2(m0 - b0);
+    c1 = fw_exp2(m1 - b1);
+    m0 = x0;
+    m1 = x1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+        s[4 * n] = fw_exp2(s[4 * n] - b0);
+        s[4 * n + 1] = fw_exp2(s[4 * n + 1] - b0);
+        s[4 * n + 2] = fw_exp2(s[4 * n + 2] - b1);
+        s[4 * n + 3] = fw_exp2(s[4 * n + 3] - b1);
+        l0 += s[4 * n] + s[4 * n + 1];
+        l1 += s[4 * n + 2] + s[4 * n + 3];
+    }
+}
+
+// The accumulator rows scaled by c0 and c1; skipped once the running maxima settle (most tiles of
+// a long row), where both are exactly 1.
+__device__ __forceinline__ void fw_rescale(float (&o)[32], float c0, float c1) {
+    if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            o[4 * n] *= c0;
+            o[4 * n + 1] *= c0;
+            o[4 * n + 2] *= c1;
+            o[4 * n + 3] *= c1;
+        }
+    }
+}
+
+// P (exp2'd S) as bf16 A fragments of the k16 steps over the tile's keys.
+template <int BN>
+__device__ __forceinline__ void fw_pack(const float (&s)[BN / 2], u32 (&p)[BN / 16][4]) {
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+        p[ks][0] = pack_bf16x2(s[8 * ks], s[8 * ks + 1]);
+        p[ks][1] = pack_bf16x2(s[8 * ks + 2], s[8 * ks + 3]);
+        p[ks][2] = pack_bf16x2(s[8 * ks + 4], s[8 * ks + 5]);
+        p[ks][3] = pack_bf16x2(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+}
+
+// Issues S = Q Kᵀ for one tile (four k16 steps, each 32 bytes further along the swizzled lines).
+template <int BN>
+__device__ __forceinline__ void fw_issue_s(float (&s)[BN / 2], unsigned long long q_desc, u32 k_tile) {
+    const unsigned long long k_desc = fw_desc(k_tile);
+#pragma unroll
+    for (int kk = 0; kk < FW_D / 16; ++kk) fw_mma_s<BN>(s, q_desc + 2 * kk, k_desc + 2 * kk, 1);
+}
+
+// Issues O += P V for one tile (a k16 step is 16 key rows, 2048 bytes further into the V tile).
+template <int BN>
+__device__ __forceinline__ void fw_issue_pv(float (&o)[32], const u32 (&p)[BN / 16][4], u32 v_tile) {
+    const unsigned long long v_desc = fw_desc(v_tile);
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) fw_mma_rs_n64_tb(o, p[ks], v_desc + 128 * ks);
+}
+
+// Where a block works: its segment and query tile (false: no tile, the block exits), its shared
+// tiles (1024-aligned), and its thread's place in the accumulator layout.
+struct FwBlock {
+    int tile, len, n_tiles;
+    u32 seq_start;
+    int h, wg, warp, g, tq, q0;
+    u32 sq, sk, sv;
+};
+
 template <int BN, int STAGES>
-__device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
-                                             const __nv_bfloat16* __restrict__ vb, const u32* __restrict__ cu_seqlens,
-                                             int num_seqs, u32 rows, void* __restrict__ out, int out_bf16,
-                                             int heads) {
-    int tile = 0, len = 0;
-    u32 seq_start = 0;
-    if (!find_tile_warp<FW_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, tile, seq_start, len)) return;
-    const int h = blockIdx.y;
-    const int tid = threadIdx.x;
-    const int wg = tid >> 7;          // warpgroup: the block's query rows 64·wg ..
-    const int warp = (tid >> 5) & 3;  // warp of the warpgroup: its rows 16·warp ..
-    const int lane = tid & 31;
-    const int g = lane >> 2;  // accumulator row (and row + 8)
-    const int tq = lane & 3;  // accumulator column pair
-    const int q0 = tile * FW_BM;
-    const int n_tiles = (len + BN - 1) / BN;
+__device__ __forceinline__ bool fw_block(const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, FwBlock& b) {
+    b.tile = 0;
+    b.len = 0;
+    b.seq_start = 0;
+    if (!find_tile_warp<FW_BM>(cu_seqlens, num_seqs, rows, blockIdx.x, b.tile, b.seq_start, b.len)) return false;
+    b.h = blockIdx.y;
+    b.wg = threadIdx.x >> 7;           // warpgroup: the block's query rows 64·wg ..
+    b.warp = (threadIdx.x >> 5) & 3;   // warp of the warpgroup: its rows 16·warp ..
+    b.g = (threadIdx.x & 31) >> 2;     // accumulator row (and row + 8)
+    b.tq = threadIdx.x & 3;            // accumulator column pair
+    b.q0 = b.tile * FW_BM;
+    b.n_tiles = (b.len + BN - 1) / BN;
+    b.sq = (smem_addr(fw_smem) + 1023u) & ~1023u;
+    b.sk = b.sq + FW_BM * 128;
+    b.sv = b.sk + STAGES * BN * 128;
+    return true;
+}
 
-    const u32 sq = (smem_addr(fw_smem) + 1023u) & ~1023u;
-    const u32 sk = sq + FW_BM * 128;
-    const u32 sv = sk + STAGES * BN * 128;
-    const i64 row_stride = (i64)heads * FW_D;
-    const __nv_bfloat16* k_seq = kb + (i64)seq_start * row_stride + (i64)h * FW_D;
-    const __nv_bfloat16* v_seq = vb + (i64)seq_start * row_stride + (i64)h * FW_D;
-
-    // Group s in flight holds stage s's K and V (and Q with stage 0); one group is committed per
-    // step, empty where no tile is left, so "all but STAGES - 1" always means "this step's".
-    fw_load_tile<FW_BM>(sq, qb + ((i64)(seq_start + q0) * heads + h) * FW_D, row_stride, q0, len);
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-        if (st < n_tiles) {
-            fw_load_tile<BN>(sk + st * BN * 128, k_seq + (i64)st * BN * row_stride, row_stride, st * BN, len);
-            fw_load_tile<BN>(sv + st * BN * 128, v_seq + (i64)st * BN * row_stride, row_stride, st * BN, len);
-        }
-        cp_async_commit();
-    }
-
-    const unsigned long long q_desc = fw_desc(sq + wg * 64 * 128);
-    float o[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
-    float m0 = F32_NEG_INF, m1 = F32_NEG_INF;  // running max (log2 units) of rows g and g + 8
-    float l0 = 0.0f, l1 = 0.0f;                // this thread's share of the running denominators
-
-    for (int j = 0; j < n_tiles; ++j) {
-        const int st = j % STAGES;
-        const int key0 = j * BN;
-        cp_async_wait<STAGES - 1>();
-        fw_proxy_fence();
-        __syncthreads();
-
-        // S = Q Kᵀ: four k16 steps, each 32 bytes further along the swizzled lines.
-        float s[BN / 2];
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-        const unsigned long long k_desc = fw_desc(sk + st * BN * 128);
-        fw_fence();
-#pragma unroll
-        for (int kk = 0; kk < FW_D / 16; ++kk) fw_mma_s<BN>(s, q_desc + 2 * kk, k_desc + 2 * kk, 1);
-        fw_commit();
-        fw_wait_all();
-        fw_pin(s);
-
-        // Online softmax over this tile (as flash_attention.cu's), then P as bf16 A fragments.
-        if (key0 + BN > len) {  // the tile runs past the segment (its rows loaded as zeros)
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n) {
-                const int key = key0 + n * 8 + tq * 2;
-                if (key >= len) s[4 * n] = s[4 * n + 2] = F32_NEG_INF;
-                if (key + 1 >= len) s[4 * n + 1] = s[4 * n + 3] = F32_NEG_INF;
-            }
-        }
-        float x0 = m0, x1 = m1;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-            x0 = fmaxf(x0, fmaxf(s[4 * n], s[4 * n + 1]));
-            x1 = fmaxf(x1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-        }
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        const float b0 = x0 == F32_NEG_INF ? 0.0f : x0;
-        const float b1 = x1 == F32_NEG_INF ? 0.0f : x1;
-        const float c0 = fw_exp2(m0 - b0);
-        const float c1 = fw_exp2(m1 - b1);
-        m0 = x0;
-        m1 = x1;
-        l0 *= c0;
-        l1 *= c1;
-        if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
-#pragma unroll
-            for (int n = 0; n < 8; ++n) {
-                o[4 * n] *= c0;
-                o[4 * n + 1] *= c0;
-                o[4 * n + 2] *= c1;
-                o[4 * n + 3] *= c1;
-            }
-        }
-        u32 p[BN / 16][4];
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n) {
-            s[4 * n] = fw_exp2(s[4 * n] - b0);
-            s[4 * n + 1] = fw_exp2(s[4 * n + 1] - b0);
-            s[4 * n + 2] = fw_exp2(s[4 * n + 2] - b1);
-            s[4 * n + 3] = fw_exp2(s[4 * n + 3] - b1);
-            l0 += s[4 * n] + s[4 * n + 1];
-            l1 += s[4 * n + 2] + s[4 * n + 3];
-        }
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks) {
-            p[ks][0] = pack_bf16x2(s[8 * ks], s[8 * ks + 1]);
-            p[ks][1] = pack_bf16x2(s[8 * ks + 2], s[8 * ks + 3]);
-            p[ks][2] = pack_bf16x2(s[8 * ks + 4], s[8 * ks + 5]);
-            p[ks][3] = pack_bf16x2(s[8 * ks + 6], s[8 * ks + 7]);
-        }
-
-        // O += P V: a k16 step is 16 key rows, 2048 bytes further into the V stage.
-        const unsigned long long v_desc = fw_desc(sv + st * BN * 128);
-        fw_fence();
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks) fw_mma_rs_n64_tb(o, p[ks], v_desc + 128 * ks);
-        fw_commit();
-        fw_wait_all();
-        fw_pin(o);
-
-        __syncthreads();  // both warpgroups are done with stage st
-        if (j + STAGES < n_tiles) {
-            const int next = key0 + STAGES * BN;
-            fw_load_tile<BN>(sk + st * BN * 128, k_seq + (i64)next * row_stride, row_stride, next, len);
-            fw_load_tile<BN>(sv + st * BN * 128, v_seq + (i64)next * row_stride, row_stride, next, len);
-        }
-        cp_async_commit();
-    }
-
+// The normalised rows of O into out (rows past the segment not stored).
+__device__ __forceinline__ void fw_store(const FwBlock& b, const float (&o)[32], float l0, float l1,
+                                         void* __restrict__ out, int out_bf16, int heads) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -263,12 +250,12 @@ __device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ q
     const float inv[2] = {1.0f / l0, 1.0f / l1};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const int r = q0 + wg * 64 + warp * 16 + g + half * 8;
-        if (r >= len) continue;
-        const i64 dst = ((i64)(seq_start + r) * heads + h) * FW_D;
+        const int r = b.q0 + b.wg * 64 + b.warp * 16 + b.g + half * 8;
+        if (r >= b.len) continue;
+        const i64 dst = ((i64)(b.seq_start + r) * heads + b.h) * FW_D;
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
-            const int col = n * 8 + tq * 2;
+            const int col = n * 8 + b.tq * 2;
             const float2 y = make_float2(o[4 * n + 2 * half] * inv[half], o[4 * n + 2 * half + 1] * inv[half]);
             if (out_bf16) {
                 *reinterpret_cast<u32*>(static_cast<__nv_bfloat16*>(out) + dst + col) = pack_bf16x2(y.x, y.y);
@@ -279,14 +266,172 @@ __device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ q
     }
 }
 
+// Loads key/value tile `t` of the block's segment into stage `st` (zeros past the segment).
+template <int BN>
+__device__ __forceinline__ void fw_load_kv(const FwBlock& b, const __nv_bfloat16* k_seq, const __nv_bfloat16* v_seq,
+                                           i64 row_stride, int t, int st) {
+    const int key0 = t * BN;
+    fw_load_tile<BN>(b.sk + st * BN * 128, k_seq + (i64)key0 * row_stride, row_stride, key0, b.len);
+    fw_load_tile<BN>(b.sv + st * BN * 128, v_seq + (i64)key0 * row_stride, row_stride, key0, b.len);
+}
+
+// Each tile in turn: S = Q Kᵀ, wait, softmax, O += P V, wait. STAGES tiles in flight.
+template <int BN, int STAGES>
+__device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,
+                                             const __nv_bfloat16* __restrict__ vb, const u32* __restrict__ cu_seqlens,
+                                             int num_seqs, u32 rows, void* __restrict__ out, int out_bf16,
+                                             int heads) {
+    FwBlock b;
+    if (!fw_block<BN, STAGES>(cu_seqlens, num_seqs, rows, b)) return;
+    const i64 row_stride = (i64)heads * FW_D;
+    const __nv_bfloat16* k_seq = kb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
+    const __nv_bfloat16* v_seq = vb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
+
+    // Group s in flight holds stage s's K and V (and Q with stage 0); one group is committed per
+    // step, empty where no tile is left, so "all but STAGES - 1" always means "this step's".
+    fw_load_tile<FW_BM>(b.sq, qb + ((i64)(b.seq_start + b.q0) * heads + b.h) * FW_D, row_stride, b.q0, b.len);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+        if (st < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, st, st);
+        cp_async_commit();
+    }
+
+    const unsigned long long q_desc = fw_desc(b.sq + b.wg * 64 * 128);
+    float o[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+    float m0 = F32_NEG_INF, m1 = F32_NEG_INF;  // running max (log2 units) of rows g and g + 8
+    float l0 = 0.0f, l1 = 0.0f;                // this thread's share of the running denominators
+
+    for (int j = 0; j < b.n_tiles; ++j) {
+        const int st = j % STAGES;
+        cp_async_wait<STAGES - 1>();
+        fw_proxy_fence();
+        __syncthreads();
+
+        float s[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+        fw_fence();
+        fw_issue_s<BN>(s, q_desc, b.sk + st * BN * 128);
+        fw_commit();
+        fw_wait<0>();
+        fw_pin(s);
+
+        float c0, c1;
+        fw_softmax<BN>(s, j * BN, b.len, b.tq, m0, m1, l0, l1, c0, c1);
+        fw_rescale(o, c0, c1);
+        u32 p[BN / 16][4];
+        fw_pack<BN>(s, p);
+
+        fw_fence();
+        fw_issue_pv<BN>(o, p, b.sv + st * BN * 128);
+        fw_commit();
+        fw_wait<0>();
+        fw_pin(o);
+
+        __syncthreads();  // both warpgroups are done with stage st
+        if (j + STAGES < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, j + STAGES, st);
+        cp_async_commit();
+    }
+    fw_store(b, o, l0, l1, out, out_bf16, heads);
+}
+
+// The same sums in the same order, with the products overlapped with the softmax: tile j's
+// S = Q K_jᵀ and tile j − 1's O += P V run on the tensor cores while the warpgroup waits only for
+// the first, then computes tile j's softmax as the second finishes; O is scaled by tile j's factors
+// after it. Three stages: tile j − 1's V is read while tile j's K is, and a stage is refilled one
+// step after its V was last read.
+template <int BN>
+__device__ __forceinline__ void fw_attention_overlap(const __nv_bfloat16* __restrict__ qb,
+                                                     const __nv_bfloat16* __restrict__ kb,
+                                                     const __nv_bfloat16* __restrict__ vb,
+                                                     const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows,
+                                                     void* __restrict__ out, int out_bf16, int heads) {
+    constexpr int STAGES = 3;
+    FwBlock b;
+    if (!fw_block<BN, STAGES>(cu_seqlens, num_seqs, rows, b)) return;
+    const i64 row_stride = (i64)heads * FW_D;
+    const __nv_bfloat16* k_seq = kb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
+    const __nv_bfloat16* v_seq = vb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
+
+    // Groups: Q with tile 0, then tiles 1 and 2; then one per step (tile j + 2 at the end of step
+    // j), empty where no tile is left: at the top of step j, "all but the newest one" is tile j.
+    fw_load_tile<FW_BM>(b.sq, qb + ((i64)(b.seq_start + b.q0) * heads + b.h) * FW_D, row_stride, b.q0, b.len);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+        if (st < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, st, st);
+        cp_async_commit();
+    }
+
+    const unsigned long long q_desc = fw_desc(b.sq + b.wg * 64 * 128);
+    float o[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+    float m0 = F32_NEG_INF, m1 = F32_NEG_INF;
+    float l0 = 0.0f, l1 = 0.0f;
+    float s[BN / 2];
+    u32 p[BN / 16][4];
+
+    // Tile 0: its product and softmax alone.
+    cp_async_wait<STAGES - 1>();
+    fw_proxy_fence();
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+    fw_fence();
+    fw_issue_s<BN>(s, q_desc, b.sk);
+    fw_commit();
+    fw_wait<0>();
+    fw_pin(s);
+    {
+        float c0, c1;
+        fw_softmax<BN>(s, 0, b.len, b.tq, m0, m1, l0, l1, c0, c1);
+        fw_rescale(o, c0, c1);
+    }
+    fw_pack<BN>(s, p);
+
+    for (int j = 1; j < b.n_tiles; ++j) {
+        cp_async_wait<STAGES - 2>();  // tile j
+        fw_proxy_fence();
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+        fw_fence();
+        fw_issue_s<BN>(s, q_desc, b.sk + (j % STAGES) * BN * 128);
+        fw_commit();
+        fw_issue_pv<BN>(o, p, b.sv + ((j - 1) % STAGES) * BN * 128);
+        fw_commit();
+        fw_wait<1>();  // S (tile j's P V may still run)
+        fw_pin(s);
+        float c0, c1;
+        fw_softmax<BN>(s, j * BN, b.len, b.tq, m0, m1, l0, l1, c0, c1);
+        fw_wait<0>();  // tile j − 1's P V
+        fw_pin(o);
+        fw_rescale(o, c0, c1);
+        fw_pack<BN>(s, p);
+        __syncthreads();  // both warpgroups are done with tile j − 1's stage
+        if (j + 2 < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, j + 2, (j - 1) % STAGES);
+        cp_async_commit();
+    }
+    fw_fence();
+    fw_issue_pv<BN>(o, p, b.sv + ((b.n_tiles - 1) % STAGES) * BN * 128);
+    fw_commit();
+    fw_wait<0>();
+    fw_pin(o);
+    fw_store(b, o, l0, l1, out, out_bf16, heads);
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Launch with FW_THREADS threads, FW_SMEM_BYTES(BN, STAGES) bytes of dynamic shared memory and
 // grid (ceil(rows / FW_BM) + num_seqs, heads).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FW_BODY(BN, STAGES) fw_attention<BN, STAGES>(qb, kb, vb, cu_seqlens, num_seqs, rows, out, out_bf16, heads);
+#define FW_OVERLAP_BODY(BN) fw_attention_overlap<BN>(qb, kb, vb, cu_seqlens, num_seqs, rows, out, out_bf16, heads);
 #else
 #define FW_BODY(BN, STAGES) __trap();
+#define FW_OVERLAP_BODY(BN) __trap();
 #endif
 #define FW_ENTRY(NAME, BN, STAGES, MIN_BLOCKS)                                                             \
     extern "C" __global__ void __launch_bounds__(FW_THREADS, MIN_BLOCKS)                                   \
@@ -295,5 +440,12 @@ __device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ q
              void* __restrict__ out, int out_bf16, int heads) {                                            \
         FW_BODY(BN, STAGES)                                                                                \
     }
+#define FW_OVERLAP_ENTRY(NAME, BN, MIN_BLOCKS)                                                             \
+    extern "C" __global__ void __launch_bounds__(FW_THREADS, MIN_BLOCKS)                                   \
+        NAME(const __nv_bfloat16* __restrict__ qb, const __nv_bfloat16* __restrict__ kb,                   \
+             const __nv_bfloat16* __restrict__ vb, const u32* __restrict__ cu_seqlens, int num_seqs, u32 rows, \
+             void* __restrict__ out, int out_bf16, int heads) {                                            \
+        FW_OVERLAP_BODY(BN)                                                                                \
+    }
 
-FW_ENTRY(flash_bidir_wgmma_d64, 64, 2, 2)
+FW_OVERLAP_ENTRY(flash_bidir_wgmma_d64, 64, 2)

@@ -1,10 +1,98 @@
-// The vision tower's ops: LayerNorm, bias and residual adds, GELU, 2-D axial rotary and bidirectional
-// attention within each segment (image frame) of a packed batch. Activations f32, weights bf16.
+// The vision tower's ops: the patch rows from u8 images, LayerNorm, bias and residual adds, GELU, 2-D
+// axial rotary and bidirectional attention within each segment (image frame) of a packed batch.
+// Activations f32, weights bf16.
 
 // An f32 activation, or a bf16 one that only a GEMM reads (rounded to nearest even, as the GEMM
 // rounds an f32 input): the same bits reach the GEMM either way.
 __device__ __forceinline__ void store_value(float* out, i64 i, float v) { out[i] = v; }
 __device__ __forceinline__ void store_value(__nv_bfloat16* out, i64 i, float v) { out[i] = __float2bfloat16_rn(v); }
+
+// ---- Patch rows from u8 images (the patch embedding's input).
+//
+// The staged buffer starts with a table of PATCH_TABLE u64 per image, then the images' RGB bytes
+// (each 16-byte aligned). Per image: byte offset of its pixels in the staged buffer, width in pixels
+// (a multiple of 32), grid width in patches, patches, first output row. Grid: (threads over the
+// largest image's patches, images). A patch row is 3 channels x 2 frames x 16 y x 16 x values; one
+// thread writes one (channel, frame, y) run of 16 (j = (c·2 + t)·16 + y, 96 per patch), so 32
+// consecutive threads write one contiguous kilobyte (bf16) and every warp reads one channel.
+
+#define PATCH_TABLE 5
+#define PATCH_THREADS 96
+#define PATCH_ROW_VALUES 1536
+
+// The reference's fused rescale and normalize, as the host table computes it: the subtraction
+// (exact) then a true division, each rounded to nearest, never contracted or approximated.
+__device__ __forceinline__ float patch_value(u32 level) {
+    return __fdiv_rn(__fsub_rn((float)level, 127.5f), 127.5f);
+}
+
+// The 16 values of channel C in 16 pixels of 3 bytes (48 bytes, 12 words), by constant indices so
+// the words stay in registers.
+template <int C>
+__device__ __forceinline__ void patch_run_values(const u32 (&w)[12], float (&v)[16]) {
+#pragma unroll
+    for (int x = 0; x < 16; ++x) {
+        const int b = 3 * x + C;
+        v[x] = patch_value((w[b >> 2] >> ((b & 3) * 8)) & 0xffu);
+    }
+}
+
+// 16 values as bf16 (rounded to nearest even, the host's rounding of the same f32) in two 16-byte
+// stores, or as f32 in four.
+__device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
+    return (u32)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((u32)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+__device__ __forceinline__ void store_patch_run(__nv_bfloat16* out, const float (&v)[16]) {
+    uint4* o = reinterpret_cast<uint4*>(out);
+    o[0] = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
+    o[1] = make_uint4(bf16_pair(v[8], v[9]), bf16_pair(v[10], v[11]), bf16_pair(v[12], v[13]),
+                      bf16_pair(v[14], v[15]));
+}
+__device__ __forceinline__ void store_patch_run(float* out, const float (&v)[16]) {
+    float4* o = reinterpret_cast<float4*>(out);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+template <typename T>
+__device__ void patch_rows(const unsigned char* __restrict__ staged, T* __restrict__ out) {
+    const unsigned long long* image = reinterpret_cast<const unsigned long long*>(staged) + (i64)blockIdx.y * PATCH_TABLE;
+    const i64 pixels_at = (i64)image[0], width = (i64)image[1], grid_w = (i64)image[2];
+    const i64 patches = (i64)image[3], first_row = (i64)image[4];
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= patches * PATCH_THREADS) return;
+    const i64 q = i / PATCH_THREADS;
+    const int j = (int)(i - q * PATCH_THREADS);
+    const int c = j >> 5, y = j & 15;
+    // Patch q in block order: merge blocks of 2x2 patches row-major, inside one r0c0, r0c1, r1c0, r1c1.
+    const i64 blocks_w = grid_w >> 1, block = q >> 2;
+    const int inner = (int)(q & 3);
+    const i64 top = ((block / blocks_w) * 2 + (inner >> 1)) * 16;
+    const i64 left = ((block % blocks_w) * 2 + (inner & 1)) * 16;
+    // 16-byte aligned: the image starts so, a row is width·3 bytes (width a multiple of 32), and
+    // left·3 is a multiple of 48.
+    const uint4* src = reinterpret_cast<const uint4*>(staged + pixels_at + ((top + y) * width + left) * 3);
+    const uint4 a = src[0], b = src[1], d = src[2];
+    const u32 w[12] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, d.x, d.y, d.z, d.w};
+    float v[16];
+    if (c == 0) {
+        patch_run_values<0>(w, v);
+    } else if (c == 1) {
+        patch_run_values<1>(w, v);
+    } else {
+        patch_run_values<2>(w, v);
+    }
+    store_patch_run(out + (first_row + q) * PATCH_ROW_VALUES + (i64)j * 16, v);
+}
+
+extern "C" __global__ void patch_rows_bf16(const unsigned char* __restrict__ staged, __nv_bfloat16* __restrict__ out) {
+    patch_rows(staged, out);
+}
+
+extern "C" __global__ void patch_rows_f32(const unsigned char* __restrict__ staged, float* __restrict__ out) {
+    patch_rows(staged, out);
+}
 
 // ---- LayerNorm: one block of 256 threads per row.
 

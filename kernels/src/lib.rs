@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod patches;
 
 pub use backend::{
     AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, CopyPart, DeltaCarry,

@@ -16,6 +16,7 @@ use common::{bf16_round, cu_of, gpu, rand_vec};
 
 use instinct_kernels::backend::{bias_rope_attention_apart, Gelu, VisionBackend};
 use instinct_kernels::cuda::CudaBackend;
+use instinct_kernels::patches::{PatchImage, PatchRows, PATCH_VALUES};
 use instinct_kernels::{Backend, CpuBackend, HeadLayout, KernelError, RowNorm, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -755,4 +756,121 @@ fn ops_refuse_shapes_they_do_not_take() {
     let mut short = gpu.alloc(rows * 8 - 1).unwrap();
     let res = gpu.layer_norm(&xs, norm(8), &w, &mut short);
     assert_refused(res, "layer_norm", "out holds 23 values, needs 24");
+}
+
+/// The patch rows of `images` (RGB bytes, width, height) written by `be` into a GEMM input (or,
+/// with `f32_dst`, an f32 buffer) at `firsts`, every other row of the `rows` holding
+/// [`UNTOUCHED_ROW`], read back.
+fn patch_rows_on<B: VisionBackend>(
+    be: &B,
+    images: &[(Vec<u8>, usize, usize)],
+    firsts: &[usize],
+    rows: usize,
+    f32_dst: bool,
+) -> Vec<f32> {
+    let len = rows * PATCH_VALUES;
+    let mut dst = if f32_dst {
+        be.alloc(len).unwrap()
+    } else {
+        be.alloc_gemm_input(len).unwrap()
+    };
+    be.write(&mut dst, &vec![UNTOUCHED_ROW; len]).unwrap();
+    let parts: Vec<PatchRows> = images
+        .iter()
+        .zip(firsts)
+        .map(|((rgb, w, h), &first_row)| PatchRows {
+            image: PatchImage::new(rgb, *w, *h),
+            first_row,
+        })
+        .collect();
+    be.write_patch_rows(&mut dst, &parts).unwrap();
+    be.read(&dst, len).unwrap()
+}
+
+/// What rows no image covers hold (exact in bf16).
+const UNTOUCHED_ROW: f32 = 7.0;
+
+/// Asserts `got` and `want` hold the same bits, naming the first value that differs.
+#[track_caller]
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        let (row, col) = (i / PATCH_VALUES, i % PATCH_VALUES);
+        panic!(
+            "{what}: row {row} value {col}: cuda {} vs cpu {}",
+            got[i], want[i]
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn patch_rows_are_the_cpu_values_rounded_to_bf16_bit_for_bit() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    let mut rng = StdRng::seed_from_u64(31);
+    let mut image = |w: usize, h: usize| {
+        let rgb: Vec<u8> = (0..w * h * 3).map(|_| rng.gen()).collect();
+        (rgb, w, h)
+    };
+    let patches = |(_, w, h): &(Vec<u8>, usize, usize)| w * h / 256;
+    // One image at row 0: square, one merge block, non-square, grid widths of 6 and 10.
+    let singles = [
+        image(1024, 1024),
+        image(32, 32),
+        image(480, 224),
+        image(96, 64),
+        image(160, 608),
+    ];
+    for single in &singles {
+        let (_, w, h) = single;
+        let images = std::slice::from_ref(single);
+        let rows = patches(single);
+        let want = patch_rows_on(&cpu, images, &[0], rows, false);
+        let got = patch_rows_on(&gpu, images, &[0], rows, false);
+        assert_same_bits(&got, &bf16_round(&want), &format!("{w}x{h} into bf16"));
+        let got = patch_rows_on(&gpu, images, &[0], rows, true);
+        assert_same_bits(&got, &want, &format!("{w}x{h} into f32"));
+    }
+    // Several images in one buffer, out of row order, rows between and after them: a 1024x1024
+    // and a non-square one, then four (after a larger call, so the staging buffers are reused).
+    let pairs: [&[usize]; 2] = [&[0, 2], &[3, 1, 4, 2]];
+    for order in pairs {
+        let images: Vec<_> = order.iter().map(|&i| singles[i].clone()).collect();
+        let mut firsts = Vec::new();
+        let mut row = 3;
+        for im in &images {
+            firsts.push(row);
+            row += patches(im) + 2;
+        }
+        // Given to the op last image first.
+        let (images, firsts): (Vec<_>, Vec<_>) = images.into_iter().zip(firsts).rev().unzip();
+        let want = patch_rows_on(&cpu, &images, &firsts, row, false);
+        assert!(want[..3 * PATCH_VALUES].iter().all(|&v| v == UNTOUCHED_ROW));
+        let got = patch_rows_on(&gpu, &images, &firsts, row, false);
+        assert_same_bits(&got, &bf16_round(&want), &format!("images {order:?}"));
+    }
+    // Refused as on the CPU.
+    let mut short = gpu.alloc_gemm_input(PATCH_VALUES).unwrap();
+    let (rgb, w, h) = &singles[3];
+    let part = PatchRows {
+        image: PatchImage::new(rgb, *w, *h),
+        first_row: 0,
+    };
+    let res = gpu.write_patch_rows(&mut short, &[part]);
+    assert_refused(res, "write_patch_rows", "ends at row 24");
+
+    // Four 1024x1024 screenshots (a full tower pass): staged, copied up and packed, for the log.
+    let four: Vec<PatchRows> = (0..4)
+        .map(|i| PatchRows {
+            image: PatchImage::new(&singles[0].0, 1024, 1024),
+            first_row: i * 4096,
+        })
+        .collect();
+    let mut dst = gpu.alloc_gemm_input(4 * 4096 * PATCH_VALUES).unwrap();
+    let secs = common::mean_seconds(&gpu, 20, || gpu.write_patch_rows(&mut dst, &four).unwrap());
+    eprintln!(
+        "write_patch_rows of four 1024x1024 images, to the end of the kernel: {:.3} ms",
+        secs * 1e3
+    );
 }

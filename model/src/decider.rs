@@ -603,12 +603,10 @@ mod tests {
             BatchLimits::new(64, 1),
         )
         .unwrap();
-        let patch_dim = loaded.vision.config().patch_dim();
-        let pixels: Vec<f32> = (0..24 * patch_dim)
-            .map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0)
-            .collect();
+        // 4 x 6 patches: a 96x64 image.
+        let rgb: Vec<u8> = (0..96 * 64 * 3).map(|i| (i * 7919 % 256) as u8).collect();
         let images = [crate::vision::ImageInput {
-            pixel_values: &pixels,
+            rgb: &rgb,
             grid_thw: [1, 4, 6],
         }];
         let want = loaded.vision.forward(&images).unwrap();

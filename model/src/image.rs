@@ -1,7 +1,10 @@
 //! Screenshot preprocessing for the vision tower, identical to the reference (transformers 5.17.0
 //! `Qwen2VLImageProcessor`, torchvision backend, with the Qwen3.5 settings): header-first limits,
 //! decoding to RGB as Pillow does, `smart_resize` to multiples of 32, torch's uint8 antialiased
-//! bicubic resize, fused rescale+normalize in f32, and patches in spatial-merge-block order.
+//! bicubic resize, fused rescale+normalize in f32, and patches in spatial-merge-block order. The
+//! last two steps are the vision tower's backend's (`VisionBackend::write_patch_rows`): a
+//! screenshot is held as its resized u8 image (an eighth of the bytes of its f32 rows) until the
+//! tower packs it.
 
 mod decode;
 mod error;
@@ -19,6 +22,8 @@ pub use patches::{patchify, MERGE_SIZE, PATCH_SIZE, PATCH_VALUES, TEMPORAL_PATCH
 pub use resize::resize_bicubic_antialias;
 pub use smart_resize::smart_resize;
 
+use crate::vision::ImageInput;
+
 /// `size.shortest_edge` of Qwen3.5's preprocessor config (256²).
 pub const MIN_PIXELS: u64 = 65_536;
 /// `size.longest_edge` (4096²).
@@ -29,8 +34,9 @@ pub const RESIZE_FACTOR: u32 = (PATCH_SIZE * MERGE_SIZE) as u32;
 /// The vision tower's input for one screenshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Preprocessed {
-    /// `[patches, PATCH_VALUES]`, row-major.
-    pub pixel_values: Vec<f32>,
+    /// The resized image (`resized`, sides multiples of 32), which the tower packs into its patch
+    /// rows.
+    pub image: RgbImage,
     /// `[1, resized_height / 16, resized_width / 16]`.
     pub grid_thw: [u32; 3],
     /// `(width, height)` after `smart_resize`.
@@ -39,12 +45,26 @@ pub struct Preprocessed {
 
 impl Preprocessed {
     pub fn patch_count(&self) -> usize {
-        self.pixel_values.len() / PATCH_VALUES
+        self.grid_thw.iter().map(|&v| v as usize).product()
     }
 
     /// Image tokens in the prompt after the 2x2 merge.
     pub fn image_tokens(&self) -> usize {
         self.patch_count() / (MERGE_SIZE * MERGE_SIZE)
+    }
+
+    /// The reference processor's `pixel_values` (`[patches, PATCH_VALUES]`, row-major): the rows
+    /// the tower's backend packs, on the host (for checks against the reference).
+    pub fn pixel_values(&self) -> Vec<f32> {
+        patchify(&self.image).0
+    }
+
+    /// The image as the vision tower takes it.
+    pub fn tower_input(&self) -> ImageInput<'_> {
+        ImageInput {
+            rgb: &self.image.pixels,
+            grid_thw: self.grid_thw,
+        }
     }
 }
 
@@ -53,7 +73,7 @@ pub fn preprocess(bytes: &[u8], declared_mime: &str) -> Result<Preprocessed, Ima
     preprocess_with_limits(bytes, declared_mime, &ImageLimits::SERVING)
 }
 
-/// Preprocesses a screenshot under the given limits: header checks, decode, resize, patches.
+/// Preprocesses a screenshot under the given limits: header checks, decode, resize.
 pub fn preprocess_with_limits(
     bytes: &[u8],
     declared_mime: &str,
@@ -64,15 +84,16 @@ pub fn preprocess_with_limits(
     preprocess_rgb(rgb)
 }
 
-/// The steps after decoding: `smart_resize`, resize, normalize, patches.
+/// The steps after decoding: `smart_resize` and the resize (the tower's backend normalizes and
+/// packs the patches).
 pub fn preprocess_rgb(rgb: RgbImage) -> Result<Preprocessed, ImageError> {
     let (height, width) =
         smart_resize(rgb.height, rgb.width, RESIZE_FACTOR, MIN_PIXELS, MAX_PIXELS)?;
-    let resized = resize_bicubic_antialias(rgb, width, height);
-    let (pixel_values, grid_h, grid_w) = patchify(&resized);
+    let image = resize_bicubic_antialias(rgb, width, height);
+    let patch = PATCH_SIZE as u32;
     Ok(Preprocessed {
-        pixel_values,
-        grid_thw: [1, grid_h as u32, grid_w as u32],
+        image,
+        grid_thw: [1, height / patch, width / patch],
         resized: (width, height),
     })
 }

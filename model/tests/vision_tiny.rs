@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
+use instinct_kernels::patches::{normalization_table, patchify, PatchImage};
 use instinct_kernels::CpuBackend;
 use instinct_model::checkpoint::Snapshot;
 use instinct_model::forward::{BatchLimits, EmbeddingOverride, SequenceInput, TextModel};
@@ -69,13 +70,17 @@ fn grid(v: &Value) -> [u32; 3] {
     u32s(v).try_into().unwrap()
 }
 
-/// Every image's `pixel_values`, decoded from one byte per value through the level table.
-fn pixel_values() -> Vec<Vec<f32>> {
+/// Every image's resized RGB bytes, the tower's input: the goldens keep the reference's
+/// `pixel_values` as one u8 level per value (value = `level_table[level]`), in its patch rows'
+/// layout, so each image is unpacked from its rows. Checked on the way: the level table is the
+/// kernels' normalization, bit for bit, and packing the bytes again gives the reference's rows.
+fn images() -> Vec<Vec<u8>> {
     let g = goldens();
     let table: Vec<f32> = floats(&g["level_table"])
         .iter()
         .map(|&x| x as f32)
         .collect();
+    assert_eq!(table, normalization_table(), "the reference's level values");
     let bytes = std::fs::read(tiny_dir().join(g["pixels_file"].as_str().unwrap())).unwrap();
     g["images"]
         .as_array()
@@ -85,12 +90,34 @@ fn pixel_values() -> Vec<Vec<f32>> {
             let start = im["pixel_offset"].as_u64().unwrap() as usize;
             let len =
                 (im["pixel_rows"].as_u64().unwrap() * im["pixel_cols"].as_u64().unwrap()) as usize;
-            bytes[start..start + len]
-                .iter()
-                .map(|&b| table[b as usize])
-                .collect()
+            let levels = &bytes[start..start + len];
+            let [_, h, w] = grid(&im["grid_thw"]).map(|v| v as usize);
+            let rgb = unpack_rows(levels, h, w);
+            let rows = patchify(PatchImage::new(&rgb, 16 * w, 16 * h));
+            let want: Vec<f32> = levels.iter().map(|&l| table[l as usize]).collect();
+            assert!(rows == want, "{}: packed again", im["name"]);
+            rgb
         })
         .collect()
+}
+
+/// The RGB image (`16·w` x `16·h`) whose patch rows (`levels`, `[h·w, 1536]`, block order, the
+/// frame repeated) these are.
+fn unpack_rows(levels: &[u8], h: usize, w: usize) -> Vec<u8> {
+    let mut rgb = vec![0u8; 256 * h * w * 3];
+    for (q, row) in levels.chunks_exact(1536).enumerate() {
+        let (block, inner) = (q / 4, q % 4);
+        let top = ((block / (w / 2)) * 2 + inner / 2) * 16;
+        let left = ((block % (w / 2)) * 2 + inner % 2) * 16;
+        for c in 0..3 {
+            let frame = &row[c * 512..][..256];
+            assert_eq!(frame, &row[c * 512 + 256..][..256], "the frame repeated");
+            for (i, &level) in frame.iter().enumerate() {
+                rgb[((top + i / 16) * 16 * w + left + i % 16) * 3 + c] = level;
+            }
+        }
+    }
+    rgb
 }
 
 struct Loaded<B: VisionBackend> {
@@ -150,17 +177,14 @@ fn check<B: VisionBackend>(
     let g = goldens();
     let image_token = g["image_token_id"].as_u64().unwrap() as u32;
     let mut loaded = load(start, with_adapter);
-    let pixels = pixel_values();
+    let pixels = images();
     let mut worst_feature = 0f64;
     let mut worst_prob = 0f64;
     let mut prompts_checked = 0;
     for (im, px) in g["images"].as_array().unwrap().iter().zip(&pixels) {
         let name = im["name"].as_str().unwrap();
         let grid_thw = grid(&im["grid_thw"]);
-        let input = ImageInput {
-            pixel_values: px,
-            grid_thw,
-        };
+        let input = ImageInput { rgb: px, grid_thw };
         let feats = loaded.tower.forward(&[input]).unwrap().remove(0);
         let kept = loaded.tower.forward_kept(&[input]).unwrap().remove(0);
         assert_eq!(
@@ -232,7 +256,7 @@ fn check<B: VisionBackend>(
     // (resampled once per grid), and the features are the same bits as the first time.
     let (first, px) = (&g["images"][0], &pixels[0]);
     let input = ImageInput {
-        pixel_values: px,
+        rgb: px,
         grid_thw: grid(&first["grid_thw"]),
     };
     let once = loaded.tower.forward(&[input]).unwrap().remove(0);
@@ -291,19 +315,19 @@ fn multimodal_adapter_matches_peft() {
 
 /// Several images in one tower pass (their patch rows packed, attention within each frame): each
 /// image's features are the bits it gets alone, in any order and with an image repeated; the
-/// grids differ, so their position tables are packed side by side. An image whose pixel values do
-/// not fit its grid is refused with its index.
+/// grids differ, so their position tables are packed side by side. An image whose bytes do not
+/// fit its grid, or of several frames, is refused with its index.
 fn several_images_in_one_pass<B: VisionBackend>(start: impl Fn() -> B) {
     let g = goldens();
     let loaded = load(start, true);
-    let pixels = pixel_values();
+    let pixels = images();
     let inputs: Vec<ImageInput> = g["images"]
         .as_array()
         .unwrap()
         .iter()
         .zip(&pixels)
         .map(|(im, px)| ImageInput {
-            pixel_values: px,
+            rgb: px,
             grid_thw: grid(&im["grid_thw"]),
         })
         .collect();
@@ -331,14 +355,19 @@ fn several_images_in_one_pass<B: VisionBackend>(start: impl Fn() -> B) {
     assert!(loaded.tower.forward_kept(&[]).unwrap().is_empty());
     assert!(loaded.tower.forward(&[]).unwrap().is_empty());
     let short = ImageInput {
-        pixel_values: &pixels[0][1..],
+        rgb: &pixels[0][1..],
         ..inputs[0]
     };
     let err = loaded.tower.forward(&[inputs[1], short]).unwrap_err();
-    assert!(
-        format!("{err:#}").contains("image 1: pixel_values hold"),
-        "{err:#}"
-    );
+    assert!(format!("{err:#}").contains("image 1: "), "{err:#}");
+    assert!(format!("{err:#}").contains("bytes, grid"), "{err:#}");
+    let [_, h, w] = inputs[0].grid_thw;
+    let frames = ImageInput {
+        grid_thw: [2, h / 2, w],
+        ..inputs[0]
+    };
+    let err = loaded.tower.forward(&[frames]).unwrap_err();
+    assert!(format!("{err:#}").contains("2 frames"), "{err:#}");
 }
 
 #[test]
@@ -518,7 +547,7 @@ fn a_screenshot_prompt_resumed_inside_or_after_its_image_answers_as_whole() {
     let features = loaded
         .tower
         .forward(&[ImageInput {
-            pixel_values: &pixel_values()[0],
+            rgb: &images()[0],
             grid_thw,
         }])
         .unwrap()

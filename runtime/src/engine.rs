@@ -51,8 +51,9 @@ pub struct Preparer {
 /// Encodes one preprocessed screenshot into the language model's image features: the vision
 /// tower, on whichever backend it was loaded.
 pub trait ImageEncoder: Send + Sync {
-    /// The image's features, where the tower computed them (device memory on a GPU).
-    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Values>;
+    /// The features of an image (its resized RGB bytes and grid, as preprocessing leaves them),
+    /// where the tower computed them (device memory on a GPU).
+    fn encode(&self, rgb: Vec<u8>, grid_thw: [u32; 3]) -> anyhow::Result<Values>;
     /// From now on, features on the host (language copies on several devices read them).
     fn features_to_host(&self);
 }
@@ -60,8 +61,8 @@ pub trait ImageEncoder: Send + Sync {
 /// Concurrent requests' screenshots share tower passes (one pass at a time: a GPU backend's ops
 /// share scratch buffers on one stream; the CPU ops spread one pass over every core anyway).
 impl<T: Tower> ImageEncoder for TowerBatcher<T> {
-    fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Values> {
-        TowerBatcher::encode(self, pixel_values, grid_thw)
+    fn encode(&self, rgb: Vec<u8>, grid_thw: [u32; 3]) -> anyhow::Result<Values> {
+        TowerBatcher::encode(self, rgb, grid_thw)
     }
     fn features_to_host(&self) {
         TowerBatcher::features_to_host(self)
@@ -174,7 +175,7 @@ impl Preparer {
             histogram!(m::IMAGE_PREPROCESS_SECONDS).record((preprocessed - started).as_secs_f64());
             let features = vision
                 .encoder
-                .encode(pre.pixel_values, pre.grid_thw)
+                .encode(pre.image.pixels, pre.grid_thw)
                 .map_err(ScreenshotError::Internal)?;
             histogram!(m::IMAGE_ENCODE_SECONDS).record(preprocessed.elapsed().as_secs_f64());
             Ok(EncodedImage {

@@ -14,8 +14,8 @@ use instinct_model::vision::{ImageInput, VisionTower};
 use parking_lot::{Condvar, Mutex};
 
 /// The most patches one pass takes (four 1024×1024 screenshots): bounds the pass's activations
-/// (about 50 KB of buffers a patch on the real tower, so ~0.8 GB here). An image larger than
-/// this still runs, alone.
+/// (about 50 KB of buffers a patch on the real tower, so ~0.8 GB here; the images' bytes staged
+/// for it are 768 B a patch). An image larger than this still runs, alone.
 pub const MAX_PASS_PATCHES: usize = 16_384;
 
 /// What a tower pass needs: features of each image, in order (see [`VisionTower::forward`]), left
@@ -41,10 +41,10 @@ where
     }
 }
 
-/// One image waiting for a pass.
+/// One image waiting for a pass: its resized RGB bytes (768 a patch) and its grid.
 struct Waiting {
     id: u64,
-    pixel_values: Vec<f32>,
+    rgb: Vec<u8>,
     grid_thw: [u32; 3],
 }
 
@@ -107,17 +107,14 @@ impl<T: Tower> TowerBatcher<T> {
         (state.passes, state.images)
     }
 
-    /// The features of one image, from the first pass that takes it: run by this caller when
-    /// no pass is running, else by whichever caller starts the next one.
-    pub fn encode(&self, pixel_values: Vec<f32>, grid_thw: [u32; 3]) -> anyhow::Result<Values> {
+    /// The features of one image (its resized RGB bytes and grid, as [`ImageInput`] takes them),
+    /// from the first pass that takes it: run by this caller when no pass is running, else by
+    /// whichever caller starts the next one.
+    pub fn encode(&self, rgb: Vec<u8>, grid_thw: [u32; 3]) -> anyhow::Result<Values> {
         let mut state = self.state.lock();
         let id = state.next_id;
         state.next_id += 1;
-        state.waiting.push(Waiting {
-            id,
-            pixel_values,
-            grid_thw,
-        });
+        state.waiting.push(Waiting { id, rgb, grid_thw });
         loop {
             if let Some(result) = state.done.remove(&id) {
                 return result.map_err(anyhow::Error::msg);
@@ -159,7 +156,7 @@ impl<T: Tower> TowerBatcher<T> {
         let inputs: Vec<ImageInput> = batch
             .iter()
             .map(|w| ImageInput {
-                pixel_values: &w.pixel_values,
+                rgb: &w.rgb,
                 grid_thw: w.grid_thw,
             })
             .collect();
@@ -191,8 +188,9 @@ mod tests {
 
     use super::*;
 
-    /// A tower whose features are each image's pixel sum, one pass at a time, each pass slow
-    /// enough that images sent meanwhile wait for the next.
+    /// A tower whose features are each image's byte sum, one pass at a time, each pass slow
+    /// enough that images sent meanwhile wait for the next. An image summing to `fail_on` fails
+    /// its pass; one summing to twice that panics in it.
     struct Summing {
         pass: Duration,
         fail_on: Option<f32>,
@@ -201,10 +199,13 @@ mod tests {
     impl Tower for Summing {
         fn encode_all(&self, images: &[ImageInput<'_>], _: bool) -> anyhow::Result<Vec<Values>> {
             std::thread::sleep(self.pass);
-            let sums: Vec<f32> = images.iter().map(|i| i.pixel_values.iter().sum()).collect();
+            let sums: Vec<f32> = images
+                .iter()
+                .map(|i| i.rgb.iter().map(|&b| f32::from(b)).sum())
+                .collect();
             if let Some(bad) = self.fail_on {
                 anyhow::ensure!(!sums.contains(&bad), "an image summing to {bad}");
-                assert!(!sums.contains(&-bad), "a panicking image");
+                assert!(!sums.contains(&(2.0 * bad)), "a panicking image");
             }
             Ok(sums.into_iter().map(|s| Values::host(vec![s])).collect())
         }
@@ -212,7 +213,7 @@ mod tests {
 
     fn send(
         batcher: &Arc<TowerBatcher<Summing>>,
-        values: Vec<Vec<f32>>,
+        values: Vec<Vec<u8>>,
     ) -> Vec<anyhow::Result<Values>> {
         let handles: Vec<_> = values
             .into_iter()
@@ -234,12 +235,12 @@ mod tests {
         let batcher = Arc::new(TowerBatcher::with_max_patches(tower, 64));
         let first = {
             let batcher = batcher.clone();
-            std::thread::spawn(move || batcher.encode(vec![1.0; 4], [1, 1, 4]))
+            std::thread::spawn(move || batcher.encode(vec![1; 4], [1, 1, 4]))
         };
         std::thread::sleep(Duration::from_millis(50));
         // Six images of 16 patches while the first pass runs: the next pass takes four (64
         // patches), the one after the other two.
-        let values: Vec<Vec<f32>> = (0..6).map(|k| vec![k as f32; 16]).collect();
+        let values: Vec<Vec<u8>> = (0..6).map(|k| vec![k; 16]).collect();
         let results = send(&batcher, values);
         assert_eq!(first.join().unwrap().unwrap(), Values::host(vec![4.0]));
         for (k, r) in results.into_iter().enumerate() {
@@ -257,21 +258,21 @@ mod tests {
         let batcher = Arc::new(TowerBatcher::new(tower));
         let blocker = {
             let batcher = batcher.clone();
-            std::thread::spawn(move || batcher.encode(vec![1.0], [1, 1, 1]))
+            std::thread::spawn(move || batcher.encode(vec![1], [1, 1, 1]))
         };
         std::thread::sleep(Duration::from_millis(30));
-        let results = send(&batcher, vec![vec![3.0], vec![5.0]]);
+        let results = send(&batcher, vec![vec![3], vec![5]]);
         assert_eq!(blocker.join().unwrap().unwrap(), Values::host(vec![1.0]));
         for r in results {
             let e = r.unwrap_err().to_string();
             assert!(e.contains("an image summing to 3"), "{e}");
         }
-        let results = send(&batcher, vec![vec![-3.0]]);
+        let results = send(&batcher, vec![vec![6]]);
         let e = results.into_iter().next().unwrap().unwrap_err().to_string();
         assert!(e.contains("panicked"), "{e}");
         // Still serving.
         assert_eq!(
-            batcher.encode(vec![2.0, 2.0], [1, 1, 2]).unwrap(),
+            batcher.encode(vec![2, 2], [1, 1, 2]).unwrap(),
             Values::host(vec![4.0])
         );
     }
@@ -294,12 +295,12 @@ mod tests {
     fn features_stay_with_the_tower_until_asked_for_on_the_host() {
         let batcher = TowerBatcher::new(Placing);
         assert_eq!(
-            batcher.encode(vec![1.0], [1, 1, 1]).unwrap(),
+            batcher.encode(vec![1], [1, 1, 1]).unwrap(),
             Values::host(vec![0.0])
         );
         batcher.features_to_host();
         assert_eq!(
-            batcher.encode(vec![1.0], [1, 1, 1]).unwrap(),
+            batcher.encode(vec![1], [1, 1, 1]).unwrap(),
             Values::host(vec![1.0])
         );
     }
@@ -312,7 +313,7 @@ mod tests {
         };
         let batcher = TowerBatcher::with_max_patches(tower, 8);
         assert_eq!(
-            batcher.encode(vec![1.0; 20], [1, 4, 5]).unwrap(),
+            batcher.encode(vec![1; 20], [1, 4, 5]).unwrap(),
             Values::host(vec![20.0])
         );
         assert_eq!(batcher.counts(), (1, 1));

@@ -16,9 +16,12 @@
 #include <cuda_runtime.h>
 
 // Other tile and stage choices, for comparison with the served one.
+FW_ENTRY(fw_bn64_s2, 64, 2, 2)
 FW_ENTRY(fw_bn64_s3, 64, 3, 2)
 FW_ENTRY(fw_bn128_s2, 128, 2, 2)
 FW_ENTRY(fw_bn128_s2_1, 128, 2, 1)
+// The products overlapped with the softmax (three stages).
+FW_OVERLAP_ENTRY(fw_overlap_bn128, 128, 1)
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
 
@@ -29,9 +32,10 @@ static float bf(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
 
 int main(int argc, char** argv) {
-    Variant variants[] = {{"wgmma bn64 s2 (served)", flash_bidir_wgmma_d64, 64, 2}, {"wgmma bn64 s3", fw_bn64_s3, 64, 3},
-                          {"wgmma bn128 s2", fw_bn128_s2, 128, 2}, {"wgmma bn128 s2 1blk", fw_bn128_s2_1, 128, 2}};
-    const int NV = 4;
+    Variant variants[] = {{"overlap bn64 s3 (served)", flash_bidir_wgmma_d64, 64, 3}, {"wgmma bn64 s3", fw_bn64_s3, 64, 3},
+                          {"wgmma bn128 s2", fw_bn128_s2, 128, 2}, {"wgmma bn128 s2 1blk", fw_bn128_s2_1, 128, 2},
+                          {"wgmma bn64 s2", fw_bn64_s2, 64, 2}, {"overlap bn128 s3 1blk", fw_overlap_bn128, 128, 3}};
+    const int NV = sizeof(variants) / sizeof(variants[0]);
     for (auto& v : variants) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM_BYTES(v.bn, v.stages)));
     const int wide_smem = (128 + 2 * FA_BN) * (64 + FA_PAD) * 2;
     CK(cudaFuncSetAttribute(flash_attention_bidir_wide_d64, cudaFuncAttributeMaxDynamicSharedMemorySize, wide_smem));

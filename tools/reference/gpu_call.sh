@@ -87,8 +87,9 @@ same_bits_as() {
 }
 
 # tower_pass_medians LOG: the medians of the vision passes' debug timings in an `instinct bench
-# --image-sizes` log run with INSTINCT_LOG=info,instinct_model::vision=debug (pixel upload,
-# queueing, the whole pass), into the call log.
+# --image-sizes` log run with INSTINCT_LOG=info,instinct_model::vision=debug (pixels_ms: the patch
+# rows written, i.e. the u8 bytes staged and their copy and packing kernel queued; queueing; the
+# whole pass), into the call log.
 tower_pass_medians() {
   python3 - "$1" >> "$CALL_LOG" 2>&1 <<'PY'
 import re, statistics, sys

@@ -38,6 +38,7 @@ pub use pass::{
 pub use rope::Rope;
 
 use crate::error::KernelError;
+use crate::patches::PatchRows;
 
 /// Result of a backend call.
 pub type KernelResult<T> = Result<T, KernelError>;
@@ -150,8 +151,9 @@ pub trait Backend: Buffers {
     }
     /// Copies `data` into the start of `dst`.
     fn write(&self, dst: &mut Self::Buf, data: &[f32]) -> KernelResult<()>;
-    /// Copies the concatenation of `parts` into the start of `dst` (several images' pixels into
-    /// one pass's input without first joining them on the host, where the backend can). Into a
+    /// Copies the concatenation of `parts` into the start of `dst` (several host arrays into one
+    /// buffer without first joining them on the host, where the backend can; a screenshot's
+    /// patch rows go through [`VisionBackend::write_patch_rows`] instead). Into a
     /// buffer from [`Self::alloc_gemm_input`], a device backend may round on the host and return
     /// once the values are on the device.
     fn write_parts(&self, dst: &mut Self::Buf, parts: &[&[f32]]) -> KernelResult<()> {
@@ -577,6 +579,13 @@ pub trait VisionBackend: Backend {
         bias: &Self::Buf,
         out: &mut Self::Buf,
     ) -> KernelResult<()>;
+
+    /// Writes the patch rows of each image (its u8 pixels normalized and packed as
+    /// [`crate::patches::patchify`] packs them) into `dst`, a buffer from
+    /// [`Backend::alloc_gemm_input`] (the patch embedding's input), from the image's `first_row`:
+    /// in `dst`'s precision, so on a GPU as bf16, each value rounded to nearest even as the GEMM
+    /// would round it. Rows no image covers are left as they were.
+    fn write_patch_rows(&self, dst: &mut Self::Buf, images: &[PatchRows<'_>]) -> KernelResult<()>;
 
     /// `x[t] += bias` for every row `t < rows` of `dim`.
     fn add_bias(

@@ -18,6 +18,7 @@ use crate::backend::{
     Varlen, VisionBackend,
 };
 use crate::error::KernelError;
+use crate::patches::{check_patch_rows, pack_patch_rows, PatchRows, PATCH_VALUES};
 
 /// The CPU backend. Stateless; buffers are ordinary vectors.
 #[derive(Clone, Copy, Debug, Default)]
@@ -447,6 +448,14 @@ impl Backend for CpuBackend {
 }
 
 impl VisionBackend for CpuBackend {
+    fn write_patch_rows(&self, dst: &mut Vec<f32>, images: &[PatchRows<'_>]) -> KernelResult<()> {
+        check_patch_rows("write_patch_rows", images, dst.len())?;
+        for part in images {
+            pack_patch_rows(part.image, &mut dst[part.first_row * PATCH_VALUES..]);
+        }
+        Ok(())
+    }
+
     fn layer_norm(
         &self,
         x: &Vec<f32>,

@@ -33,6 +33,7 @@ use crate::backend::{
     QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
 };
 use crate::error::KernelError;
+use crate::patches::PatchRows;
 
 /// The CUDA backend on one GPU.
 pub struct CudaBackend {
@@ -48,6 +49,8 @@ pub struct CudaBackend {
     graphs: Option<Graphs>,
     /// The device table of `copy_many`'s parts (grown as needed).
     copy_table: Mutex<Option<CudaSlice<u64>>>,
+    /// Where `write_patch_rows` stages the images' bytes (grown as needed).
+    patch_staging: Mutex<vision::PatchStaging>,
 }
 
 /// Reads a device's free and total memory; cheap to clone, usable from any thread.
@@ -106,6 +109,7 @@ impl CudaBackend {
             weight_bytes: AtomicU64::new(0),
             staging: Staging::default(),
             copy_table: Mutex::new(None),
+            patch_staging: Mutex::default(),
         })
     }
 
@@ -736,6 +740,13 @@ impl Backend for CudaBackend {
 }
 
 impl VisionBackend for CudaBackend {
+    /// The images' bytes staged in pinned memory and copied up (a quarter of the bf16 rows'
+    /// bytes); a kernel packs the rows, each value rounded as the host rounds it.
+    fn write_patch_rows(&self, dst: &mut CudaBuf, images: &[PatchRows<'_>]) -> KernelResult<()> {
+        let mut staging = lock(&self.patch_staging);
+        vision::write_patch_rows(&self.gpu, &mut staging, dst, images)
+    }
+
     fn layer_norm(
         &self,
         x: &CudaBuf,

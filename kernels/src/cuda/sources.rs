@@ -193,6 +193,8 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "attention_bidirectional_e2",
             "attention_bidirectional_e4",
             "attention_bidirectional_e8",
+            "patch_rows_bf16",
+            "patch_rows_f32",
         ],
     },
 ];

@@ -4,6 +4,9 @@
 
 use anyhow::{anyhow, ensure, Context, Result};
 use instinct_kernels::backend::{Gelu, VisionBackend};
+use instinct_kernels::patches::{
+    PatchImage, PatchRows, CHANNELS, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE,
+};
 use instinct_kernels::{GemmShape, RowNorm, Varlen};
 
 use super::config::{VisionConfig, VISION_LAYER_NORM_EPS};
@@ -12,12 +15,22 @@ use super::weights::{LinearWeights, NormWeights, VisionWeights};
 
 use crate::values::Values;
 
-/// One image: its `pixel_values` rows (`[t·h·w, patch_dim]`, block order, as the processor emits
-/// them) and its patch grid.
+/// One image: its resized RGB bytes (rows top to bottom, R, G, B interleaved, `16·w` wide and
+/// `16·h` high, as preprocessing leaves it) and its patch grid `[1, h, w]` (one frame). The tower's
+/// backend packs its `pixel_values` rows from the bytes
+/// ([`VisionBackend::write_patch_rows`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ImageInput<'a> {
-    pub pixel_values: &'a [f32],
+    pub rgb: &'a [u8],
     pub grid_thw: [u32; 3],
+}
+
+impl<'a> ImageInput<'a> {
+    /// The image as the backend packs it.
+    fn patch_image(&self) -> PatchImage<'a> {
+        let [_, h, w] = self.grid_thw.map(|v| v as usize);
+        PatchImage::new(self.rgb, w * PATCH_SIZE, h * PATCH_SIZE)
+    }
 }
 
 struct Linear<B: VisionBackend> {
@@ -68,6 +81,18 @@ impl<B: VisionBackend> VisionTower<B> {
 
     /// Uploads `weights` (already adapter-merged, shapes checked at load).
     pub fn new(backend: B, cfg: &VisionConfig, weights: &VisionWeights) -> Result<Self> {
+        // The backend packs patch rows of one geometry: the Qwen3.5 processor's.
+        let geometry = (
+            cfg.in_channels,
+            cfg.temporal_patch_size,
+            cfg.patch_size,
+            cfg.spatial_merge_size,
+        );
+        ensure!(
+            geometry == (CHANNELS, TEMPORAL_PATCH_SIZE, PATCH_SIZE, MERGE_SIZE),
+            "vision channels, temporal patch, patch and merge sizes {geometry:?}: the tower packs \
+             patch rows of ({CHANNELS}, {TEMPORAL_PATCH_SIZE}, {PATCH_SIZE}, {MERGE_SIZE}) only"
+        );
         ensure!(
             weights.blocks.len() == cfg.depth,
             "vision weights have {} blocks, the config says {}",
@@ -202,7 +227,7 @@ impl<B: VisionBackend> VisionTower<B> {
     }
 
     /// The features of `images`, packed in one buffer, with each image's row count (`None` for no
-    /// image), once their pixels are checked against their grids.
+    /// image), once their bytes are checked against their grids.
     fn forward_checked(&self, images: &[ImageInput<'_>]) -> Result<Option<(B::Buf, Vec<usize>)>> {
         let merge = self.cfg.spatial_merge_size;
         let coords = images
@@ -211,13 +236,20 @@ impl<B: VisionBackend> VisionTower<B> {
             .map(|(i, image)| {
                 let coords =
                     patch_coords(image.grid_thw, merge).with_context(|| format!("image {i}"))?;
-                let n = coords.len();
+                let [t, h, w] = image.grid_thw;
                 ensure!(
-                    image.pixel_values.len() == n * self.cfg.patch_dim(),
-                    "image {i}: pixel_values hold {} values, grid {:?} needs {n} patches × {}",
-                    image.pixel_values.len(),
+                    t == 1,
+                    "image {i}: grid {:?} has {t} frames, not one",
+                    image.grid_thw
+                );
+                let need = h as usize * w as usize * PATCH_SIZE * PATCH_SIZE * CHANNELS;
+                ensure!(
+                    image.rgb.len() == need,
+                    "image {i}: {} bytes, grid {:?} needs {need} ({}x{} RGB)",
+                    image.rgb.len(),
                     image.grid_thw,
-                    self.cfg.patch_dim()
+                    w as usize * PATCH_SIZE,
+                    h as usize * PATCH_SIZE
                 );
                 Ok(coords)
             })
@@ -306,7 +338,7 @@ impl<B: VisionBackend> VisionTower<B> {
     }
 
     /// The packed features (`[Σ tokens, out_hidden]`) of images whose patches (`coords[i]`) were
-    /// checked against their pixel values.
+    /// checked against their bytes.
     fn forward_packed(
         &self,
         images: &[ImageInput<'_>],
@@ -321,14 +353,26 @@ impl<B: VisionBackend> VisionTower<B> {
         // Patch embedding (the stride-equals-kernel Conv3d is a Linear over each patch row),
         // then the resampled learned position table added (one f32 add per value, as on the
         // host).
-        // An activation, not a weight: `upload` is for weights (and counts them). The GEMM reads
-        // its input in its operand precision, as a bf16 model's conv does: on a GPU the pixels
-        // are rounded on the way up (the same bits as the GEMM rounding them), half the bytes
-        // through pinned memory. Each image is written in place, with no host copy of the batch.
+        // The GEMM reads its input in its operand precision, as a bf16 model's conv does: the
+        // backend packs each image's rows from its u8 bytes straight into that buffer (on a GPU
+        // the bytes go up and a kernel packs and rounds them: the same bits as the GEMM rounding
+        // the f32 rows), each image's rows after the previous image's.
         let t0 = std::time::Instant::now();
         let mut pixels = be.alloc_gemm_input(n * cfg.patch_dim()).map_err(e)?;
-        let parts: Vec<&[f32]> = images.iter().map(|image| image.pixel_values).collect();
-        be.write_parts(&mut pixels, &parts).map_err(e)?;
+        let mut first_row = 0;
+        let parts: Vec<PatchRows<'_>> = images
+            .iter()
+            .zip(coords)
+            .map(|(image, coords)| {
+                let part = PatchRows {
+                    image: image.patch_image(),
+                    first_row,
+                };
+                first_row += coords.len();
+                part
+            })
+            .collect();
+        be.write_patch_rows(&mut pixels, &parts).map_err(e)?;
         let pixels_ms = t0.elapsed().as_secs_f64() * 1e3;
         let mut hidden = be.alloc(n * h).map_err(e)?;
         self.linear(&pixels, &self.patch_embed, n, &mut hidden)?;
@@ -434,8 +478,9 @@ impl<B: VisionBackend> VisionTower<B> {
         .map_err(e)?;
         let mut features = be.alloc(tokens * cfg.out_hidden_size).map_err(e)?;
         self.linear(&merged_in, &self.merger_fc2, tokens, &mut features)?;
-        // Where a pass's host time goes: the pixels' upload (rounded on the host), then queueing
-        // the ops (on a GPU they run meanwhile; the caller waits for the rest).
+        // Where a pass's host time goes: writing the patch rows (on the CPU packing them; on a GPU
+        // staging the bytes and queueing their copy and the packing kernel), then queueing the
+        // ops (on a GPU they run meanwhile; the caller waits for the rest).
         tracing::debug!(
             patches = n,
             pixels_ms,

@@ -54,7 +54,7 @@ static FORCE_ROWS: AtomicUsize = AtomicUsize::new(0);
 /// warpgroups of 64), keys per shared-memory stage and stages in its ring, as compiled.
 const WGMMA_BM: usize = 128;
 const WGMMA_BN: usize = 64;
-const WGMMA_STAGES: usize = 2;
+const WGMMA_STAGES: usize = 3;
 /// Its threads per block (two warpgroups).
 const WGMMA_THREADS: u32 = 256;
 

@@ -1,16 +1,22 @@
-//! The vision tower's ops (`kernels/cuda/vision.cu`): LayerNorm, the bias and residual adds, GELU,
-//! 2-D axial rotary and bidirectional attention within each segment (on the flash kernel's
-//! bidirectional form where it takes the head size). Activations are f32 buffers
-//! from `alloc` (the tower allocates every one so), weights and biases bf16 from `upload`.
+//! The vision tower's ops (`kernels/cuda/vision.cu`): the patch rows from u8 images, LayerNorm,
+//! the bias and residual adds, GELU, 2-D axial rotary and bidirectional attention within each
+//! segment (on the flash kernel's bidirectional form where it takes the head size). Activations
+//! are f32 buffers from `alloc` (the tower allocates every one so), weights and biases bf16 from
+//! `upload`.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
+use rayon::prelude::*;
 
 use super::super::buffers::{act, act_mut, idx, out_buf, weight, CudaBuf, OutBuf};
+use super::super::device::driver_err;
 use super::super::launch::{linear, per_row, to_i32, to_u32, Gpu, BLOCK};
 use super::flash_attention::{flash_bidirectional, flash_variant, RawQkv};
 use super::shared::{check_batch, opt_in_smem};
 use crate::backend::{Gelu, HeadLayout, KernelResult, RowNorm, Varlen};
 use crate::error::KernelError;
+use crate::patches::{check_patch_rows, PatchRows};
 
 /// Values per thread of the LayerNorm variants (256 threads per row), with an f32 and a bf16
 /// output; the last also runs longer rows.
@@ -38,6 +44,149 @@ const BIDIR: [(usize, &str); 3] = [
 const DEFAULT_SMEM: usize = 48 * 1024;
 /// Blocks of a grid's y dimension (the attention's heads).
 const GRID_Y_MAX: usize = 65_535;
+
+/// `u64`s per image in the table the patch kernel reads (`PATCH_TABLE` in vision.cu).
+const PATCH_TABLE: usize = 5;
+/// Threads per patch row of the patch kernel (`PATCH_THREADS`): one per (channel, frame, pixel
+/// row), each writing 16 values.
+const PATCH_THREADS: usize = 96;
+/// Bytes each core copies into the staging buffer at a time.
+const STAGE_CHUNK: usize = 1 << 18;
+
+/// What [`write_patch_rows`] keeps between calls, grown to the largest call and never shrunk: the
+/// pinned host buffer the table and the images' bytes are staged in, the event after the copy that
+/// last read it, and the device buffer they are copied into.
+#[derive(Default)]
+pub(crate) struct PatchStaging {
+    host: Option<PinnedHostSlice<u8>>,
+    copied: Option<CudaEvent>,
+    device: Option<CudaSlice<u8>>,
+}
+
+/// [`crate::backend::VisionBackend::write_patch_rows`]: the parts checked, a table of the images
+/// and their RGB bytes staged in pinned memory by every core and copied up in one asynchronous
+/// copy (a byte per pixel channel: a quarter of the bf16 rows' bytes), then one launch packs every
+/// image's rows (`patch_rows_*`). Returns once queued; only a later call waits, for this copy,
+/// before it reuses the staging buffer.
+pub(crate) fn write_patch_rows(
+    gpu: &Gpu,
+    staging: &mut PatchStaging,
+    dst: &mut CudaBuf,
+    parts: &[PatchRows<'_>],
+) -> KernelResult<()> {
+    const OP: &str = "write_patch_rows";
+    check_patch_rows(OP, parts, dst.len())?;
+    let parts: Vec<&PatchRows<'_>> = parts.iter().filter(|p| p.image.patches() > 0).collect();
+    let Some(longest) = parts.iter().map(|p| p.image.patches()).max() else {
+        return Ok(());
+    };
+    gpu.workspace.capture.refuse(OP)?;
+    let err = |e| driver_err(OP, e);
+    // The table first, then each image from a 16-byte boundary (the kernel's loads are 16 bytes).
+    let mut table = Vec::with_capacity(PATCH_TABLE * parts.len());
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut total = (8 * PATCH_TABLE * parts.len()).next_multiple_of(16);
+    for p in &parts {
+        let (_, grid_w) = p.image.grid();
+        let row = [total, p.image.width, grid_w, p.image.patches(), p.first_row];
+        table.extend(row.map(|v| v as u64));
+        starts.push(total);
+        total = (total + p.image.rgb.len()).next_multiple_of(16);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (
+            to_u32(
+                OP,
+                "grid size",
+                (longest * PATCH_THREADS).div_ceil(BLOCK as usize),
+            )?,
+            to_u32(OP, "images", parts.len())?,
+            1,
+        ),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    if cfg.grid_dim.1 > u16::MAX as u32 {
+        return Err(KernelError::invalid(
+            OP,
+            format!("{} images exceed {}", parts.len(), u16::MAX),
+        ));
+    }
+
+    // The previous call's copy must be done reading the host buffer before it is rewritten or
+    // freed.
+    if let Some(copied) = &staging.copied {
+        copied.synchronize().map_err(err)?;
+    }
+    if staging.host.as_ref().is_none_or(|h| h.len() < total) {
+        staging.host = None;
+        // SAFETY: only the `total` bytes written below are ever read.
+        let host = unsafe { gpu.device.ctx.alloc_pinned::<u8>(total.next_power_of_two()) };
+        staging.host = Some(host.map_err(err)?);
+    }
+    let stream = &gpu.device.stream;
+    let held = staging.device.as_ref().map_or(0, |d| d.len());
+    if held < total {
+        // Stream-ordered: a launch still reading the old buffer is unaffected by its release.
+        let grown = stream
+            .alloc_zeros::<u8>(total.next_power_of_two())
+            .map_err(err)?;
+        gpu.workspace.add_bytes((grown.len() - held) as u64);
+        staging.device = Some(grown);
+    }
+    let host = &mut staging
+        .host
+        .as_mut()
+        .expect("allocated above")
+        .as_mut_slice()
+        .map_err(err)?[..total];
+    let (head, mut rest) = host.split_at_mut(starts[0]);
+    for (out, v) in head.chunks_exact_mut(8).zip(&table) {
+        out.copy_from_slice(&v.to_le_bytes());
+    }
+    // Each image's bytes, in chunks copied by all cores.
+    let mut chunks = Vec::new();
+    let mut at = starts[0];
+    for (p, &start) in parts.iter().zip(&starts) {
+        let (_, tail) = rest.split_at_mut(start - at);
+        let (mine, after) = tail.split_at_mut(p.image.rgb.len());
+        chunks.extend(
+            mine.chunks_mut(STAGE_CHUNK)
+                .zip(p.image.rgb.chunks(STAGE_CHUNK)),
+        );
+        at = start + p.image.rgb.len();
+        rest = after;
+    }
+    chunks
+        .into_par_iter()
+        .for_each(|(out, src)| out.copy_from_slice(src));
+    let device = staging.device.as_mut().expect("allocated above");
+    // From a plain slice of pinned memory the copy is asynchronous; the event marks its end.
+    stream
+        .memcpy_htod(&*host, &mut device.slice_mut(..total))
+        .map_err(err)?;
+    match &staging.copied {
+        Some(copied) => copied.record(stream).map_err(err)?,
+        None => staging.copied = Some(stream.record_event(None).map_err(err)?),
+    }
+
+    let staged: &CudaSlice<u8> = device;
+    let mut out = out_buf(OP, "dst", dst, 0)?;
+    let kernel = if out.is_bf16() {
+        "patch_rows_bf16"
+    } else {
+        "patch_rows_f32"
+    };
+    // SAFETY: argument types match the kernel (out's element type picks it); the staged buffer
+    // holds the table and every image's bytes where the table says (widths and grids checked), and
+    // every image's rows fit `dst` (check_patch_rows).
+    unsafe {
+        gpu.launch(OP, kernel, cfg, |launch| {
+            launch.arg(staged);
+            out.push(launch);
+        })
+    }
+}
 
 /// The rotary kernels' by-value frequency table (`AxialFreqs` in prelude.cuh).
 #[repr(C)]
@@ -491,6 +640,8 @@ mod tests {
                 "bias_gelu_erf_bf16",
                 "add_bias_residual",
                 "rope_axial",
+                "patch_rows_bf16",
+                "patch_rows_f32",
             ]);
         for name in picked {
             assert!(vision.functions.contains(&name), "{name}");
