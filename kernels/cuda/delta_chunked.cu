@@ -35,6 +35,11 @@
 // (mod 32), so the 8 rows × 4 columns a TF32 fragment load touches fall in 32 distinct banks.
 #define DC_LD 132
 #define DC_AP 68
+// Phase marks of gdr_prepare_body for tools/reference/gdr_prepare_harness.cu (which defines
+// DC_MARK before including this file); nothing in the served build.
+#ifndef DC_MARK
+#define DC_MARK(i)
+#endif
 
 extern __shared__ float4 dc_smem[];
 
@@ -162,6 +167,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     int len = 0;
     int seq = 0;
     if (!find_tile_warp<CH>(cu_seqlens, num_seqs, rows_cap, blockIdx.x, tile, seq_start, len, &seq)) return;
+    DC_MARK(0);
     const u32 c0 = seq_start + (u32)tile * CH;
     const int n = min(CH, len - tile * CH);
 
@@ -292,6 +298,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     }
     __syncthreads();
 
+    DC_MARK(1);
     // ---- 2. γ by a warp scan (lane l holds rows 2l, 2l+1), and the decay factors.
     if (warp == 0) {
         const float a = graw[2 * lane];
@@ -429,6 +436,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     }
     __syncthreads();
 
+    DC_MARK(2);
     // ---- 4. Write e^γ·scale·q, e^{γ_last−γ}·k and γ; turn the tiles into the right operands of
     // W and U (β e^γ k in place of k, β v in place of q).
     {
@@ -454,6 +462,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     if (tid < n) gam_out[(i64)(c0 + tid) * v_heads + h] = gam[tid];
     __syncthreads();
 
+    DC_MARK(3);
     // ---- 5. The blocks below the diagonal, one block diagonal (level L = r − s) at a time:
     // M = Σ_{s≤q<r} A_rq T_qs, then T_rs = −T_rr M.
 #pragma unroll 1
@@ -494,6 +503,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
         __syncthreads();
     }
 
+    DC_MARK(4);
     // ---- 6. W = T (β e^γ K) (warps 0-7) and U = T (β V) (warps 8-15): per warp 16 rows × 64
     // columns, depth up to the diagonal (T is lower triangular), straight to the scratch.
     {
@@ -534,6 +544,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
             }
         }
     }
+    DC_MARK(5);
 }
 
 // The plain form: the conv output and the gates.
