@@ -46,7 +46,8 @@ bench() {  # bench NAME BIN REV
   python3 - $R/bench_$1.json >> $L 2>&1 <<'PY'
 import json, sys
 rep = json.load(open(sys.argv[1]))
-print("  " + ", ".join(f"{r['name']} {r['median_ms']:.2f}" for r in rep.get("latency", [])))
+rows = rep.get("latency", []) + rep.get("batch", [])
+print("  " + ", ".join(f"{r['name']} {r.get('median_ms', float('nan')):.2f}" for r in rows))
 PY
 }
 for n in 1 2; do
