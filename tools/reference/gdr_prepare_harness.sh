@@ -15,7 +15,8 @@ ref=()
 if [[ -n ${REF_CU:-} ]]; then
   [[ $REF_CU = /* ]] || REF_CU=../../$REF_CU
   { echo '#include "prelude.cuh"'; sed 's/\bgdr_/ref_gdr_/g' "$REF_CU"; } > /tmp/gdr_ref.cu
-  ref=(-DGDR_REF -I../../kernels/cuda /tmp/gdr_ref.cu)
+  # prelude.cuh's non-inline device functions get a host stub in each file: one is kept.
+  ref=(-DGDR_REF -I../../kernels/cuda /tmp/gdr_ref.cu -Xlinker --allow-multiple-definition)
 fi
 $NVCC -O3 -arch=sm_90a -std=c++17 -lineinfo -Xptxas -v -o /tmp/gdr_prepare_harness gdr_prepare_harness.cu \
   "${ref[@]}" > "$OUT/gdr_prepare_build.log" 2>&1
