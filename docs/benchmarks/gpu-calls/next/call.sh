@@ -32,7 +32,7 @@ profile() {  # profile NAME PASSES ARGS...: every kernel under ncu, a table per 
   head -14 $R/ncu-$name.md >> $L
 }
 profile forward-1100 "" --text-adapter /tmp/real/adapter-text --lengths 1100 --batch-sizes 1 \
-  --batch-prompt-tokens 16 --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
+  --batch-prompt-tokens 1100 --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
 pack
 profile tower-1024 2 --image-sizes 1024x1024 --runs 1 --warmup 1
 pack
