@@ -30,13 +30,6 @@
 
 extern __shared__ __align__(16) unsigned char fa_smem[];
 
-// 2^x in one MUFU op (exp2f adds range scaling around it). ex2.approx(-inf) = 0.
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // Part `col` (8 values) of one head's row: src[col..col + 8] times `mul`, as bf16, into dst, or
 // zeros at and beyond head_dim (a multiple of 16: a part is wholly in or out). One 16-byte store.
 __device__ __forceinline__ void fa_store_part(const float* src, __nv_bfloat16* dst, int col, int head_dim,
@@ -331,27 +324,8 @@ __device__ __forceinline__ void flash_attention_impl(
                     if (key + 1 > r0 + 8) s[n][3] = F32_NEG_INF;
                 }
             }
-            float x0 = m0, x1 = m1;
-#pragma unroll
-            for (int n = 0; n < FA_BN / 8; ++n) {
-                x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
-                x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
-            }
-            // The four threads of a quad hold one row between them.
-            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-            // A row that has seen no key yet keeps max -inf: subtract 0 instead so exp2 gives 0,
-            // not NaN.
-            const float b0 = x0 == F32_NEG_INF ? 0.0f : x0;
-            const float b1 = x1 == F32_NEG_INF ? 0.0f : x1;
-            const float c0 = fa_exp2(m0 - b0);
-            const float c1 = fa_exp2(m1 - b1);
-            m0 = x0;
-            m1 = x1;
-            l0 *= c0;
-            l1 *= c1;
+            float c0, c1;
+            online_softmax_tile<FA_BN / 8>(s, m0, m1, l0, l1, c0, c1);
             // Once the running max settles (most tiles of a long row), skip the D/2 multiplies.
             if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
 #pragma unroll
@@ -361,15 +335,6 @@ __device__ __forceinline__ void flash_attention_impl(
                     o[n][2] *= c1;
                     o[n][3] *= c1;
                 }
-            }
-#pragma unroll
-            for (int n = 0; n < FA_BN / 8; ++n) {
-                s[n][0] = fa_exp2(s[n][0] - b0);
-                s[n][1] = fa_exp2(s[n][1] - b0);
-                s[n][2] = fa_exp2(s[n][2] - b1);
-                s[n][3] = fa_exp2(s[n][3] - b1);
-                l0 += s[n][0] + s[n][1];
-                l1 += s[n][2] + s[n][3];
             }
 #pragma unroll
             for (int ks = 0; ks < FA_BN / 16; ++ks) {

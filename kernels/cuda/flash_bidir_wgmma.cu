@@ -32,12 +32,6 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// 2^x in one MUFU op (ex2.approx(-inf) = 0), as flash_attention.cu's softmax takes it.
-__device__ __forceinline__ float fw_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile (1024-aligned).
 __device__ __forceinline__ u32 fw_swizzle(int row, int chunk) { return (u32)(row * 128 + ((chunk ^ (row & 7)) << 4)); }
@@ -126,9 +120,10 @@ __device__ __forceinline__ void fw_mma_s<128>(float (&s)[64], unsigned long long
     fw_mma_ss_n128(s, a, b, accumulate);
 }
 
-// One tile's online softmax step for rows g and g + 8 of a warp (as flash_attention.cu's): keys at
-// or past `len` masked, the running maxima and denominators updated, s replaced by exp2(s − max).
-// c0 and c1 are the factors the accumulator rows must be scaled by before this tile's P V.
+// One tile's online softmax step for rows g and g + 8 of a warp: keys at or past `len` masked, then
+// prelude.cuh's online_softmax_tile (flash_attention.cu's step: the same bits) on s read as
+// [BN / 8][4] (its layout). c0 and c1 are the factors the accumulator rows must be scaled by before
+// this tile's P V.
 template <int BN>
 __device__ __forceinline__ void fw_softmax(float (&s)[BN / 2], int key0, int len, int tq, float& m0, float& m1,
                                            float& l0, float& l1, float& c0, float& c1) {
@@ -140,35 +135,7 @@ __device__ __forceinline__ void fw_softmax(float (&s)[BN / 2], int key0, int len
             if (key + 1 >= len) s[4 * n + 1] = s[4 * n + 3] = F32_NEG_INF;
         }
     }
-    float x0 = m0, x1 = m1;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) {
-        x0 = fmaxf(x0, fmaxf(s[4 * n], s[4 * n + 1]));
-        x1 = fmaxf(x1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-    }
-    // The four threads of a quad hold one row between them.
-    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
-    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
-    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-    // A row that has seen no key yet keeps max -inf: subtract 0 instead so exp2 gives 0, not NaN.
-    const float b0 = x0 == F32_NEG_INF ? 0.0f : x0;
-    const float b1 = x1 == F32_NEG_INF ? 0.0f : x1;
-    c0 = fw_exp2(m0 - b0);
-    c1 = fw_exp2(m1 - b1);
-    m0 = x0;
-    m1 = x1;
-    l0 *= c0;
-    l1 *= c1;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) {
-        s[4 * n] = fw_exp2(s[4 * n] - b0);
-        s[4 * n + 1] = fw_exp2(s[4 * n + 1] - b0);
-        s[4 * n + 2] = fw_exp2(s[4 * n + 2] - b1);
-        s[4 * n + 3] = fw_exp2(s[4 * n + 3] - b1);
-        l0 += s[4 * n] + s[4 * n + 1];
-        l1 += s[4 * n + 2] + s[4 * n + 3];
-    }
+    online_softmax_tile<BN / 8>(*reinterpret_cast<float(*)[BN / 8][4]>(&s), m0, m1, l0, l1, c0, c1);
 }
 
 // The accumulator rows scaled by c0 and c1; skipped once the running maxima settle (most tiles of

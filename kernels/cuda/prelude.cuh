@@ -235,6 +235,55 @@ __device__ __forceinline__ void delta_gate_at(const X* __restrict__ b, int b_str
     g[i] = bg.y;
 }
 
+// ---- The flash attentions' online softmax (flash_attention.cu's mma.sync kernels and
+// flash_bidir_wgmma.cu's warpgroup form): one helper, so both give the same bits.
+
+// 2^x in one MUFU op (exp2f adds range scaling around it). ex2.approx(-inf) = 0.
+__device__ __forceinline__ float exp2_mufu(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// One key tile's step for the two query rows a thread holds a quarter of, in the mma accumulator
+// layout: s[n][0], s[n][1] in row g and s[n][2], s[n][3] in row g + 8, keys n·8 + 2·(lane % 4) and
+// the next (masked keys already -inf). Updates the rows' running maxima m0, m1 and this thread's
+// shares of their denominators l0, l1; leaves 2^(s − max) in s and in c0, c1 the factors by which
+// the rows' earlier output sums must be scaled.
+template <int N>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[N][4], float& m0, float& m1, float& l0, float& l1,
+                                                    float& c0, float& c1) {
+    float x0 = m0, x1 = m1;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
+        x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
+    }
+    // The four threads of a quad hold one row between them.
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+    // A row that has seen no key yet keeps max -inf: subtract 0 instead so exp2 gives 0, not NaN.
+    const float b0 = x0 == F32_NEG_INF ? 0.0f : x0;
+    const float b1 = x1 == F32_NEG_INF ? 0.0f : x1;
+    c0 = exp2_mufu(m0 - b0);
+    c1 = exp2_mufu(m1 - b1);
+    m0 = x0;
+    m1 = x1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        s[n][0] = exp2_mufu(s[n][0] - b0);
+        s[n][1] = exp2_mufu(s[n][1] - b0);
+        s[n][2] = exp2_mufu(s[n][2] - b1);
+        s[n][3] = exp2_mufu(s[n][3] - b1);
+        l0 += s[n][0] + s[n][1];
+        l1 += s[n][2] + s[n][3];
+    }
+}
+
 // ---- 2-D axial rotary (the vision tower's), shared by rope_axial (vision.cu) and the fused
 // attention inputs (flash_attention.cu), so both round exactly alike.
 
