@@ -234,13 +234,38 @@ __device__ __forceinline__ void fw_store(const FwBlock& b, const float (&o)[32],
     }
 }
 
+// Where the block's segment's K and V rows of head b.h start, and their row stride.
+struct FwKv {
+    i64 row_stride;
+    const __nv_bfloat16* k;
+    const __nv_bfloat16* v;
+};
+
 // Loads key/value tile `t` of the block's segment into stage `st` (zeros past the segment).
 template <int BN>
-__device__ __forceinline__ void fw_load_kv(const FwBlock& b, const __nv_bfloat16* k_seq, const __nv_bfloat16* v_seq,
-                                           i64 row_stride, int t, int st) {
+__device__ __forceinline__ void fw_load_kv(const FwBlock& b, const FwKv& kv, int t, int st) {
     const int key0 = t * BN;
-    fw_load_tile<BN>(b.sk + st * BN * 128, k_seq + (i64)key0 * row_stride, row_stride, key0, b.len);
-    fw_load_tile<BN>(b.sv + st * BN * 128, v_seq + (i64)key0 * row_stride, row_stride, key0, b.len);
+    fw_load_tile<BN>(b.sk + st * BN * 128, kv.k + (i64)key0 * kv.row_stride, kv.row_stride, key0, b.len);
+    fw_load_tile<BN>(b.sv + st * BN * 128, kv.v + (i64)key0 * kv.row_stride, kv.row_stride, key0, b.len);
+}
+
+// The first loads of either form: Q with stage 0's group, then stages 0 .. STAGES − 1 (one group
+// each, empty past the segment's tiles).
+template <int BN, int STAGES>
+__device__ __forceinline__ FwKv fw_start(const FwBlock& b, const __nv_bfloat16* __restrict__ qb,
+                                         const __nv_bfloat16* __restrict__ kb, const __nv_bfloat16* __restrict__ vb,
+                                         int heads) {
+    FwKv kv;
+    kv.row_stride = (i64)heads * FW_D;
+    kv.k = kb + (i64)b.seq_start * kv.row_stride + (i64)b.h * FW_D;
+    kv.v = vb + (i64)b.seq_start * kv.row_stride + (i64)b.h * FW_D;
+    fw_load_tile<FW_BM>(b.sq, qb + ((i64)(b.seq_start + b.q0) * heads + b.h) * FW_D, kv.row_stride, b.q0, b.len);
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+        if (st < b.n_tiles) fw_load_kv<BN>(b, kv, st, st);
+        cp_async_commit();
+    }
+    return kv;
 }
 
 // Each tile in turn: S = Q Kᵀ, wait, softmax, O += P V, wait. STAGES tiles in flight.
@@ -251,18 +276,9 @@ __device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ q
                                              int heads) {
     FwBlock b;
     if (!fw_block<BN, STAGES>(cu_seqlens, num_seqs, rows, b)) return;
-    const i64 row_stride = (i64)heads * FW_D;
-    const __nv_bfloat16* k_seq = kb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
-    const __nv_bfloat16* v_seq = vb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
-
     // Group s in flight holds stage s's K and V (and Q with stage 0); one group is committed per
     // step, empty where no tile is left, so "all but STAGES - 1" always means "this step's".
-    fw_load_tile<FW_BM>(b.sq, qb + ((i64)(b.seq_start + b.q0) * heads + b.h) * FW_D, row_stride, b.q0, b.len);
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-        if (st < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, st, st);
-        cp_async_commit();
-    }
+    const FwKv kv = fw_start<BN, STAGES>(b, qb, kb, vb, heads);
 
     const unsigned long long q_desc = fw_desc(b.sq + b.wg * 64 * 128);
     float o[32];
@@ -299,7 +315,7 @@ __device__ __forceinline__ void fw_attention(const __nv_bfloat16* __restrict__ q
         fw_pin(o);
 
         __syncthreads();  // both warpgroups are done with stage st
-        if (j + STAGES < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, j + STAGES, st);
+        if (j + STAGES < b.n_tiles) fw_load_kv<BN>(b, kv, j + STAGES, st);
         cp_async_commit();
     }
     fw_store(b, o, l0, l1, out, out_bf16, heads);
@@ -319,18 +335,9 @@ __device__ __forceinline__ void fw_attention_overlap(const __nv_bfloat16* __rest
     constexpr int STAGES = 3;
     FwBlock b;
     if (!fw_block<BN, STAGES>(cu_seqlens, num_seqs, rows, b)) return;
-    const i64 row_stride = (i64)heads * FW_D;
-    const __nv_bfloat16* k_seq = kb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
-    const __nv_bfloat16* v_seq = vb + (i64)b.seq_start * row_stride + (i64)b.h * FW_D;
-
     // Groups: Q with tile 0, then tiles 1 and 2; then one per step (tile j + 2 at the end of step
     // j), empty where no tile is left: at the top of step j, "all but the newest one" is tile j.
-    fw_load_tile<FW_BM>(b.sq, qb + ((i64)(b.seq_start + b.q0) * heads + b.h) * FW_D, row_stride, b.q0, b.len);
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-        if (st < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, st, st);
-        cp_async_commit();
-    }
+    const FwKv kv = fw_start<BN, STAGES>(b, qb, kb, vb, heads);
 
     const unsigned long long q_desc = fw_desc(b.sq + b.wg * 64 * 128);
     float o[32];
@@ -379,7 +386,7 @@ __device__ __forceinline__ void fw_attention_overlap(const __nv_bfloat16* __rest
         fw_rescale(o, c0, c1);
         fw_pack<BN>(s, p);
         __syncthreads();  // both warpgroups are done with tile j − 1's stage
-        if (j + 2 < b.n_tiles) fw_load_kv<BN>(b, k_seq, v_seq, row_stride, j + 2, (j - 1) % STAGES);
+        if (j + 2 < b.n_tiles) fw_load_kv<BN>(b, kv, j + 2, (j - 1) % STAGES);
         cp_async_commit();
     }
     fw_fence();
