@@ -28,6 +28,7 @@ use super::super::device::driver_err;
 use super::super::launch::{linear, to_i32, to_u32, Gpu};
 use super::super::workspace::{FlashScratch, ScratchGuard};
 use super::rope::RopeTable;
+use super::shared::opt_in_smem;
 use super::vision::AxialFreqs;
 use crate::backend::{AttentionDims, KernelResult, Varlen};
 use crate::error::KernelError;
@@ -583,20 +584,17 @@ fn opt_in(
     two_blocks_per_sm: bool,
     smem: usize,
 ) -> KernelResult<()> {
-    let f = gpu.device.function(kernel)?;
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        to_i32(op, "shared memory", smem)?,
-    )
-    .map_err(|e| driver_err("attention: shared memory opt-in", e))?;
+    opt_in_smem(gpu, op, kernel, smem)?;
     if two_blocks_per_sm {
         // Two blocks per SM (the narrow layout, the wgmma kernel) need the largest shared-memory
         // carveout (a hint the driver may otherwise size for one block).
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            100,
-        )
-        .map_err(|e| driver_err("attention: shared memory carveout", e))?;
+        gpu.device
+            .function(kernel)?
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(|e| driver_err("attention: shared memory carveout", e))?;
     }
     Ok(())
 }
