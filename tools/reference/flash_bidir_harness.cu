@@ -14,6 +14,7 @@
 #include <vector>
 #include <random>
 #include <cuda_runtime.h>
+#include "harness_host.h"
 
 // Other tile and stage choices, for comparison with the served one.
 FW_ENTRY(fw_bn64_s2, 64, 2, 2)
@@ -27,9 +28,6 @@ FW_OVERLAP_ENTRY(fw_overlap_bn128, 128, 1)
 
 typedef void (*FwFn)(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, const u32*, int, u32, void*, int, int);
 struct Variant { const char* name; FwFn fn; int bn, stages; };
-
-static float bf(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
-static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
 
 int main(int argc, char** argv) {
     Variant variants[] = {{"overlap bn64 s3 (served)", flash_bidir_wgmma_d64, 64, 3}, {"wgmma bn64 s3", fw_bn64_s3, 64, 3},
@@ -56,7 +54,7 @@ int main(int argc, char** argv) {
         const size_t n = (size_t)rows * H * D;
         std::vector<uint16_t> q(n), k(n), v(n);
         const float qs = 0.125f * 1.4426950408889634f * c.qmul;
-        for (size_t i = 0; i < n; ++i) { q[i] = tobf(nd(rng) * qs); k[i] = tobf(nd(rng)); v[i] = tobf(nd(rng)); }
+        for (size_t i = 0; i < n; ++i) { q[i] = to_bf16(nd(rng) * qs); k[i] = to_bf16(nd(rng)); v[i] = to_bf16(nd(rng)); }
         __nv_bfloat16 *dq, *dk, *dv; u32* dcu; float* dout; float* dref;
         CK(cudaMalloc(&dq, n * 2)); CK(cudaMalloc(&dk, n * 2)); CK(cudaMalloc(&dv, n * 2));
         CK(cudaMalloc(&dcu, cu.size() * 4)); CK(cudaMalloc(&dout, n * 4)); CK(cudaMalloc(&dref, n * 4));
@@ -76,11 +74,11 @@ int main(int argc, char** argv) {
                 std::vector<double> sc(cu[s + 1] - cu[s]);
                 double mx = -1e300;
                 for (u32 j = cu[s]; j < cu[s + 1]; ++j) {
-                    double a = 0; for (int d = 0; d < D; ++d) a += (double)bf(q[((size_t)r * H + h) * D + d]) * bf(k[((size_t)j * H + h) * D + d]);
+                    double a = 0; for (int d = 0; d < D; ++d) a += (double)from_bf16(q[((size_t)r * H + h) * D + d]) * from_bf16(k[((size_t)j * H + h) * D + d]);
                     sc[j - cu[s]] = a; mx = fmax(mx, a);
                 }
                 double den = 0; std::vector<double> acc(D, 0.0);
-                for (u32 j = cu[s]; j < cu[s + 1]; ++j) { double p = exp2(sc[j - cu[s]] - mx); den += p; for (int d = 0; d < D; ++d) acc[d] += p * bf(v[((size_t)j * H + h) * D + d]); }
+                for (u32 j = cu[s]; j < cu[s + 1]; ++j) { double p = exp2(sc[j - cu[s]] - mx); den += p; for (int d = 0; d < D; ++d) acc[d] += p * from_bf16(v[((size_t)j * H + h) * D + d]); }
                 for (int d = 0; d < D; ++d) ref[(ri * H + h) * D + d] = acc[d] / den;
             }
         }

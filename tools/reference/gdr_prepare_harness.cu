@@ -40,6 +40,8 @@ __device__ __forceinline__ unsigned dc_smid() {
 #include <vector>
 #include <cuda_runtime.h>
 
+#include "harness_host.h"
+
 #define CK(x)                                                                                   \
     do {                                                                                        \
         cudaError_t e_ = (x);                                                                   \
@@ -59,13 +61,6 @@ struct Variant {
     int threads;
     int smem;
 };
-
-static uint16_t tobf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 // Real shapes.
 static const int KH = 16, VH = 32, KD = 128, VD = 128;
@@ -150,18 +145,13 @@ int main() {
         max_rows = std::max(max_rows, r);
     }
     std::vector<uint16_t> hx(max_rows * XW), hw(QKV * 4), hal(VH), hdt(VH);
-    // The projection: uniform in (-1, 1) from a xorshift (a normal draw per value is too slow
+    // The projection: uniform in [-1, 1) from a xorshift (a normal draw per value is too slow
     // for the largest batch's 474 M values).
-    uint64_t xs = 0x9e3779b97f4a7c15ull;
-    for (auto& v : hx) {
-        xs ^= xs << 13;
-        xs ^= xs >> 7;
-        xs ^= xs << 17;
-        v = tobf((float)(xs >> 40) * (2.0f / 16777216.0f) - 1.0f);
-    }
-    for (auto& v : hw) v = tobf(nd(rng) * 0.5f);
-    for (auto& v : hal) v = tobf(nd(rng) * 0.5f);
-    for (auto& v : hdt) v = tobf(nd(rng) * 0.5f);
+    XorShift xs{0x9e3779b97f4a7c15ull};
+    for (auto& v : hx) v = to_bf16(xs.uniform());
+    for (auto& v : hw) v = to_bf16(nd(rng) * 0.5f);
+    for (auto& v : hal) v = to_bf16(nd(rng) * 0.5f);
+    for (auto& v : hdt) v = to_bf16(nd(rng) * 0.5f);
     __nv_bfloat16 *dx, *dw, *dal, *ddt;
     CK(cudaMalloc(&dx, hx.size() * 2));
     CK(cudaMalloc(&dw, hw.size() * 2));
@@ -174,14 +164,7 @@ int main() {
     // Carried conv windows (f32 [seqs][3][q|k|v], values of a bf16 projection) for resumed cases.
     const int max_win_seqs = 16;
     std::vector<float> hwin((size_t)max_win_seqs * 3 * QKV);
-    for (auto& v : hwin) {
-        xs ^= xs << 13;
-        xs ^= xs >> 7;
-        xs ^= xs << 17;
-        const uint16_t b = tobf((float)(xs >> 40) * (2.0f / 16777216.0f) - 1.0f);
-        const uint32_t u = (uint32_t)b << 16;
-        memcpy(&v, &u, 4);
-    }
+    for (auto& v : hwin) v = from_bf16(to_bf16(xs.uniform()));
     float* dwin;
     CK(cudaMalloc(&dwin, hwin.size() * 4));
     CK(cudaMemcpy(dwin, hwin.data(), hwin.size() * 4, cudaMemcpyHostToDevice));

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <vector>
 
+#include "harness_host.h"
+
 #define CK(x)                                                                          \
     do {                                                                               \
         auto s_ = (x);                                                                 \
@@ -32,30 +34,13 @@ static void* ws;
 static const size_t WS = 32 << 20;
 static cudaStream_t st;
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 static double gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / 1.4142135623730951)); }
 
-// Uniform in (-a, a), bf16-representable, from a xorshift.
+// Uniform in [-a, a), bf16-representable, from a xorshift.
 static void fill(std::vector<uint16_t>& v, float a, uint64_t seed) {
-    uint64_t s = seed;
-    for (auto& x : v) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        x = to_bf16(((float)(s >> 40) * (2.0f / 16777216.0f) - 1.0f) * a);
-    }
+    XorShift r{seed};
+    for (auto& x : v) x = to_bf16(r.uniform() * a);
 }
 
 struct Gemm {
