@@ -5,7 +5,9 @@
 #   1. GPU tests: cuda_vision (the new epilogue test: bias + residual bit for bit, GELU within one
 #      bf16 step), vision_tiny (whole towers against transformers), cuda_gemm_tuning (the tuning
 #      file with epilogue lines), cuda_batch_invariance (the GEMM plans' keys changed);
-#   2. tools/reference/gemm_skinny_probe.cu at 144 rows (a 139-id question's bucket): the language
+#   2. parity on the 84-question corpus, its bits against c0266f3's (the text path's GEMM plans
+#      have a new key but the same algorithms: expected identical);
+#   2b. tools/reference/gemm_skinny_probe.cu at 144 rows (a 139-id question's bucket): the language
 #      model's GEMMs against the weight read alone, the server's choice against an exhaustive
 #      search of cuBLASLt's configurations that keep the reference's bits;
 #   3. the tower as the server runs it (`instinct bench --image-sizes 1024x1024`), this build and
@@ -31,6 +33,8 @@ tests_summary
 grep -E "tanh GELU values|^attention 4096|^write_patch_rows" "$TESTS_LOG" >> $L
 cp "$TESTS_LOG" $R/
 wait_checkpoint
+parity
+same_bits_as 2026-12-06-c0266f3-h100
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 $NVCC -O2 -std=c++17 -arch=sm_90a -o /tmp/gemm_skinny_probe tools/reference/gemm_skinny_probe.cu -lcublasLt \
   > $R/gemm_skinny_probe.txt 2>&1 && timeout 150 /tmp/gemm_skinny_probe 144 >> $R/gemm_skinny_probe.txt 2>&1
