@@ -37,7 +37,7 @@ parity
 same_bits_as 2026-12-06-c0266f3-h100
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 $NVCC -O2 -std=c++17 -arch=sm_90a -o /tmp/gemm_skinny_probe tools/reference/gemm_skinny_probe.cu -lcublasLt \
-  > $R/gemm_skinny_probe.txt 2>&1 && timeout 150 /tmp/gemm_skinny_probe 144 >> $R/gemm_skinny_probe.txt 2>&1
+  > $R/gemm_skinny_probe.txt 2>&1 && timeout 100 /tmp/gemm_skinny_probe 144 >> $R/gemm_skinny_probe.txt 2>&1
 t "skinny probe exit $?"
 tail -1 $R/gemm_skinny_probe.txt >> $L
 pack
