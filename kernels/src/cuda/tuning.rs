@@ -227,6 +227,7 @@ mod tests {
     #[test]
     fn lines_without_an_epilogue_are_plain_gemms_and_a_written_zero_is_damage() {
         let dir = scratch_dir("epilogue");
+        fs::create_dir_all(&dir).unwrap();
         let file = TuningFile::new(&dir, "gpu A");
         let header = format!("{HEADER} gpu A");
         let words = "1 2 3 4 5 6 7 8";
