@@ -17,7 +17,7 @@ use common::{bf16_round, cu_of, gpu, rand_vec};
 use instinct_kernels::backend::{bias_rope_attention_apart, Gelu, VisionBackend};
 use instinct_kernels::cuda::CudaBackend;
 use instinct_kernels::patches::{PatchImage, PatchRows, PATCH_VALUES};
-use instinct_kernels::{Backend, CpuBackend, HeadLayout, KernelError, RowNorm, Varlen};
+use instinct_kernels::{Backend, CpuBackend, GemmShape, HeadLayout, KernelError, RowNorm, Varlen};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -308,6 +308,105 @@ fn fused_bias_ops_equal_the_separate_ops_on_the_gpu() {
 #[test]
 fn fused_bias_ops_equal_the_separate_ops_on_the_cpu() {
     fused_bias_ops_match_the_separate_ones(&CpuBackend::new(), false);
+}
+
+/// The GEMMs with their bias ops (on a GPU in cuBLASLt's epilogues) against the GEMM and the ops
+/// apart on the same backend, at the tower's MLP and projection shapes (`dims`) and ragged row
+/// counts: `gemm_bias_residual` bit for bit (the same f32 adds in the same order);
+/// `gemm_bias_gelu` into a GEMM input within one bf16 step of the rounded value, on at most 1% of
+/// the values (another tanh GELU, rounded once: it moves a value across a rounding boundary
+/// rarely), and the erf GELU as the ops apart. Returns how many GELU values differed.
+fn gemm_bias_ops_match_the_ops_apart<B: VisionBackend>(
+    be: &B,
+    dims: [(usize, usize); 3],
+    rows: &[usize],
+) -> usize {
+    let mut rng = StdRng::seed_from_u64(22);
+    let mut gelu_differing = 0;
+    for &(in_dim, out_dim) in &dims {
+        let w = bf16_weight(&mut rng, out_dim * in_dim, 1.0 / (in_dim as f32).sqrt());
+        let bias = bf16_weight(&mut rng, out_dim, 0.5);
+        let (w_d, bias_d) = (be.upload(&w).unwrap(), be.upload(&bias).unwrap());
+        let mut bias_f32 = be.alloc(out_dim).unwrap();
+        be.write(&mut bias_f32, &bias).unwrap();
+        for &n in rows {
+            let (len, shape) = (n * out_dim, GemmShape::new(n, in_dim, out_dim));
+            let what = format!("{n}x{in_dim} -> {out_dim}");
+            let x = rand_vec(&mut rng, n * in_dim, 2.0);
+            let mut x_in = be.alloc_gemm_input(n * in_dim).unwrap();
+            be.write(&mut x_in, &x).unwrap();
+            let residual = rand_vec(&mut rng, len, 2.0);
+
+            let mut product = padded(be, &vec![f32::NAN; len]);
+            be.gemm(&x_in, &w_d, shape, &mut product).unwrap();
+            let mut want = padded(be, &residual);
+            be.add_bias_residual(&mut want, &mut product, &bias_d, (n, out_dim))
+                .unwrap();
+            let want = read_all(be, &want, len);
+            let mut got = padded(be, &residual);
+            let mut scratch = padded(be, &vec![f32::NAN; len]);
+            let weights = (&w_d, &bias_d, &bias_f32);
+            be.gemm_bias_residual(&x_in, weights, shape, &mut scratch, &mut got)
+                .unwrap();
+            let got = read_all(be, &got, len);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "gemm_bias_residual {what}"
+            );
+
+            for kind in [Gelu::Tanh, Gelu::Erf] {
+                let mut product = padded(be, &vec![f32::NAN; len]);
+                be.gemm(&x_in, &w_d, shape, &mut product).unwrap();
+                let mut want = be.alloc_gemm_input(len).unwrap();
+                be.bias_gelu(&mut product, &bias_d, (n, out_dim), kind, &mut want)
+                    .unwrap();
+                let want = be.read(&want, len).unwrap();
+                let mut got = be.alloc_gemm_input(len).unwrap();
+                let mut scratch = padded(be, &vec![f32::NAN; len]);
+                be.gemm_bias_gelu(
+                    &x_in,
+                    (&w_d, &bias_d),
+                    shape,
+                    kind,
+                    (&mut scratch, &mut got),
+                )
+                .unwrap();
+                let got = be.read(&got, len).unwrap();
+                let what = format!("gemm_bias_gelu {kind:?} {what}");
+                let differing = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                if kind == Gelu::Erf {
+                    assert_eq!(differing, 0, "{what}: the erf GELU runs apart");
+                }
+                // One bf16 step at the value's magnitude (8 bits of mantissa).
+                assert_close(&got, &want, 1.0 / 128.0, &what);
+                assert!(
+                    differing * 100 <= len,
+                    "{what}: {differing} of {len} values differ"
+                );
+                gelu_differing += differing;
+            }
+        }
+    }
+    gelu_differing
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gemm_bias_ops_in_the_epilogues_match_the_ops_apart_on_the_gpu() {
+    let dims = [(HIDDEN, MLP), (HIDDEN, HIDDEN), (MLP, HIDDEN)];
+    let differing = gemm_bias_ops_match_the_ops_apart(&gpu(), dims, &[1, 37, 300, 1024, 4096]);
+    eprintln!("tanh GELU values one bf16 step apart: {differing}");
+}
+
+#[test]
+fn gemm_bias_ops_equal_the_ops_apart_on_the_cpu() {
+    let differing = gemm_bias_ops_match_the_ops_apart(
+        &CpuBackend::new(),
+        [(64, 256), (64, 64), (256, 64)],
+        &[1, 37, 130],
+    );
+    assert_eq!(differing, 0, "the CPU runs the default: the ops apart");
 }
 
 #[test]

@@ -23,22 +23,31 @@ use serde_json::Value;
 /// What a backend's results must hold to against the fp32 goldens.
 #[derive(Clone, Copy)]
 struct Tolerance {
-    /// Image features and final hidden states, relative to the largest value.
+    /// Image features, relative to the largest value.
     rel: f64,
+    /// Final hidden states after the language model, relative to the largest value.
+    hidden: f64,
     /// Letter probabilities, absolute.
     prob: f64,
 }
 
 const CPU: Tolerance = Tolerance {
     rel: 1e-4,
+    hidden: 1e-4,
     prob: 1e-5,
 };
 /// bf16 GEMM operands (weights and activations) through 2 vision blocks and the language model.
 /// On an H200 (9c71f1c) features and hidden states held 3e-2; probabilities were off by 0.0108
-/// (base) and 0.0136 (adapter) at the first prompt checked, over the 1e-2 first tried.
+/// (base) and 0.0136 (adapter) at the first prompt checked, over the 1e-2 first tried, and later
+/// by up to 0.0276 (adapter). Since fc1's GELU runs in cuBLASLt's epilogue (eb2c916, an H100), one
+/// fc1 output in ~2,000 rounds to the bf16 neighbour of the separate kernel's, and this random
+/// model's language pass carries that to a hidden state 3.84e-2 off (adapter, image_90x150,
+/// n = 3): another draw of the same bf16 noise (the real-shape screenshot parity holds, max
+/// |Δp| 0.0426 against 0.1536), so hidden states and probabilities get 5e-2, features keep 3e-2.
 const GPU: Tolerance = Tolerance {
     rel: 3e-2,
-    prob: 3e-2,
+    hidden: 5e-2,
+    prob: 5e-2,
 };
 const MERGE: u32 = 2;
 
@@ -180,6 +189,7 @@ fn check<B: VisionBackend>(
     let pixels = images();
     let mut worst_feature = 0f64;
     let mut worst_prob = 0f64;
+    let mut worst_hidden = 0f64;
     let mut prompts_checked = 0;
     for (im, px) in g["images"].as_array().unwrap().iter().zip(&pixels) {
         let name = im["name"].as_str().unwrap();
@@ -237,9 +247,10 @@ fn check<B: VisionBackend>(
             let want = &p[variant];
             let hidden_rel = max_rel_diff(&hidden, &floats(&want["final_hidden"]));
             assert!(
-                hidden_rel < tol.rel,
+                hidden_rel < tol.hidden,
                 "{name} n={n}: hidden off by {hidden_rel}"
             );
+            worst_hidden = worst_hidden.max(hidden_rel);
             for (k, key) in [(26, "probs_26"), (3, "probs_3")] {
                 let got = loaded.readout.probabilities(&hidden, k).unwrap();
                 for (&a, b) in got.iter().zip(floats(&want[key])) {
@@ -268,7 +279,8 @@ fn check<B: VisionBackend>(
         "{variant}: the first image again, {rel} relative"
     );
     eprintln!(
-        "{variant}: worst feature rel diff {worst_feature:.2e}, worst prob diff {worst_prob:.2e}"
+        "{variant}: worst feature rel diff {worst_feature:.2e}, worst hidden rel diff \
+         {worst_hidden:.2e}, worst prob diff {worst_prob:.2e}"
     );
 }
 

@@ -633,6 +633,42 @@ pub trait VisionBackend: Backend {
         self.add_in_place(residual, x, rows * dim)
     }
 
+    /// `out = gelu(x Wᵀ + bias)` (`w: [out_dim, in_dim]`, `bias: [out_dim]`, as uploaded), `out`
+    /// in its own precision as [`Self::bias_gelu`]'s. The default is [`Backend::gemm`] into
+    /// `scratch` (f32, at least `rows · out_dim` values), then [`Self::bias_gelu`]. A backend may
+    /// instead add the bias and apply the GELU in the GEMM's epilogue, leaving `scratch` as it
+    /// was: one pass less over the output, with that GEMM's own GELU (not the same bits).
+    fn gemm_bias_gelu(
+        &self,
+        x: &Self::Buf,
+        (w, bias): (&Self::Buf, &Self::Buf),
+        shape: GemmShape,
+        kind: Gelu,
+        (scratch, out): (&mut Self::Buf, &mut Self::Buf),
+    ) -> KernelResult<()> {
+        self.gemm(x, w, shape, scratch)?;
+        self.bias_gelu(scratch, bias, (shape.rows, shape.out_dim), kind, out)
+    }
+
+    /// `residual += x Wᵀ + bias`, the bias added to the product first (as
+    /// [`Self::add_bias_residual`] adds); `bias_f32` is the bias in f32 (from [`Backend::alloc`]).
+    /// The default is [`Backend::gemm`] into `scratch` (f32, at least `rows · out_dim` values),
+    /// then [`Self::add_bias_residual`]. A backend may do both adds, in that order, in the GEMM's
+    /// epilogue (reading `bias_f32`), leaving `scratch` as it was.
+    fn gemm_bias_residual(
+        &self,
+        x: &Self::Buf,
+        (w, bias, bias_f32): (&Self::Buf, &Self::Buf, &Self::Buf),
+        shape: GemmShape,
+        scratch: &mut Self::Buf,
+        residual: &mut Self::Buf,
+    ) -> KernelResult<()> {
+        let _ = bias_f32;
+        self.gemm(x, w, shape, scratch)?;
+        let dims = (shape.rows, shape.out_dim);
+        self.add_bias_residual(residual, scratch, bias, dims)
+    }
+
     /// 2-D axial rotary embedding in place on every head, rotating the whole head (`head_dim`
     /// divisible by 4). `positions` is `[rows, 2]` (patch row, patch column). With `D = head_dim`,
     /// `inv_freq_i = theta^(−2i/(D/2))` for `i < D/4`; the angles are `[row·inv_freq, col·inv_freq]`

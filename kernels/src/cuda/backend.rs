@@ -798,6 +798,43 @@ impl VisionBackend for CudaBackend {
         vision::add_bias_residual(&self.gpu, residual, (x, bias), shape)
     }
 
+    /// The tanh GELU into a bf16 `out` in cuBLASLt's GELU_BIAS epilogue (the bias as uploaded,
+    /// bf16), else the GEMM and `bias_gelu` apart.
+    fn gemm_bias_gelu(
+        &self,
+        x: &CudaBuf,
+        (w, bias): (&CudaBuf, &CudaBuf),
+        shape: GemmShape,
+        kind: Gelu,
+        (scratch, out): (&mut CudaBuf, &mut CudaBuf),
+    ) -> KernelResult<()> {
+        let how = (Store::Replace, true);
+        if kind == Gelu::Tanh && gemm::gemm_epilogue(&self.gpu, (x, w, bias), shape, how, out)? {
+            return Ok(());
+        }
+        self.gemm(x, w, shape, scratch)?;
+        self.bias_gelu(scratch, bias, (shape.rows, shape.out_dim), kind, out)
+    }
+
+    /// Both adds in cuBLASLt's BIAS epilogue, the GEMM adding to `residual` (the same f32 adds in
+    /// the same order as `add_bias_residual`: the same bits), else the GEMM and that op apart.
+    fn gemm_bias_residual(
+        &self,
+        x: &CudaBuf,
+        (w, bias, bias_f32): (&CudaBuf, &CudaBuf, &CudaBuf),
+        shape: GemmShape,
+        scratch: &mut CudaBuf,
+        residual: &mut CudaBuf,
+    ) -> KernelResult<()> {
+        let how = (Store::Add, false);
+        if gemm::gemm_epilogue(&self.gpu, (x, w, bias_f32), shape, how, residual)? {
+            return Ok(());
+        }
+        self.gemm(x, w, shape, scratch)?;
+        let dims = (shape.rows, shape.out_dim);
+        self.add_bias_residual(residual, scratch, bias, dims)
+    }
+
     fn rope_axial(
         &self,
         x: &mut CudaBuf,

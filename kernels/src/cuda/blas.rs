@@ -1,6 +1,8 @@
 //! GEMMs through cuBLASLt: bf16 operands, f32 accumulation, f32 output (or bf16, for an output
 //! whose only reader rounds it to bf16 anyway: the MLP's gate|up, read by SwiGLU). An f32 output
 //! may instead be added to (`Store::Add`: the residual stream, in place, by the GEMM's epilogue).
+//! The epilogue may also add a bias, or add one and apply the tanh GELU ([`Epilogue`]: the vision
+//! tower's, where each such pass over the output would otherwise read and write it once more).
 //!
 //! Activations are f32 in this backend, so `y = x Wᵀ` first rounds `x` to bf16 into a scratch
 //! buffer (as a bf16 model's activations are), then runs one cuBLASLt matmul against the bf16
@@ -81,6 +83,37 @@ pub(crate) enum GemmInput<'a, F> {
     Ready(&'a CudaSlice<bf16>),
 }
 
+/// What a GEMM's epilogue does to the product besides storing it (`Store` says replace or add).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Epilogue {
+    /// Nothing.
+    None,
+    /// `+ bias[col]`: an f32 bias (device pointer) to an f32 output (added to it or not). The
+    /// sum is `(product + bias) + y` where it adds: the order of a bias pass then a residual add.
+    Bias(u64),
+    /// `gelu_tanh(product + bias[col])`: a bf16 bias (device pointer) to a bf16 output. cuBLASLt's
+    /// GELU, not the same bits as the `bias_gelu` kernel's (docs/validation/cuda-ops.md).
+    GeluBias(u64),
+}
+
+impl Epilogue {
+    /// The epilogue without its pointer, as shapes and tuning files key it (0: none).
+    pub(crate) fn tag(self) -> u8 {
+        match self {
+            Self::None => 0,
+            Self::Bias(_) => 1,
+            Self::GeluBias(_) => 2,
+        }
+    }
+
+    fn bias(self) -> Option<u64> {
+        match self {
+            Self::None => None,
+            Self::Bias(bias) | Self::GeluBias(bias) => Some(bias),
+        }
+    }
+}
+
 /// Descriptors and algorithm of one GEMM shape.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
@@ -112,10 +145,10 @@ impl Drop for Plan {
     }
 }
 
-/// Shape key: (rows, in_dim, out_dim, bf16 output, adds to the output).
-type Shape = (usize, usize, usize, bool, bool);
+/// Shape key: (rows, in_dim, out_dim, bf16 output, adds to the output, epilogue tag).
+type Shape = (usize, usize, usize, bool, bool, u8);
 /// A shape without its rows (the batch-invariant reference is one per family).
-type Family = (usize, usize, bool, bool);
+type Family = (usize, usize, bool, bool, u8);
 /// The rows of a tuning file's line holding a family's reference (no bucket has them).
 const REFERENCE_LINE_ROWS: usize = 0;
 
@@ -288,18 +321,18 @@ impl Blas {
         };
         let stored = file.load();
         let mut state = lock(&self.state);
-        for ((rows, in_dim, out_dim, bf16_out, add), data) in stored {
+        for ((rows, in_dim, out_dim, bf16_out, add, epilogue), data) in stored {
             let algo = sys::cublasLtMatmulAlgo_t { data };
             if rows == REFERENCE_LINE_ROWS {
                 // Only a batch-invariant file has these lines (its identity says so).
                 state
                     .references
-                    .entry((in_dim, out_dim, bf16_out, add))
+                    .entry((in_dim, out_dim, bf16_out, add, epilogue))
                     .or_insert(Some(algo));
             } else {
                 state
                     .tuned
-                    .entry((rows, in_dim, out_dim, bf16_out, add))
+                    .entry((rows, in_dim, out_dim, bf16_out, add, epilogue))
                     .or_insert(algo);
             }
         }
@@ -337,8 +370,10 @@ impl Blas {
         let (bucket, like) = (row_bucket(rows), row_bucket(like));
         let mut shapes = state.tuned.keys().filter(|k| k.0 == like).peekable();
         shapes.peek().is_some()
-            && shapes.all(|&(_, i, o, bf16_out, add)| {
-                state.tuned.contains_key(&(bucket, i, o, bf16_out, add))
+            && shapes.all(|&(_, i, o, bf16_out, add, epilogue)| {
+                state
+                    .tuned
+                    .contains_key(&(bucket, i, o, bf16_out, add, epilogue))
             })
     }
 
@@ -385,7 +420,8 @@ impl Blas {
 
     /// `y = x Wᵀ` (or `y += x Wᵀ`, as `store` says: f32 outputs only), `w: [out_dim, in_dim]`,
     /// reading a bf16 `x`: given ready, or written into the scratch by a `Convert` producer (which
-    /// must write `rows·in_dim` values into the slice it gets).
+    /// must write `rows·in_dim` values into the slice it gets); with `epilogue`'s bias (of
+    /// `out_dim` values) and GELU applied on the way out.
     /// Returns `false` (and does nothing) when cuBLASLt has no algorithm for the shape (odd leading
     /// dimensions), so the caller can fall back. Conversion and matmul run under one lock, so
     /// concurrent callers never share the scratch buffer.
@@ -394,7 +430,7 @@ impl Blas {
         rows: usize,
         in_dim: usize,
         (w, out_dim, y): (&CudaSlice<bf16>, usize, OutBuf<'_>),
-        store: Store,
+        (store, epilogue): (Store, Epilogue),
         input: GemmInput<'_, impl FnOnce(&mut CudaSlice<bf16>) -> KernelResult<()>>,
     ) -> KernelResult<bool> {
         const OP: &str = "gemm";
@@ -406,22 +442,33 @@ impl Blas {
                 "only an f32 output can be added to",
             ));
         }
+        match epilogue {
+            Epilogue::Bias(_) if bf16_out => {
+                return Err(KernelError::invalid(OP, "a bias epilogue writes f32"));
+            }
+            Epilogue::GeluBias(_) if !bf16_out => {
+                return Err(KernelError::invalid(OP, "a GELU epilogue writes bf16"));
+            }
+            _ => {}
+        }
         let mut state = lock(&self.state);
-        let key = (rows, in_dim, out_dim, bf16_out, add);
+        let tag = epilogue.tag();
+        let key = (rows, in_dim, out_dim, bf16_out, add, tag);
         // The tuning's key: the same shape with its rows' bucket.
-        let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add);
+        let bucket = (row_bucket(rows), in_dim, out_dim, bf16_out, add, tag);
         if !state.plans.contains_key(&key) {
             if state.plans.len() >= MAX_PLANS {
                 state.plans.clear();
             }
             let building = std::time::Instant::now();
-            let mut plan = self.plan(rows, in_dim, out_dim, bf16_out, CANDIDATES)?;
+            let dims = (rows, in_dim, out_dim, bf16_out);
+            let mut plan = self.plan(dims, epilogue, CANDIDATES)?;
             if let (true, Some(plan)) = (self.batch_invariant, plan.as_mut()) {
-                let family = (in_dim, out_dim, bf16_out, add);
+                let family = (in_dim, out_dim, bf16_out, add, tag);
                 let reference = match state.references.get(&family) {
                     Some(reference) => *reference,
                     None => {
-                        let reference = self.reference(in_dim, out_dim, bf16_out)?;
+                        let reference = self.reference(in_dim, out_dim, bf16_out, epilogue)?;
                         state.references.insert(family, reference);
                         reference
                     }
@@ -484,7 +531,7 @@ impl Blas {
                 rows
             };
             let dims = (rows, in_dim, out_dim, bf16_out, check_rows);
-            self.tune(plan, ptrs, dims, store)?;
+            self.tune(plan, ptrs, dims, (store, epilogue))?;
             self.tunings.fetch_add(1, Ordering::Relaxed);
             if tuned.len() >= MAX_PLANS {
                 tuned.clear();
@@ -492,8 +539,8 @@ impl Blas {
             tuned.insert(bucket, plan.algo);
             if let Some(file) = &self.tuning_file {
                 let reference_lines = references.iter().filter_map(|(&family, algo)| {
-                    let (in_dim, out_dim, bf16_out, add) = family;
-                    let shape = (REFERENCE_LINE_ROWS, in_dim, out_dim, bf16_out, add);
+                    let (in_dim, out_dim, bf16_out, add, tag) = family;
+                    let shape = (REFERENCE_LINE_ROWS, in_dim, out_dim, bf16_out, add, tag);
                     algo.map(|algo| (shape, algo.data))
                 });
                 let words = tuned
@@ -506,23 +553,31 @@ impl Blas {
             }
         }
         // SAFETY: the pointers are this call's w [out, in], x [rows, in], y [rows, out] (lengths
-        // checked by the caller) and the workspace; all on `stream`.
-        unsafe { self.run(plan, &plan.algo, ptrs, store) }.map_err(|e| blas_err(OP, e))?;
+        // checked by the caller), the workspace and the bias; all on `stream`.
+        unsafe { self.run(plan, &plan.algo, ptrs, (store, epilogue)) }
+            .map_err(|e| blas_err(OP, e))?;
         Ok(true)
     }
 
     /// One matmul with `algo`: `y = x Wᵀ` (or `y += x Wᵀ`, in place: cuBLASLt reads C and writes
-    /// D at the same address with the same layout) over `[w, x, y, workspace]` device pointers.
+    /// D at the same address with the same layout) over `[w, x, y, workspace]` device pointers,
+    /// through the plan's epilogue with this call's bias.
     ///
     /// # Safety
-    /// The pointers must hold the plan's shapes (and the workspace WORKSPACE_BYTES).
+    /// The pointers must hold the plan's shapes (the workspace WORKSPACE_BYTES, the bias the
+    /// output's width), and `epilogue` must be the one the plan was built with.
     unsafe fn run(
         &self,
         plan: &Plan,
         algo: &sys::cublasLtMatmulAlgo_t,
         [w, x, y, ws]: [u64; 4],
-        store: Store,
+        (store, epilogue): (Store, Epilogue),
     ) -> Result<(), lt::CublasError> {
+        if let Some(bias) = epilogue.bias() {
+            // The plan is shared by every call of its shape (the tower's 24 blocks): the pointer
+            // is set for each, under the state lock the caller holds.
+            set_bias_pointer(plan.desc, bias)?;
+        }
         let alpha = 1.0f32;
         let beta = match store {
             Store::Replace => 0.0f32,
@@ -578,9 +633,10 @@ impl Blas {
         plan: &mut Plan,
         [w, x, y, ws]: [u64; 4],
         (rows, in_dim, out_dim, bf16_out, check_rows): (usize, usize, usize, bool, usize),
-        store: Store,
+        (store, epilogue): (Store, Epilogue),
     ) -> KernelResult<()> {
         const OP: &str = "gemm tuning";
+        let how = (store, epilogue);
         self.capture.refuse(OP)?;
         let started = std::time::Instant::now();
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -604,13 +660,14 @@ impl Blas {
         let check = match plan.reference {
             Some(reference) => {
                 let floor = if check_rows < rows {
-                    let floor = self.descriptors(check_rows, in_dim, out_dim, bf16_out)?;
+                    let dims = (check_rows, in_dim, out_dim, bf16_out);
+                    let floor = self.descriptors(dims, epilogue)?;
                     Some((floor, compared(check_rows)))
                 } else {
                     None
                 };
                 let bytes = compared(rows);
-                self.output_bytes(plan, &reference, ptrs, store, bytes)?
+                self.output_bytes(plan, &reference, ptrs, how, bytes)?
                     .map(|want| (reference, want, floor))
             }
             None => None,
@@ -619,13 +676,13 @@ impl Blas {
         let mut viable = Vec::with_capacity(plan.candidates.len());
         for algo in &plan.candidates {
             if let Some((reference, want, floor)) = &check {
-                if !self.same_output(plan, (algo, reference), ptrs, store, (want, floor))? {
+                if !self.same_output(plan, (algo, reference), ptrs, how, (want, floor))? {
                     continue;
                 }
             }
             // SAFETY: as in `gemm`: the pointers hold the plan's shapes (the stand-in as many
             // values as y).
-            if unsafe { self.run(plan, algo, ptrs, store) }.is_ok() {
+            if unsafe { self.run(plan, algo, ptrs, how) }.is_ok() {
                 viable.push(*algo);
             }
         }
@@ -636,7 +693,7 @@ impl Blas {
             for algo in &viable {
                 let start = self.stream.record_event(timing);
                 // SAFETY: as above.
-                let ran = unsafe { self.run(plan, algo, ptrs, store) }.is_ok();
+                let ran = unsafe { self.run(plan, algo, ptrs, how) }.is_ok();
                 let end = self.stream.record_event(timing);
                 events.push((start.map_err(|e| driver_err(OP, e))?, end, ran));
             }
@@ -680,17 +737,17 @@ impl Blas {
         plan: &Plan,
         (algo, reference): (&sys::cublasLtMatmulAlgo_t, &sys::cublasLtMatmulAlgo_t),
         ptrs: [u64; 4],
-        store: Store,
+        how: (Store, Epilogue),
         (want, floor): (&[u8], &Option<(Plan, usize)>),
     ) -> KernelResult<bool> {
         if algo.data != reference.data {
-            let got = self.output_bytes(plan, algo, ptrs, store, want.len())?;
+            let got = self.output_bytes(plan, algo, ptrs, how, want.len())?;
             if got.as_deref() != Some(want) {
                 return Ok(false);
             }
         }
         if let Some((floor, bytes)) = floor {
-            let got = self.output_bytes(floor, algo, ptrs, store, *bytes)?;
+            let got = self.output_bytes(floor, algo, ptrs, how, *bytes)?;
             return Ok(got.as_deref() == Some(&want[..*bytes]));
         }
         Ok(true)
@@ -703,18 +760,18 @@ impl Blas {
         plan: &Plan,
         algo: &sys::cublasLtMatmulAlgo_t,
         ptrs: [u64; 4],
-        store: Store,
+        how: (Store, Epilogue),
         bytes: usize,
     ) -> KernelResult<Option<Vec<u8>>> {
         const OP: &str = "gemm invariance check";
         use cudarc::driver::result::{memcpy_dtoh_async, memset_d8_async};
         let stream = self.stream.cu_stream();
-        if store == Store::Add {
+        if how.0 == Store::Add {
             // SAFETY: y (the stand-in) holds at least `bytes` bytes.
             unsafe { memset_d8_async(ptrs[2], 0, bytes, stream) }.map_err(|e| driver_err(OP, e))?;
         }
         // SAFETY: as in `gemm`: the pointers hold the plan's shapes.
-        if unsafe { self.run(plan, algo, ptrs, store) }.is_err() {
+        if unsafe { self.run(plan, algo, ptrs, how) }.is_err() {
             return Ok(None);
         }
         let mut host = vec![0u8; bytes];
@@ -731,9 +788,10 @@ impl Blas {
         in_dim: usize,
         out_dim: usize,
         bf16_out: bool,
+        epilogue: Epilogue,
     ) -> KernelResult<Option<sys::cublasLtMatmulAlgo_t>> {
-        let Some(plan) = self.plan(REFERENCE_ROWS, in_dim, out_dim, bf16_out, REFERENCE_SEARCH)?
-        else {
+        let dims = (REFERENCE_ROWS, in_dim, out_dim, bf16_out);
+        let Some(plan) = self.plan(dims, epilogue, REFERENCE_SEARCH)? else {
             return Ok(None);
         };
         let unsplit = plan.candidates.iter().find(|a| splits_no_k(a)).copied();
@@ -760,19 +818,17 @@ impl Blas {
         plan.reference = Some(reference);
     }
 
-    /// The plan of one shape with up to `count` candidates from the heuristic, or `None` when
-    /// cuBLASLt offers no algorithm for it.
+    /// The plan of one shape (rows, in_dim, out_dim, bf16 output) with up to `count` candidates
+    /// from the heuristic, or `None` when cuBLASLt offers no algorithm for it.
     fn plan(
         &self,
-        rows: usize,
-        in_dim: usize,
-        out_dim: usize,
-        bf16_out: bool,
+        dims: (usize, usize, usize, bool),
+        epilogue: Epilogue,
         count: usize,
     ) -> KernelResult<Option<Plan>> {
         const OP: &str = "gemm plan";
         let e = |err| blas_err(OP, err);
-        let mut plan = self.descriptors(rows, in_dim, out_dim, bf16_out)?;
+        let mut plan = self.descriptors(dims, epilogue)?;
         let pref = lt::create_matmul_pref().map_err(e)?;
         let workspace = WORKSPACE_BYTES as u64;
         // SAFETY: the preference is live; the attribute is a u64 byte count; `results` has room
@@ -824,17 +880,16 @@ impl Blas {
         }
     }
 
-    /// The descriptors of one shape, with no algorithm yet.
+    /// The descriptors of one shape (rows, in_dim, out_dim, bf16 output) and epilogue, with no
+    /// algorithm yet.
     ///
     /// cuBLASLt is column-major: the row-major `y [rows, out]` is the column-major `yᵀ [out, rows]`
     /// `= W xᵀ`, where the row-major `W [out, in]` is a column-major `[in, out]` used transposed
     /// and the row-major `x [rows, in]` a column-major `[in, rows]` used as is.
     fn descriptors(
         &self,
-        rows: usize,
-        in_dim: usize,
-        out_dim: usize,
-        bf16_out: bool,
+        (rows, in_dim, out_dim, bf16_out): (usize, usize, usize, bool),
+        epilogue: Epilogue,
     ) -> KernelResult<Plan> {
         const OP: &str = "gemm plan";
         let e = |err| blas_err(OP, err);
@@ -883,7 +938,49 @@ impl Blas {
             )
         }
         .map_err(e)?;
+        let (kind, bias_type) = match epilogue {
+            Epilogue::None => return Ok(plan),
+            Epilogue::Bias(_) => (sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS, f32t),
+            Epilogue::GeluBias(_) => (sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS, bf),
+        };
+        // SAFETY: the descriptor is live; the attributes are a cublasLtEpilogue_t and a
+        // cudaDataType_t (both C enums, i32-sized), then the bias's device pointer.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                plan.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                (&kind) as *const sys::cublasLtEpilogue_t as *const c_void,
+                size_of::<sys::cublasLtEpilogue_t>(),
+            )
+            .and_then(|()| {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    (&bias_type) as *const sys::cudaDataType_t as *const c_void,
+                    size_of::<sys::cudaDataType_t>(),
+                )
+            })
+        }
+        .map_err(e)?;
+        // The heuristic sees the bias's alignment; each call sets its own pointer again.
+        if let Some(bias) = epilogue.bias() {
+            set_bias_pointer(plan.desc, bias).map_err(e)?;
+        }
         Ok(plan)
+    }
+}
+
+/// Points `desc`'s epilogue at a bias.
+fn set_bias_pointer(desc: sys::cublasLtMatmulDesc_t, bias: u64) -> Result<(), lt::CublasError> {
+    // SAFETY: the descriptor is live; the attribute is a device pointer (cuBLASLt reads it when a
+    // matmul runs, by which time the caller's bias is on the stream).
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            (&bias) as *const u64 as *const c_void,
+            size_of::<u64>(),
+        )
     }
 }
 

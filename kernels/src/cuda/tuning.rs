@@ -7,7 +7,8 @@
 //!
 //! One small text file per identity (GPU name, compute capability, driver and cuBLASLt versions,
 //! and how candidates are timed): a header line holding the identity, then one line per row
-//! bucket and shape, `rows in out bf16_out add` and the algorithm's eight words in hex. A file that
+//! bucket and shape, `rows in out bf16_out add [epilogue]` and the algorithm's eight words in hex
+//! (the epilogue only where the GEMM has one, so files from before epilogues still read). A file that
 //! does not parse or belongs to another identity is ignored (and rewritten at the next tuning); an
 //! algorithm cuBLASLt no longer accepts for a shape is timed again, as if it were missing.
 //!
@@ -30,8 +31,9 @@ use cudarc::cublaslt::sys;
 
 use super::cache::replace_file;
 
-/// A tuning key: (row bucket, in_dim, out_dim, bf16 output, adds to the output).
-pub(crate) type BucketShape = (usize, usize, usize, bool, bool);
+/// A tuning key: (row bucket, in_dim, out_dim, bf16 output, adds to the output, epilogue tag:
+/// `blas::Epilogue::tag`, 0 for none).
+pub(crate) type BucketShape = (usize, usize, usize, bool, bool, u8);
 /// An algorithm as cuBLASLt stores it (`cublasLtMatmulAlgo_t`'s opaque words).
 pub(crate) type AlgoWords = [u64; 8];
 
@@ -76,12 +78,14 @@ impl TuningFile {
         let mut map = HashMap::new();
         for line in lines {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [rows, in_dim, out_dim, bf16_out, add, words @ ..] = fields.as_slice() else {
+            let [rows, in_dim, out_dim, bf16_out, add, rest @ ..] = fields.as_slice() else {
                 return None;
             };
-            if words.len() != 8 {
-                return None;
-            }
+            let (epilogue, words) = match rest.len() {
+                8 => (0, rest),
+                9 => (rest[0].parse().ok().filter(|&tag| tag > 0)?, &rest[1..]),
+                _ => return None,
+            };
             let mut algo = [0u64; 8];
             for (word, text) in algo.iter_mut().zip(words) {
                 *word = u64::from_str_radix(text, 16).ok()?;
@@ -97,6 +101,7 @@ impl TuningFile {
                 out_dim.parse().ok()?,
                 flag(bf16_out)?,
                 flag(add)?,
+                epilogue,
             );
             map.insert(shape, algo);
         }
@@ -109,13 +114,16 @@ impl TuningFile {
         let mut entries: Vec<_> = map.iter().collect();
         entries.sort();
         let mut text = format!("{HEADER} {}\n", self.identity);
-        for (&(rows, in_dim, out_dim, bf16_out, add), algo) in entries {
+        for (&(rows, in_dim, out_dim, bf16_out, add, epilogue), algo) in entries {
             let _ = write!(
                 text,
                 "{rows} {in_dim} {out_dim} {} {}",
                 u8::from(bf16_out),
                 u8::from(add)
             );
+            if epilogue > 0 {
+                let _ = write!(text, " {epilogue}");
+            }
             for word in algo {
                 let _ = write!(text, " {word:x}");
             }
@@ -190,11 +198,14 @@ mod tests {
     fn sample() -> HashMap<BucketShape, AlgoWords> {
         let mut map = HashMap::new();
         map.insert(
-            (768, 2560, 12352, false, false),
+            (768, 2560, 12352, false, false, 0),
             [1, 2, 3, u64::MAX, 0, 5, 6, 7],
         );
-        map.insert((256, 2560, 18432, true, false), [9; 8]);
-        map.insert((768, 9216, 2560, false, true), [4; 8]);
+        map.insert((256, 2560, 18432, true, false, 0), [9; 8]);
+        map.insert((768, 9216, 2560, false, true, 0), [4; 8]);
+        // The vision tower's: fc2 adding bias and product to the residual, fc1 with its GELU.
+        map.insert((4096, 4096, 1024, false, true, 1), [5; 8]);
+        map.insert((4096, 1024, 4096, true, false, 2), [6; 8]);
         map
     }
 
@@ -210,6 +221,35 @@ mod tests {
         assert_eq!(fs::read(file.path()).unwrap(), first);
         // No temporary file left behind.
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn lines_without_an_epilogue_are_plain_gemms_and_a_written_zero_is_damage() {
+        let dir = scratch_dir("epilogue");
+        fs::create_dir_all(&dir).unwrap();
+        let file = TuningFile::new(&dir, "gpu A");
+        let header = format!("{HEADER} gpu A");
+        let words = "1 2 3 4 5 6 7 8";
+        fs::write(
+            file.path(),
+            format!("{header}\n768 2560 12352 0 0 {words}\n"),
+        )
+        .unwrap();
+        let plain = (768, 2560, 12352, false, false, 0);
+        assert_eq!(file.load().get(&plain), Some(&[1, 2, 3, 4, 5, 6, 7, 8]));
+        fs::write(
+            file.path(),
+            format!("{header}\n768 4096 1024 0 1 1 {words}\n"),
+        )
+        .unwrap();
+        assert!(file.load().contains_key(&(768, 4096, 1024, false, true, 1)));
+        fs::write(
+            file.path(),
+            format!("{header}\n768 2560 12352 0 0 0 {words}\n"),
+        )
+        .unwrap();
+        assert!(file.load().is_empty());
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -36,6 +36,9 @@ impl<'a> ImageInput<'a> {
 struct Linear<B: VisionBackend> {
     weight: B::Buf,
     bias: B::Buf,
+    /// The bias in f32 (`bias` is in the backend's weight precision): what a GEMM adding it in
+    /// its epilogue to an f32 output reads.
+    bias_f32: B::Buf,
     in_dim: usize,
     out_dim: usize,
 }
@@ -100,11 +103,16 @@ impl<B: VisionBackend> VisionTower<B> {
             cfg.depth
         );
         let up = |data: &[f32]| backend.upload(data).map_err(|e| anyhow!(e));
+        let up_f32 = |data: &[f32]| {
+            let mut buf = backend.alloc(data.len())?;
+            backend.write(&mut buf, data).map(|()| buf)
+        };
         let linear = |w: &LinearWeights| -> Result<Linear<B>> {
             ensure!(w.weight.shape.len() == 2, "linear weight is not 2-D");
             Ok(Linear {
                 weight: up(&w.weight.data)?,
                 bias: up(&w.bias.data)?,
+                bias_f32: up_f32(&w.bias.data).map_err(|e| anyhow!(e))?,
                 in_dim: w.weight.shape[1],
                 out_dim: w.weight.shape[0],
             })
@@ -269,6 +277,22 @@ impl<B: VisionBackend> VisionTower<B> {
         self.product(x, l, rows, y)?;
         self.backend
             .add_bias(y, &l.bias, rows, l.out_dim)
+            .map_err(|e| anyhow!(e))
+    }
+
+    /// `residual += x Wᵀ + bias` (`scratch`: `[rows, out_dim]` f32, for a backend that adds the
+    /// bias and the product to `residual` apart from the GEMM).
+    fn add_linear(
+        &self,
+        x: &B::Buf,
+        l: &Linear<B>,
+        rows: usize,
+        (scratch, residual): (&mut B::Buf, &mut B::Buf),
+    ) -> Result<()> {
+        let shape = GemmShape::new(rows, l.in_dim, l.out_dim);
+        let weights = (&l.weight, &l.bias, &l.bias_f32);
+        self.backend
+            .gemm_bias_residual(x, weights, shape, scratch, residual)
             .map_err(|e| anyhow!(e))
     }
 
@@ -442,22 +466,19 @@ impl<B: VisionBackend> VisionTower<B> {
                 &mut attn,
             )
             .map_err(e)?;
-            // Each bias goes in with the op after its product: the same f32 adds, fewer passes.
-            self.product(&attn, &block.proj, n, &mut out)
+            // Each bias goes in with its product's output (on a GPU in the GEMM's epilogue, the
+            // residual's adds too): no pass of its own.
+            self.add_linear(&attn, &block.proj, n, (&mut out, &mut hidden))
                 .with_context(ctx)?;
-            be.add_bias_residual(&mut hidden, &mut out, &block.proj.bias, (n, h))
-                .map_err(e)?;
 
             layer_norm(&hidden, &block.norm2, &mut normed)?;
-            self.product(&normed, &block.fc1, n, &mut mlp)
+            let fc1 = GemmShape::new(n, block.fc1.in_dim, block.fc1.out_dim);
+            let weights = (&block.fc1.weight, &block.fc1.bias);
+            be.gemm_bias_gelu(&normed, weights, fc1, Gelu::Tanh, (&mut mlp, &mut mlp_in))
+                .map_err(e)
                 .with_context(ctx)?;
-            let fc1 = (n, cfg.intermediate_size);
-            be.bias_gelu(&mut mlp, &block.fc1.bias, fc1, Gelu::Tanh, &mut mlp_in)
-                .map_err(e)?;
-            self.product(&mlp_in, &block.fc2, n, &mut out)
+            self.add_linear(&mlp_in, &block.fc2, n, (&mut out, &mut hidden))
                 .with_context(ctx)?;
-            be.add_bias_residual(&mut hidden, &mut out, &block.fc2.bias, (n, h))
-                .map_err(e)?;
         }
 
         // Merger: LayerNorm per patch; the merge² patches of a block are consecutive rows, so the

@@ -1,10 +1,10 @@
 //! `y = x Wᵀ` (`kernels/cuda/gemm.cu` for the shapes cuBLASLt refuses): cuBLASLt with bf16
 //! operands first, the shared-memory tiled kernel otherwise.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::super::blas::GemmInput;
+use super::super::blas::{Epilogue, GemmInput};
 use super::super::buffers::{out_buf, weight, CudaBuf, OutBuf};
 use super::super::launch::{to_i32, to_u32, Gpu};
 use super::elementwise::round_to_bf16;
@@ -52,7 +52,8 @@ pub(crate) fn gemm_to(
             ));
         }
         OutBuf::Bf16(y) => {
-            if in_dim > 0 && blas_gemm(gpu, x, shape, (w, OutBuf::Bf16(y)), store)? {
+            let how = (store, Epilogue::None);
+            if in_dim > 0 && blas_gemm(gpu, x, shape, (w, OutBuf::Bf16(y)), how)? {
                 return Ok(());
             }
             return Err(KernelError::invalid(
@@ -64,10 +65,53 @@ pub(crate) fn gemm_to(
             ));
         }
     };
-    if in_dim > 0 && blas_gemm(gpu, x, shape, (w, OutBuf::F32(&mut *y)), store)? {
+    let how = (store, Epilogue::None);
+    if in_dim > 0 && blas_gemm(gpu, x, shape, (w, OutBuf::F32(&mut *y)), how)? {
         return Ok(());
     }
     tiled_gemm(gpu, (x, w), shape, store, y)
+}
+
+/// `y = x Wᵀ` with cuBLASLt's `epilogue` (its bias of `out_dim` values: f32 to an f32 `y`, bf16
+/// with the GELU to a bf16 one), replacing `y` or adding to it; `false` (nothing done) where
+/// cuBLASLt has no algorithm for it, so the caller runs the GEMM and the epilogue's op apart.
+pub(crate) fn gemm_epilogue(
+    gpu: &Gpu,
+    (x, w, bias): (&CudaBuf, &CudaBuf, &CudaBuf),
+    shape: GemmShape,
+    (store, gelu): (Store, bool),
+    y: &mut CudaBuf,
+) -> KernelResult<bool> {
+    const OP: &str = "gemm epilogue";
+    let x = gemm_input(OP, x, shape.x_len())?;
+    let w = weight(OP, "w", w, shape.w_len())?;
+    let y = out_buf(OP, "y", y, shape.y_len())?;
+    if shape.rows == 0 || shape.out_dim == 0 || shape.in_dim == 0 {
+        return Ok(false);
+    }
+    let out_dim = shape.out_dim;
+    let epilogue = match (gelu, bias) {
+        (true, CudaBuf::Bf16(b)) if b.len() >= out_dim => {
+            Epilogue::GeluBias(b.device_ptr(&gpu.device.stream).0)
+        }
+        (false, CudaBuf::F32(b)) if b.len() >= out_dim => {
+            Epilogue::Bias(b.device_ptr(&gpu.device.stream).0)
+        }
+        _ => {
+            return Err(KernelError::invalid(
+                OP,
+                format!(
+                    "the bias must hold {out_dim} values, bf16 with the GELU, f32 without (got {} {:?})",
+                    bias.len(),
+                    bias.dtype()
+                ),
+            ))
+        }
+    };
+    if y.is_bf16() != gelu {
+        return Ok(false);
+    }
+    blas_gemm(gpu, x, shape, (w, y), (store, epilogue))
 }
 
 /// A cuBLASLt GEMM (`x` rounded to bf16 on the way if f32); `false` if it has no plan.
@@ -76,7 +120,7 @@ fn blas_gemm(
     x: &CudaBuf,
     shape: GemmShape,
     (w, y): (&CudaSlice<bf16>, OutBuf<'_>),
-    store: Store,
+    how: (Store, Epilogue),
 ) -> KernelResult<bool> {
     let (rows, in_dim, out_dim) = (shape.rows, shape.in_dim, shape.out_dim);
     let output = (w, out_dim, y);
@@ -85,11 +129,11 @@ fn blas_gemm(
             let convert =
                 |x_bf16: &mut CudaSlice<bf16>| round_to_bf16(gpu, x, rows * in_dim, x_bf16);
             gpu.blas
-                .gemm(rows, in_dim, output, store, GemmInput::Convert(convert))
+                .gemm(rows, in_dim, output, how, GemmInput::Convert(convert))
         }
         CudaBuf::Bf16(x) => {
             let ready = GemmInput::<fn(&mut CudaSlice<bf16>) -> KernelResult<()>>::Ready(x);
-            gpu.blas.gemm(rows, in_dim, output, store, ready)
+            gpu.blas.gemm(rows, in_dim, output, how, ready)
         }
     }
 }

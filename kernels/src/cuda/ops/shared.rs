@@ -7,7 +7,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use half::bf16;
 
-use super::super::blas::GemmInput;
+use super::super::blas::{Epilogue, GemmInput};
 use super::super::buffers::{act, act_mut, idx, in_buf, weight, CudaBuf, InBuf, OutBuf};
 use super::super::device::driver_err;
 use super::super::launch::{to_i32, Gpu};
@@ -87,9 +87,13 @@ pub(crate) fn fused_gemm(
 ) -> KernelResult<bool> {
     let output = (w, out_dim, OutBuf::F32(y));
     Ok(in_dim > 0
-        && gpu
-            .blas
-            .gemm(rows, in_dim, output, store, GemmInput::Convert(convert))?)
+        && gpu.blas.gemm(
+            rows,
+            in_dim,
+            output,
+            (store, Epilogue::None),
+            GemmInput::Convert(convert),
+        )?)
 }
 
 /// The checked inputs of the gates as the conv kernel and `gdr_prepare_conv` read them (`gb` ..
