@@ -11,7 +11,7 @@ $NVCC -O3 -arch=sm_90a -std=c++17 -lineinfo -Xptxas -v -o /tmp/skinny_gemm_harne
   -lcublasLt > "$OUT/skinny_gemm_build.log" 2>&1
 echo "build exit $?"
 grep -E "error|spill" "$OUT/skinny_gemm_build.log" | grep -v " 0 bytes spill" | head -20
-timeout 150 /tmp/skinny_gemm_harness "$@" > "$OUT/skinny_gemm_harness.log" 2>&1
+timeout 90 /tmp/skinny_gemm_harness "$@" > "$OUT/skinny_gemm_harness.log" 2>&1
 echo "harness exit $?"
 cat "$OUT/skinny_gemm_harness.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
