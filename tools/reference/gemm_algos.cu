@@ -3,7 +3,6 @@
 //   nvcc -O2 -std=c++17 -o /tmp/gemm_algos tools/reference/gemm_algos.cu -lcublasLt && /tmp/gemm_algos 712
 // Layout as kernels/src/cuda/blas.rs: y [rows, n] = x [rows, k] · W [n, k]ᵀ, bf16 operands, f32
 // compute, f32 (or bf16) output; column-major A = W (transposed), B = x, C = D = y.
-#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,14 +12,8 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        auto s_ = (x);                                                                 \
-        if ((int)s_ != 0) {                                                            \
-            fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, (int)s_);      \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "cublaslt_host.h"
+
 
 struct Shape {
     const char* name;
@@ -28,10 +21,6 @@ struct Shape {
     bool bf16_out;
 };
 
-static cublasLtHandle_t lt;
-static void* ws;
-static const size_t WS = 32 << 20;
-static cudaStream_t st;
 
 struct Problem {
     cublasLtMatmulDesc_t desc;
@@ -243,9 +232,7 @@ static void probe(int rows, const Shape& s, bool enumerate) {
 }
 
 int main(int argc, char** argv) {
-    CK(cublasLtCreate(&lt));
-    CK(cudaStreamCreate(&st));
-    CK(cudaMalloc(&ws, WS));
+    lt_init();
     const Shape shapes[] = {
         {"delta in_proj", 2560, 12352, false}, {"out_proj/o_proj", 4096, 2560, false},
         {"mlp down", 9216, 2560, false},       {"mlp gate|up", 2560, 18432, true},

@@ -8,7 +8,6 @@
 // Layout as kernels/src/cuda/blas.rs: y [rows, n] = x [rows, k] · W [n, k]ᵀ; column-major A = W
 // (transposed), B = x, C = D = y. The reference for each case is the plain GEMM's f32 output with the
 // epilogue's arithmetic done on the host, as the tower's separate kernels do it.
-#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -18,21 +17,10 @@
 #include <cstring>
 #include <vector>
 
+#include "cublaslt_host.h"
 #include "harness_host.h"
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        auto s_ = (x);                                                                 \
-        if ((int)s_ != 0) {                                                            \
-            fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, (int)s_);      \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
-static cublasLtHandle_t lt;
-static void* ws;
-static const size_t WS = 32 << 20;
-static cudaStream_t st;
 
 static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 static double gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / 1.4142135623730951)); }
@@ -105,9 +93,7 @@ static float time_us(const Gemm& g, const void* w, const void* x, void* y, float
 
 int main(int argc, char** argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 4096;  // one 1024x1024 screenshot's patches
-    CK(cublasLtCreate(&lt));
-    CK(cudaStreamCreate(&st));
-    CK(cudaMalloc(&ws, WS));
+    lt_init();
     struct Shape {
         const char* name;
         int k, n;

@@ -15,9 +15,7 @@
 //   nvcc -O2 -std=c++17 -arch=sm_90a -o /tmp/gemm_skinny_probe tools/reference/gemm_skinny_probe.cu -lcublasLt \
 //     && /tmp/gemm_skinny_probe [rows]
 // Layout as blas.rs: y [rows, n] = x [rows, k] · W [n, k]ᵀ; column-major A = W (transposed), B = x.
-#include <cublasLt.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,105 +23,39 @@
 #include <cstring>
 #include <vector>
 
+#include "cublaslt_host.h"
 #include "harness_host.h"
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        auto s_ = (x);                                                                 \
-        if ((int)s_ != 0) {                                                            \
-            fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, (int)s_);      \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
-static cublasLtHandle_t lt;
-static void* ws;
-static const size_t WS = 32 << 20;
-static cudaStream_t st;
 static void* flush_buf;
 static const size_t FLUSH = 128 << 20;
-static const int REFERENCE_ROWS = 4096;
 
-struct Plan {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, c;
-};
-
-static Plan plan(int rows, int k, int n, cudaDataType_t yt) {
-    Plan p{};
-    CK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    int t = CUBLAS_OP_T;
-    CK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    CK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k));
-    CK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, rows, k));
-    CK(cublasLtMatrixLayoutCreate(&p.c, yt, n, rows, n));
-    return p;
-}
-
-static std::vector<cublasLtMatmulAlgo_t> heuristic(const Plan& p, int count) {
-    cublasLtMatmulPreference_t pref;
-    CK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t wsz = WS;
-    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz));
-    std::vector<cublasLtMatmulHeuristicResult_t> r(count);
-    int found = 0;
-    std::vector<cublasLtMatmulAlgo_t> out;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, count, r.data(), &found) ==
-        CUBLAS_STATUS_SUCCESS)
-        for (int i = 0; i < found; ++i)
-            if (r[i].state == CUBLAS_STATUS_SUCCESS) out.push_back(r[i].algo);
-    cublasLtMatmulPreferenceDestroy(pref);
-    return out;
-}
-
-static uint32_t cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-    uint32_t v = 0;
-    size_t w = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof v, &w);
-    return v;
-}
 static uint16_t cfg16(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
     uint16_t v = 0;
     size_t w = 0;
     cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof v, &w);
     return v;
 }
+
 static bool set32(cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr, uint32_t v) {
     return cublasLtMatmulAlgoConfigSetAttribute(&a, attr, &v, sizeof v) == CUBLAS_STATUS_SUCCESS;
 }
+
 static bool set16(cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr, uint16_t v) {
     return cublasLtMatmulAlgoConfigSetAttribute(&a, attr, &v, sizeof v) == CUBLAS_STATUS_SUCCESS;
 }
-static bool unsplit(const cublasLtMatmulAlgo_t& a) {
-    return cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
-           cfg(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) == CUBLASLT_REDUCTION_SCHEME_NONE;
-}
-static bool remove_split(cublasLtMatmulAlgo_t& a) {
-    return set32(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1) &&
-           set32(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_REDUCTION_SCHEME_NONE) && unsplit(a);
-}
-static bool accepts(const Plan& p, const cublasLtMatmulAlgo_t& a) {
-    cublasLtMatmulHeuristicResult_t r{};
-    return cublasLtMatmulAlgoCheck(lt, p.desc, p.a, p.b, p.c, p.c, &a, &r) == CUBLAS_STATUS_SUCCESS &&
-           r.workspaceSize <= WS;
-}
+
 static void describe(const cublasLtMatmulAlgo_t& a, char* out, size_t n) {
-    snprintf(out, n, "id %u tile %u stages %u cluster %u swizzle %u custom %u splitk %u", cfg(a, CUBLASLT_ALGO_CONFIG_ID),
-             cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID), cfg(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-             (unsigned)cfg16(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), cfg(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-             cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+    snprintf(out, n, "id %u tile %u stages %u cluster %u swizzle %u custom %u splitk %u", lt_cfg(a, CUBLASLT_ALGO_CONFIG_ID),
+             lt_cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID), lt_cfg(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+             (unsigned)cfg16(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), lt_cfg(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+             lt_cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), lt_cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
 }
 
-static bool run(const Plan& p, const cublasLtMatmulAlgo_t& a, const void* w, const void* x, void* y, float beta) {
-    const float alpha = 1.0f;
-    return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &a, ws, WS, st) ==
-           CUBLAS_STATUS_SUCCESS;
-}
 
 // The fastest of `runs` runs, each after the L2 is flushed; -1 where a run fails.
-static float time_us(const Plan& p, const cublasLtMatmulAlgo_t& a, const void* w, const void* x, void* y, float beta,
+static float time_us(const LtPlan& p, const cublasLtMatmulAlgo_t& a, const void* w, const void* x, void* y, float beta,
                      int runs = 7) {
-    if (!run(p, a, w, x, y, beta)) return -1;
+    if (!lt_run(p, a, w, x, y, beta)) return -1;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -131,7 +63,7 @@ static float time_us(const Plan& p, const cublasLtMatmulAlgo_t& a, const void* w
     for (int i = 0; i < runs; ++i) {
         cudaMemsetAsync(flush_buf, i, FLUSH, st);
         cudaEventRecord(e0, st);
-        run(p, a, w, x, y, beta);
+        lt_run(p, a, w, x, y, beta);
         cudaEventRecord(e1, st);
         cudaEventSynchronize(e1);
         float ms = 0;
@@ -178,9 +110,7 @@ static void fill(std::vector<uint16_t>& v, float a, uint64_t seed) {
 
 int main(int argc, char** argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 144;  // a 139-id question's bucket
-    CK(cublasLtCreate(&lt));
-    CK(cudaStreamCreate(&st));
-    CK(cudaMalloc(&ws, WS));
+    lt_init();
     CK(cudaMalloc(&flush_buf, FLUSH));
     unsigned* sink;
     CK(cudaMalloc(&sink, 4));
@@ -213,36 +143,22 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(w, hw.data(), wn * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(x, hx.data(), xn * 2, cudaMemcpyHostToDevice));
         // The output each candidate must give: beta = 1 adds to zeros (the same bits as replacing).
-        auto output = [&](const Plan& p, const cublasLtMatmulAlgo_t& a, std::vector<uint8_t>& out) {
+        auto output = [&](const LtPlan& p, const cublasLtMatmulAlgo_t& a, std::vector<uint8_t>& out) {
             CK(cudaMemsetAsync(y, 0, ybytes, st));
-            if (!run(p, a, w, x, y, beta)) return false;
+            if (!lt_run(p, a, w, x, y, beta)) return false;
             out.resize(ybytes);
             CK(cudaMemcpyAsync(out.data(), y, ybytes, cudaMemcpyDeviceToHost, st));
             CK(cudaStreamSynchronize(st));
             return true;
         };
-        const Plan big = plan(REFERENCE_ROWS, s.k, s.n, yt), p = plan(rows, s.k, s.n, yt);
-        const auto ref_picks = heuristic(big, 16);
+        const LtPlan p = lt_plan(rows, s.k, s.n, yt);
         cublasLtMatmulAlgo_t ref{};
-        bool have_ref = false;
-        for (auto a : ref_picks)
-            if (unsplit(a)) {
-                ref = a;
-                have_ref = true;
-                break;
-            }
-        if (!have_ref)
-            for (auto a : ref_picks)
-                if (remove_split(a) && accepts(big, a)) {
-                    ref = a;
-                    have_ref = true;
-                    break;
-                }
+        const bool have_ref = lt_reference(s.k, s.n, yt, ref);
         const float wread = read_us(w, wn * 2, sink);
         const double gb = wn * 2 / 1e3;  // bytes per µs = MB/s · 1e-3: GB/s as bytes / µs / 1e3
         printf("\n== %s: %d x %d -> %d (%s%s), weight %.1f MB, read alone %.1f us (%.0f GB/s)\n", s.name, rows, s.k,
                s.n, s.bf16_out ? "bf16" : "f32", s.add ? ", added" : "", wn * 2 / 1e6, wread, gb / wread);
-        if (!have_ref || !accepts(p, ref)) {
+        if (!have_ref || !lt_accepts(p, ref)) {
             printf("  no reference usable at these rows\n");
             continue;
         }
@@ -253,15 +169,15 @@ int main(int argc, char** argv) {
         describe(ref, d, sizeof d);
         printf("  reference (%s): %.1f us, %.0f GB/s\n", d, t_ref, gb / t_ref);
         // The server's search: the heuristic's picks at these rows, split removed, same bits.
-        const auto picks = heuristic(p, 8);
+        const auto picks = lt_heuristic(p, 8);
         float t_served = t_ref, t_split = 1e30f;
-        std::vector<int> ids = {(int)cfg(ref, CUBLASLT_ALGO_CONFIG_ID)};
+        std::vector<int> ids = {(int)lt_cfg(ref, CUBLASLT_ALGO_CONFIG_ID)};
         for (auto a : picks) {
             const float t_any = time_us(p, a, w, x, y, beta);
             if (t_any > 0) t_split = std::min(t_split, t_any);
-            const int id = (int)cfg(a, CUBLASLT_ALGO_CONFIG_ID);
+            const int id = (int)lt_cfg(a, CUBLASLT_ALGO_CONFIG_ID);
             if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-            if (!remove_split(a) || !accepts(p, a) || !output(p, a, got) || got != want) continue;
+            if (!lt_remove_split(a) || !lt_accepts(p, a) || !output(p, a, got) || got != want) continue;
             t_served = std::min(t_served, time_us(p, a, w, x, y, beta));
         }
         printf("  the server's choice (heuristic's 8, unsplit, same bits): %.1f us, %.0f GB/s\n", t_served,
@@ -308,10 +224,10 @@ int main(int argc, char** argv) {
                                     !set32(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, stage) ||
                                     !set16(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster) ||
                                     !set32(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, sw) ||
-                                    !set32(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, (uint32_t)custom) || !remove_split(a))
+                                    !set32(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, (uint32_t)custom) || !lt_remove_split(a))
                                     continue;
                                 ++tried;
-                                if (!accepts(p, a)) continue;
+                                if (!lt_accepts(p, a)) continue;
                                 ++accepted;
                                 if (!output(p, a, got)) continue;
                                 if (got != want) {

@@ -21,7 +21,6 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/skinny_gemm_harness skinny_gemm_harness.cu -lcublasLt
 #include "../../kernels/cuda/prelude.cuh"
 #include "../../kernels/cuda/flash_bidir_wgmma.cu"
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cublaslt_host.h"
 #include "harness_host.h"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -225,19 +225,6 @@ __global__ void __launch_bounds__(WGS * 128) skinny_gemm(const __nv_bfloat16* __
 // Shared memory of a variant: its stages and 1024 bytes to align them.
 constexpr int skinny_smem(int n, int wgs, int stages) { return 1024 + stages * (wgs * 64 * 128 + n * 128); }
 
-#define CK(x)                                                                          \
-    do {                                                                               \
-        auto s_ = (x);                                                                 \
-        if ((int)s_ != 0) {                                                            \
-            fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, (int)s_);      \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
-static cublasLtHandle_t lt;
-static void* ws;
-static const size_t WS = 32 << 20;
-static cudaStream_t st;
 // Read (not written: dirty lines would cost the timed kernel their write-back) before each timed
 // run, so the weight comes from memory as in a forward pass.
 static void* flush_buf;
@@ -277,62 +264,6 @@ static float time_us(F f) {
     return 1000.0f * best;
 }
 
-struct Plan {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, c;
-};
-static Plan plan(int rows, int k, int n, cudaDataType_t yt) {
-    Plan p{};
-    CK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    int t = CUBLAS_OP_T;
-    CK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    CK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k));
-    CK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, rows, k));
-    CK(cublasLtMatrixLayoutCreate(&p.c, yt, n, rows, n));
-    return p;
-}
-static std::vector<cublasLtMatmulAlgo_t> heuristic(const Plan& p, int count) {
-    cublasLtMatmulPreference_t pref;
-    CK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t wsz = WS;
-    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz));
-    std::vector<cublasLtMatmulHeuristicResult_t> r(count);
-    int found = 0;
-    std::vector<cublasLtMatmulAlgo_t> out;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, count, r.data(), &found) ==
-        CUBLAS_STATUS_SUCCESS)
-        for (int i = 0; i < found; ++i)
-            if (r[i].state == CUBLAS_STATUS_SUCCESS) out.push_back(r[i].algo);
-    cublasLtMatmulPreferenceDestroy(pref);
-    return out;
-}
-static uint32_t cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-    uint32_t v = 0;
-    size_t w = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof v, &w);
-    return v;
-}
-static bool unsplit(const cublasLtMatmulAlgo_t& a) {
-    return cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
-           cfg(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) == CUBLASLT_REDUCTION_SCHEME_NONE;
-}
-static bool remove_split(cublasLtMatmulAlgo_t& a) {
-    uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    return cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one) == 0 &&
-           cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none) == 0 &&
-           unsplit(a);
-}
-static bool accepts(const Plan& p, const cublasLtMatmulAlgo_t& a) {
-    cublasLtMatmulHeuristicResult_t r{};
-    return cublasLtMatmulAlgoCheck(lt, p.desc, p.a, p.b, p.c, p.c, &a, &r) == CUBLAS_STATUS_SUCCESS &&
-           r.workspaceSize <= WS;
-}
-static bool run_lt(const Plan& p, const cublasLtMatmulAlgo_t& a, const void* w, const void* x, void* y, float beta) {
-    const float alpha = 1.0f;
-    return cublasLtMatmul(lt, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &a, ws, WS, st) ==
-           CUBLAS_STATUS_SUCCESS;
-}
-
 typedef void (*SkFn)(const __nv_bfloat16*, const __nv_bfloat16*, void*, int, int, int, int);
 struct Variant {
     const char* name;
@@ -350,9 +281,7 @@ int main(int argc, char** argv) {
     std::vector<int> row_counts;
     for (int i = 1; i < argc; ++i) row_counts.push_back(atoi(argv[i]));
     if (row_counts.empty()) row_counts = {139, 64, 17};
-    CK(cublasLtCreate(&lt));
-    CK(cudaStreamCreate(&st));
-    CK(cudaMalloc(&ws, WS));
+    lt_init();
     CK(cudaMalloc(&flush_buf, FLUSH));
     CK(cudaMemset(flush_buf, 1, FLUSH));
     CK(cudaMalloc(&sink, 4));
@@ -404,42 +333,36 @@ int main(int argc, char** argv) {
                 CK(cudaMemcpyAsync(out.data(), y, ybytes, cudaMemcpyDeviceToHost, st));
                 CK(cudaStreamSynchronize(st));
             };
-            const Plan big = plan(4096, s.k, s.n, yt), p = plan(rows, s.k, s.n, yt);
+            const LtPlan p = lt_plan(rows, s.k, s.n, yt);
             cublasLtMatmulAlgo_t ref{};
-            bool have = false;
-            for (auto a : heuristic(big, 16))
-                if (unsplit(a)) {
-                    ref = a;
-                    have = true;
-                    break;
-                }
+            const bool have = lt_reference(s.k, s.n, yt, ref);
             const float t_read = time_us([&] { read_all<<<132 * 4, 512, 0, st>>>((const uint4*)w, wn * 2 / 16, sink); });
             const double mb = wn * 2 / 1e6;
             printf("\n== %s: %d x %d -> %d (%s), weight %.1f MB read alone %.1f us (%.0f GB/s)\n", s.name, rows, s.k, s.n,
                    s.mode == 0 ? "f32" : s.mode == 1 ? "f32 added" : "bf16", mb, t_read, mb * 1e3 / t_read);
-            if (!have || !accepts(p, ref)) {
+            if (!have || !lt_accepts(p, ref)) {
                 printf("  no usable reference\n");
                 continue;
             }
             std::vector<uint8_t> want, got;
             reset();
-            CK(run_lt(p, ref, w, x, y, beta) ? 0 : 1);
+            CK(lt_run(p, ref, w, x, y, beta) ? 0 : 1);
             bytes_of_y(want);
             // The server's choice, roughly: the fastest of the heuristic's 8 (split removed) with the
             // reference's bits.
             float t_lt = time_us([&] {
                 reset();
-                run_lt(p, ref, w, x, y, beta);
+                lt_run(p, ref, w, x, y, beta);
             });
-            for (auto a : heuristic(p, 8)) {
-                if (!remove_split(a) || !accepts(p, a)) continue;
+            for (auto a : lt_heuristic(p, 8)) {
+                if (!lt_remove_split(a) || !lt_accepts(p, a)) continue;
                 reset();
-                if (!run_lt(p, a, w, x, y, beta)) continue;
+                if (!lt_run(p, a, w, x, y, beta)) continue;
                 bytes_of_y(got);
                 if (got != want) continue;
                 t_lt = std::min(t_lt, time_us([&] {
                                     reset();
-                                    run_lt(p, a, w, x, y, beta);
+                                    lt_run(p, a, w, x, y, beta);
                                 }));
             }
             // The reset's copy is timed with every run of mode 1; time it alone to take it out.
