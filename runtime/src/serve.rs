@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use image::ImageEncoder as _;
 use instinct_model::prompt::{user_text, Candidate, Screen};
-use instinct_model::source::ModelSource;
+use instinct_model::source::{Device, ModelSource};
 use instinct_scheduler::{Bucket, Config, Question, Scheduler};
 use tokio::net::TcpListener;
 
 use crate::cli::ServeArgs;
-use crate::engine::{self, LoadOptions, Preparer};
+use crate::engine::{self, LoadOptions, Preparer, ScreenshotError};
+use crate::screenshot::{ImageFormat, Screenshot};
 use crate::server::{self, AppState, Ready, Settings};
 
 /// The identity of Cua-S1's text adapter at its pinned revision, reported for a real snapshot.
@@ -145,9 +147,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let load = t0.elapsed();
         let t1 = Instant::now();
         warm_up(&loaded.preparer, &scheduler).context("warm-up decision")?;
+        let warmup = t1.elapsed();
+        let t2 = Instant::now();
+        if loaded.preparer.serves_screenshots() {
+            let side = warm_screenshot_side(&devices);
+            warm_up_screenshot(&loaded.preparer, &scheduler, side)
+                .context("warm-up screenshot decision")?;
+        }
         tracing::info!(
             load_ms = load.as_secs_f64() * 1e3,
-            warmup_ms = t1.elapsed().as_secs_f64() * 1e3,
+            warmup_ms = warmup.as_secs_f64() * 1e3,
+            screenshot_warmup_ms = t2.elapsed().as_secs_f64() * 1e3,
             "model loaded and warmed up; ready"
         );
         loader_state.set_ready(Ready {
@@ -242,17 +252,67 @@ fn warm_up(preparer: &Preparer, scheduler: &Scheduler) -> anyhow::Result<()> {
     ];
     let chat = preparer.render(&user_text("Confirm the dialog.", &screen, &candidates))?;
     let ids = preparer.tokenize(&chat)?;
+    answer_warm_up(scheduler, vec![Question::text(ids, 2)])
+}
+
+/// Runs `questions` (two options each) through the scheduler and checks that each answer is a
+/// probability distribution.
+fn answer_warm_up(scheduler: &Scheduler, questions: Vec<Question>) -> anyhow::Result<()> {
     let ticket = scheduler
-        .submit(vec![Question::text(ids, 2)], None)
+        .submit(questions, None)
         .map_err(|r| anyhow::anyhow!("{r}"))?;
     let answer = ticket.wait_blocking()?;
-    let p = &answer.probabilities[0];
-    let sum: f32 = p.iter().sum();
-    anyhow::ensure!(
-        p.len() == 2 && p.iter().all(|x| x.is_finite()) && (sum - 1.0).abs() < 1e-3,
-        "warm-up answer is not a probability distribution: {p:?}"
-    );
+    for p in &answer.probabilities {
+        let sum: f32 = p.iter().sum();
+        anyhow::ensure!(
+            p.len() == 2 && p.iter().all(|x| x.is_finite()) && (sum - 1.0).abs() < 1e-3,
+            "warm-up answer is not a probability distribution: {p:?}"
+        );
+    }
     Ok(())
+}
+
+/// The side of the square screenshot the warm-up asks about: on a GPU the size of the latency
+/// targets (1024×1024, 1,024 image tokens), so that the tower's GEMMs at its rows are timed, its
+/// kernels compiled and the language pass after it captured before the first client sends one;
+/// on the CPU a small one (the path runs; a larger image would only cost start-up time).
+fn warm_screenshot_side(devices: &[Device]) -> u32 {
+    if devices.iter().any(|d| matches!(d, Device::Cuda(_))) {
+        1024
+    } else {
+        64
+    }
+}
+
+/// The warm-up's screenshot: a `side`×`side` RGB PNG of gradients.
+fn warm_up_png(side: u32) -> anyhow::Result<Vec<u8>> {
+    let pixels = image::RgbImage::from_fn(side, side, |x, y| {
+        image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x ^ y) % 256) as u8])
+    });
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(pixels.as_raw(), side, side, image::ExtendedColorType::Rgb8)
+        .context("encoding the warm-up screenshot")?;
+    Ok(png)
+}
+
+/// One screenshot decision through every stage (PNG decoding, preprocessing, the vision tower,
+/// the language model with the image's features), as `warm_up` does for text: the first client
+/// with a screenshot does not pay for lazy start-up work either. The generated image stays in the
+/// image cache (and its prefix in the prefix cache) until evicted, like any other.
+fn warm_up_screenshot(preparer: &Preparer, scheduler: &Scheduler, side: u32) -> anyhow::Result<()> {
+    let shot = Screenshot {
+        format: ImageFormat::Png,
+        bytes: warm_up_png(side)?,
+    };
+    let user = "Which button confirms the dialog?\nA. OK\nB. Cancel";
+    let prepared = preparer
+        .screenshot_questions(&shot, &[(user, 2)])
+        .map_err(|e| match e {
+            ScreenshotError::Image(detail) => anyhow::anyhow!("the generated image: {detail}"),
+            ScreenshotError::Internal(e) => e,
+        })?;
+    answer_warm_up(scheduler, prepared.questions)
 }
 
 async fn shutdown_signal() {
@@ -269,5 +329,49 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warm_up_answers_a_screenshot_question_and_leaves_its_image_cached() {
+        let config = Config {
+            max_batch_seqs: 16,
+            ..Config::default()
+        };
+        let source = ModelSource::resolve(None, None, None).unwrap();
+        let limits = engine::batch_limits(config.batch_capacity().unwrap());
+        let options = LoadOptions {
+            image_cache_bytes: 64 << 20,
+            ..LoadOptions::default()
+        };
+        let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
+        let scheduler = Scheduler::start(config, loaded.engines).unwrap();
+        let preparer = &loaded.preparer;
+        assert!(preparer.serves_screenshots(), "the demo model has a tower");
+        warm_up(preparer, &scheduler).unwrap();
+        warm_up_screenshot(preparer, &scheduler, 64).unwrap();
+        let again = Screenshot {
+            format: ImageFormat::Png,
+            bytes: warm_up_png(64).unwrap(),
+        };
+        let prepared = preparer
+            .screenshot_questions(&again, &[("Which one?", 2)])
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .unwrap();
+        assert!(prepared.cache_hit, "the warm-up encoded the same image");
+    }
+
+    #[test]
+    fn a_gpu_warms_up_on_the_size_of_the_latency_targets() {
+        assert_eq!(warm_screenshot_side(&[Device::Cpu]), 64);
+        assert_eq!(warm_screenshot_side(&[Device::Cuda(0)]), 1024);
+        assert_eq!(
+            warm_screenshot_side(&[Device::Cuda(0), Device::Cuda(1)]),
+            1024
+        );
     }
 }
