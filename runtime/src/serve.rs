@@ -137,6 +137,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .resolve(|| Ok(instinct_kernels::cuda::gpu_count()?))
         .context("--device")?;
     let options = load_options(&args);
+    let max_prompt_tokens = args.max_prompt_tokens;
     let loader_state = state.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let t0 = Instant::now();
@@ -149,14 +150,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         warm_up(&loaded.preparer, &scheduler).context("warm-up decision")?;
         let warmup = t1.elapsed();
         let t2 = Instant::now();
+        let mut screenshot_warmed = false;
         if loaded.preparer.serves_screenshots() {
             let side = warm_screenshot_side(&devices);
-            warm_up_screenshot(&loaded.preparer, &scheduler, side)
-                .context("warm-up screenshot decision")?;
+            screenshot_warmed =
+                warm_up_screenshot(&loaded.preparer, &scheduler, side, max_prompt_tokens)
+                    .context("warm-up screenshot decision")?;
         }
         tracing::info!(
             load_ms = load.as_secs_f64() * 1e3,
             warmup_ms = warmup.as_secs_f64() * 1e3,
+            screenshot_warmed,
             screenshot_warmup_ms = t2.elapsed().as_secs_f64() * 1e3,
             "model loaded and warmed up; ready"
         );
@@ -300,7 +304,14 @@ fn warm_up_png(side: u32) -> anyhow::Result<Vec<u8>> {
 /// the language model with the image's features), as `warm_up` does for text: the first client
 /// with a screenshot does not pay for lazy start-up work either. The generated image stays in the
 /// image cache (and its prefix in the prefix cache) until evicted, like any other.
-fn warm_up_screenshot(preparer: &Preparer, scheduler: &Scheduler, side: u32) -> anyhow::Result<()> {
+/// Skipped, with a warning, where the question is longer than `max_prompt_tokens` (no client could
+/// send it); returns whether the question ran.
+fn warm_up_screenshot(
+    preparer: &Preparer,
+    scheduler: &Scheduler,
+    side: u32,
+    max_prompt_tokens: usize,
+) -> anyhow::Result<bool> {
     let shot = Screenshot {
         format: ImageFormat::Png,
         bytes: warm_up_png(side)?,
@@ -312,7 +323,17 @@ fn warm_up_screenshot(preparer: &Preparer, scheduler: &Scheduler, side: u32) -> 
             ScreenshotError::Image(detail) => anyhow::anyhow!("the generated image: {detail}"),
             ScreenshotError::Internal(e) => e,
         })?;
-    answer_warm_up(scheduler, prepared.questions)
+    let tokens = prepared.questions.iter().map(|q| q.ids.len()).max();
+    if tokens.is_some_and(|t| t > max_prompt_tokens) {
+        tracing::warn!(
+            side,
+            tokens,
+            max_prompt_tokens,
+            "no screenshot warm-up: its question is longer than --max-prompt-tokens"
+        );
+        return Ok(false);
+    }
+    answer_warm_up(scheduler, prepared.questions).map(|()| true)
 }
 
 async fn shutdown_signal() {
@@ -353,7 +374,7 @@ mod tests {
         let preparer = &loaded.preparer;
         assert!(preparer.serves_screenshots(), "the demo model has a tower");
         warm_up(preparer, &scheduler).unwrap();
-        warm_up_screenshot(preparer, &scheduler, 64).unwrap();
+        assert!(warm_up_screenshot(preparer, &scheduler, 64, 16_384).unwrap());
         let again = Screenshot {
             format: ImageFormat::Png,
             bytes: warm_up_png(64).unwrap(),
@@ -363,6 +384,18 @@ mod tests {
             .map_err(|e| anyhow::anyhow!("{e:?}"))
             .unwrap();
         assert!(prepared.cache_hit, "the warm-up encoded the same image");
+    }
+
+    #[test]
+    fn a_prompt_limit_below_the_warm_up_question_skips_it_without_failing() {
+        let config = Config::default();
+        let source = ModelSource::resolve(None, None, None).unwrap();
+        let limits = engine::batch_limits(config.batch_capacity().unwrap());
+        let loaded = engine::load(Device::Cpu, &source, limits, LoadOptions::default()).unwrap();
+        let scheduler = Scheduler::start(config, loaded.engines).unwrap();
+        // The 64x64 image alone is 64 image tokens.
+        let ran = warm_up_screenshot(&loaded.preparer, &scheduler, 64, 32).unwrap();
+        assert!(!ran, "a question no client could send is not asked");
     }
 
     #[test]
