@@ -25,11 +25,6 @@
 static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 static double gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / 1.4142135623730951)); }
 
-// Uniform in [-a, a), bf16-representable, from a xorshift.
-static void fill(std::vector<uint16_t>& v, float a, uint64_t seed) {
-    XorShift r{seed};
-    for (auto& x : v) x = to_bf16(r.uniform() * a);
-}
 
 struct Gemm {
     cublasLtMatmulDesc_t desc;
@@ -102,13 +97,13 @@ int main(int argc, char** argv) {
         const size_t wn = (size_t)s.k * s.n, xn = (size_t)rows * s.k, yn = (size_t)rows * s.n;
         std::vector<uint16_t> hw(wn), hx(xn), hb(s.n);
         // Products of order 1 (k · (1/√k)² · a² / 3 ...): GELU inputs spread over a few units.
-        fill(hw, 2.0f / sqrtf((float)s.k) * 1.7f, 1 + s.k);
-        fill(hx, 1.7f, 2 + s.n);
-        fill(hb, 0.5f, 3);
+        fill_bf16(hw, 2.0f / sqrtf((float)s.k) * 1.7f, 1 + s.k);
+        fill_bf16(hx, 1.7f, 2 + s.n);
+        fill_bf16(hb, 0.5f, 3);
         std::vector<float> hb32(s.n), hres(yn);
         for (int i = 0; i < s.n; ++i) hb32[i] = from_bf16(hb[i]);
         std::vector<uint16_t> hres16(yn);
-        fill(hres16, 2.0f, 4);
+        fill_bf16(hres16, 2.0f, 4);
         for (size_t i = 0; i < yn; ++i) hres[i] = from_bf16(hres16[i]);
         void *w, *x, *y, *ref, *b16, *b32;
         CK(cudaMalloc(&w, wn * 2));

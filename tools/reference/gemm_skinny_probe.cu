@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cublaslt_host.h"
+#include "gpu_timing.cuh"
 #include "harness_host.h"
 
 static void* flush_buf;
@@ -51,61 +52,22 @@ static void describe(const cublasLtMatmulAlgo_t& a, char* out, size_t n) {
              lt_cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), lt_cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
 }
 
+// Before each timed run: FLUSH bytes written (the weight then comes from memory; the dirty lines
+// also cost the run their write-backs, so compare within a run of this probe).
+static void memset_flush(int i) { cudaMemsetAsync(flush_buf, i, FLUSH, st); }
 
-// The fastest of `runs` runs, each after the L2 is flushed; -1 where a run fails.
+// The fastest of `runs` runs, each after memset_flush; -1 where a run fails.
 static float time_us(const LtPlan& p, const cublasLtMatmulAlgo_t& a, const void* w, const void* x, void* y, float beta,
                      int runs = 7) {
     if (!lt_run(p, a, w, x, y, beta)) return -1;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float best = 1e30f;
-    for (int i = 0; i < runs; ++i) {
-        cudaMemsetAsync(flush_buf, i, FLUSH, st);
-        cudaEventRecord(e0, st);
-        lt_run(p, a, w, x, y, beta);
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        best = std::min(best, ms);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return 1000.0f * best;
+    return fastest_us(
+        st, runs, memset_flush, [&] { lt_run(p, a, w, x, y, beta); });
 }
 
-// The weight read alone: every 16 bytes loaded once, summed so the loads stay.
-__global__ void read_all(const uint4* __restrict__ p, size_t n, unsigned* sink) {
-    unsigned acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = p[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u) *sink = acc;
-}
-
+// The weight read alone, timed as the GEMMs are.
 static float read_us(const void* w, size_t bytes, unsigned* sink) {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float best = 1e30f;
-    for (int i = 0; i < 7; ++i) {
-        cudaMemsetAsync(flush_buf, i, FLUSH, st);
-        cudaEventRecord(e0, st);
-        read_all<<<132 * 8, 512, 0, st>>>((const uint4*)w, bytes / 16, sink);
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        best = std::min(best, ms);
-    }
-    return 1000.0f * best;
-}
-
-static void fill(std::vector<uint16_t>& v, float a, uint64_t seed) {
-    XorShift r{seed};
-    for (auto& x : v) x = to_bf16(r.uniform() * a);
+    return fastest_us(
+        st, 7, memset_flush, [&] { read_bytes(w, bytes, 132 * 8, sink, st); });
 }
 
 int main(int argc, char** argv) {
@@ -134,8 +96,8 @@ int main(int argc, char** argv) {
         const cudaDataType_t yt = s.bf16_out ? CUDA_R_16BF : CUDA_R_32F;
         const float beta = s.add ? 1.0f : 0.0f;
         std::vector<uint16_t> hw(wn), hx(xn);
-        fill(hw, 0.03f, 11 + s.n);
-        fill(hx, 1.0f, 12 + s.k);
+        fill_bf16(hw, 0.03f, 11 + s.n);
+        fill_bf16(hx, 1.0f, 12 + s.k);
         void *w, *x, *y;
         CK(cudaMalloc(&w, wn * 2));
         CK(cudaMalloc(&x, xn * 2));

@@ -1,9 +1,10 @@
 // Host helpers of the CUDA harnesses and probes under tools/reference (flash_bidir_harness.cu,
-// gdr_prepare_harness.cu, gemm_epilogue_probe.cu): bf16 bits from f32 rounded to nearest even and
-// back, and a seeded xorshift for their inputs.
+// gdr_prepare_harness.cu and the GEMM probes): bf16 bits from f32 rounded to nearest even and back,
+// and a seeded xorshift for their inputs.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -29,3 +30,9 @@ struct XorShift {
         return (float)(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
     }
 };
+
+// `v` uniform in [-a, a), bf16-representable, from a xorshift seeded with `seed`.
+inline void fill_bf16(std::vector<uint16_t>& v, float a, uint64_t seed) {
+    XorShift r{seed};
+    for (auto& x : v) x = to_bf16(r.uniform() * a);
+}

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cublaslt_host.h"
+#include "gpu_timing.cuh"
 #include "harness_host.h"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -231,37 +232,13 @@ static void* flush_buf;
 static const size_t FLUSH = 128 << 20;
 static unsigned* sink;
 
-__global__ void read_all(const uint4* __restrict__ p, size_t n, unsigned* sink_) {
-    unsigned acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldcg(p + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u) *sink_ = acc;
-}
-static void flush() { read_all<<<132 * 4, 512, 0, st>>>((const uint4*)flush_buf, FLUSH / 16, sink); }
+static void flush() { read_bytes(flush_buf, FLUSH, 132 * 4, sink, st); }
 
-// The fastest of 7 runs of `f`, each after a flush (µs).
+// The fastest of 7 runs of `f`, each after a flush (µs), after one untimed run.
 template <typename F>
 static float time_us(F f) {
     f();
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    float best = 1e30f;
-    for (int i = 0; i < 7; ++i) {
-        flush();
-        cudaEventRecord(e0, st);
-        f();
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        best = std::min(best, ms);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return 1000.0f * best;
+    return fastest_us(st, 7, [](int) { flush(); }, f);
 }
 
 typedef void (*SkFn)(const __nv_bfloat16*, const __nv_bfloat16*, void*, int, int, int, int);
@@ -272,10 +249,6 @@ struct Variant {
 };
 #define VARIANT(N, WGS, STAGES) {"n" #N " wg" #WGS " s" #STAGES, skinny_gemm<N, WGS, STAGES>, N, WGS, STAGES}
 
-static void fill(std::vector<uint16_t>& v, float a, uint64_t seed) {
-    XorShift r{seed};
-    for (auto& x : v) x = to_bf16(r.uniform() * a);
-}
 
 int main(int argc, char** argv) {
     std::vector<int> row_counts;
@@ -311,9 +284,9 @@ int main(int argc, char** argv) {
             const cudaDataType_t yt = s.mode == 2 ? CUDA_R_16BF : CUDA_R_32F;
             const float beta = s.mode == 1 ? 1.0f : 0.0f;
             std::vector<uint16_t> hw(wn), hx(xn), hc16(yn);
-            fill(hw, 0.03f, 11 + s.n);
-            fill(hx, 1.0f, 12 + s.k + rows);
-            fill(hc16, 2.0f, 13);
+            fill_bf16(hw, 0.03f, 11 + s.n);
+            fill_bf16(hx, 1.0f, 12 + s.k + rows);
+            fill_bf16(hc16, 2.0f, 13);
             std::vector<float> hc(yn);
             for (size_t i = 0; i < yn; ++i) hc[i] = from_bf16(hc16[i]);
             void *w, *x, *y, *c0;
@@ -336,7 +309,7 @@ int main(int argc, char** argv) {
             const LtPlan p = lt_plan(rows, s.k, s.n, yt);
             cublasLtMatmulAlgo_t ref{};
             const bool have = lt_reference(s.k, s.n, yt, ref);
-            const float t_read = time_us([&] { read_all<<<132 * 4, 512, 0, st>>>((const uint4*)w, wn * 2 / 16, sink); });
+            const float t_read = time_us([&] { read_bytes(w, wn * 2, 132 * 4, sink, st); });
             const double mb = wn * 2 / 1e6;
             printf("\n== %s: %d x %d -> %d (%s), weight %.1f MB read alone %.1f us (%.0f GB/s)\n", s.name, rows, s.k, s.n,
                    s.mode == 0 ? "f32" : s.mode == 1 ? "f32 added" : "bf16", mb, t_read, mb * 1e3 / t_read);
