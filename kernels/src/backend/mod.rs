@@ -646,8 +646,7 @@ pub trait VisionBackend: Backend {
         kind: Gelu,
         (scratch, out): (&mut Self::Buf, &mut Self::Buf),
     ) -> KernelResult<()> {
-        self.gemm(x, w, shape, scratch)?;
-        self.bias_gelu(scratch, bias, (shape.rows, shape.out_dim), kind, out)
+        gemm_bias_gelu_apart(self, x, (w, bias), shape, kind, (scratch, out))
     }
 
     /// `residual += x Wᵀ + bias`, the bias added to the product first (as
@@ -664,9 +663,7 @@ pub trait VisionBackend: Backend {
         residual: &mut Self::Buf,
     ) -> KernelResult<()> {
         let _ = bias_f32;
-        self.gemm(x, w, shape, scratch)?;
-        let dims = (shape.rows, shape.out_dim);
-        self.add_bias_residual(residual, scratch, bias, dims)
+        gemm_bias_residual_apart(self, x, (w, bias), shape, scratch, residual)
     }
 
     /// 2-D axial rotary embedding in place on every head, rotating the whole head (`head_dim`
@@ -718,6 +715,34 @@ pub trait VisionBackend: Backend {
             out,
         )
     }
+}
+
+/// [`VisionBackend::gemm_bias_gelu`] as its two ops, the GEMM into `scratch` then `bias_gelu` (its
+/// default, and a backend's way where its GEMM cannot take the epilogue).
+pub fn gemm_bias_gelu_apart<B: VisionBackend + ?Sized>(
+    be: &B,
+    x: &B::Buf,
+    (w, bias): (&B::Buf, &B::Buf),
+    shape: GemmShape,
+    kind: Gelu,
+    (scratch, out): (&mut B::Buf, &mut B::Buf),
+) -> KernelResult<()> {
+    be.gemm(x, w, shape, scratch)?;
+    be.bias_gelu(scratch, bias, (shape.rows, shape.out_dim), kind, out)
+}
+
+/// [`VisionBackend::gemm_bias_residual`] as its two ops, the GEMM into `scratch` then
+/// `add_bias_residual` (its default, and a backend's way where its GEMM cannot take the epilogue).
+pub fn gemm_bias_residual_apart<B: VisionBackend + ?Sized>(
+    be: &B,
+    x: &B::Buf,
+    (w, bias): (&B::Buf, &B::Buf),
+    shape: GemmShape,
+    scratch: &mut B::Buf,
+    residual: &mut B::Buf,
+) -> KernelResult<()> {
+    be.gemm(x, w, shape, scratch)?;
+    be.add_bias_residual(residual, scratch, bias, (shape.rows, shape.out_dim))
 }
 
 /// [`VisionBackend::bias_rope_attention`] as its four ops, one after the other (its default, and a

@@ -26,11 +26,12 @@ use super::upload::Staging;
 use super::workspace::Workspace;
 use crate::backend::{
     bias_rope_attention_apart, captured_shape, conv1d_silu_then_l2, delta_net_core_apart,
-    delta_net_core_carried_apart, qk_norm_then_rope, stacked_norm_rope, AttentionDims,
-    AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, CopyPart, DeltaCarry, DeltaDims,
-    DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs, GatedNorm,
-    Gelu, GemmShape, HeadLayout, KernelResult, L2Heads, PassShape, PrefixKv, Projection,
-    QkPrologue, Rope, RowNorm, Store, Varlen, VisionBackend,
+    delta_net_core_carried_apart, gemm_bias_gelu_apart, gemm_bias_residual_apart,
+    qk_norm_then_rope, stacked_norm_rope, AttentionDims, AttentionOutput, Backend, Buffers, Conv1d,
+    ConvWindow, CopyPart, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput,
+    DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult,
+    L2Heads, PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Varlen,
+    VisionBackend,
 };
 use crate::error::KernelError;
 use crate::patches::PatchRows;
@@ -812,8 +813,7 @@ impl VisionBackend for CudaBackend {
         if kind == Gelu::Tanh && gemm::gemm_epilogue(&self.gpu, (x, w, bias), shape, how, out)? {
             return Ok(());
         }
-        self.gemm(x, w, shape, scratch)?;
-        self.bias_gelu(scratch, bias, (shape.rows, shape.out_dim), kind, out)
+        gemm_bias_gelu_apart(self, x, (w, bias), shape, kind, (scratch, out))
     }
 
     /// Both adds in cuBLASLt's BIAS epilogue, the GEMM adding to `residual` (the same f32 adds in
@@ -830,9 +830,7 @@ impl VisionBackend for CudaBackend {
         if gemm::gemm_epilogue(&self.gpu, (x, w, bias_f32), shape, how, residual)? {
             return Ok(());
         }
-        self.gemm(x, w, shape, scratch)?;
-        let dims = (shape.rows, shape.out_dim);
-        self.add_bias_residual(residual, scratch, bias, dims)
+        gemm_bias_residual_apart(self, x, (w, bias), shape, scratch, residual)
     }
 
     fn rope_axial(
