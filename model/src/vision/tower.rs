@@ -36,11 +36,16 @@ impl<'a> ImageInput<'a> {
 struct Linear<B: VisionBackend> {
     weight: B::Buf,
     bias: B::Buf,
-    /// The bias in f32 (`bias` is in the backend's weight precision): what a GEMM adding it in
-    /// its epilogue to an f32 output reads.
-    bias_f32: B::Buf,
     in_dim: usize,
     out_dim: usize,
+}
+
+/// A Linear whose output is added to the residual stream (a block's proj and fc2).
+struct ResidualLinear<B: VisionBackend> {
+    linear: Linear<B>,
+    /// The bias in f32 (`linear.bias` is in the backend's weight precision): what a GEMM adding
+    /// it in its epilogue to the f32 residual reads.
+    bias_f32: B::Buf,
 }
 
 struct Norm<B: VisionBackend> {
@@ -51,10 +56,10 @@ struct Norm<B: VisionBackend> {
 struct Block<B: VisionBackend> {
     norm1: Norm<B>,
     qkv: Linear<B>,
-    proj: Linear<B>,
+    proj: ResidualLinear<B>,
     norm2: Norm<B>,
     fc1: Linear<B>,
-    fc2: Linear<B>,
+    fc2: ResidualLinear<B>,
 }
 
 /// Resampled position tables kept on the device: the last few image grids seen.
@@ -112,9 +117,14 @@ impl<B: VisionBackend> VisionTower<B> {
             Ok(Linear {
                 weight: up(&w.weight.data)?,
                 bias: up(&w.bias.data)?,
-                bias_f32: up_f32(&w.bias.data).map_err(|e| anyhow!(e))?,
                 in_dim: w.weight.shape[1],
                 out_dim: w.weight.shape[0],
+            })
+        };
+        let residual_linear = |w: &LinearWeights| -> Result<ResidualLinear<B>> {
+            Ok(ResidualLinear {
+                linear: linear(w)?,
+                bias_f32: up_f32(&w.bias.data).map_err(|e| anyhow!(e))?,
             })
         };
         let norm = |n: &NormWeights| -> Result<Norm<B>> {
@@ -130,10 +140,10 @@ impl<B: VisionBackend> VisionTower<B> {
                 Ok(Block {
                     norm1: norm(&b.norm1)?,
                     qkv: linear(&b.qkv)?,
-                    proj: linear(&b.proj)?,
+                    proj: residual_linear(&b.proj)?,
                     norm2: norm(&b.norm2)?,
                     fc1: linear(&b.fc1)?,
-                    fc2: linear(&b.fc2)?,
+                    fc2: residual_linear(&b.fc2)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -285,12 +295,13 @@ impl<B: VisionBackend> VisionTower<B> {
     fn add_linear(
         &self,
         x: &B::Buf,
-        l: &Linear<B>,
+        l: &ResidualLinear<B>,
         rows: usize,
         (scratch, residual): (&mut B::Buf, &mut B::Buf),
     ) -> Result<()> {
-        let shape = GemmShape::new(rows, l.in_dim, l.out_dim);
-        let weights = (&l.weight, &l.bias, &l.bias_f32);
+        let ResidualLinear { linear, bias_f32 } = l;
+        let shape = GemmShape::new(rows, linear.in_dim, linear.out_dim);
+        let weights = (&linear.weight, &linear.bias, bias_f32);
         self.backend
             .gemm_bias_residual(x, weights, shape, scratch, residual)
             .map_err(|e| anyhow!(e))
