@@ -357,8 +357,8 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_warm_up_answers_a_screenshot_question_and_leaves_its_image_cached() {
+    /// The demo model on the CPU (with an image cache) and its scheduler.
+    fn demo() -> (Preparer, Scheduler) {
         let config = Config {
             max_batch_seqs: 16,
             ..Config::default()
@@ -371,7 +371,13 @@ mod tests {
         };
         let loaded = engine::load(Device::Cpu, &source, limits, options).unwrap();
         let scheduler = Scheduler::start(config, loaded.engines).unwrap();
-        let preparer = &loaded.preparer;
+        (loaded.preparer, scheduler)
+    }
+
+    #[test]
+    fn the_warm_up_answers_a_screenshot_question_and_leaves_its_image_cached() {
+        let (preparer, scheduler) = demo();
+        let preparer = &preparer;
         assert!(preparer.serves_screenshots(), "the demo model has a tower");
         warm_up(preparer, &scheduler).unwrap();
         assert!(warm_up_screenshot(preparer, &scheduler, 64, 16_384).unwrap());
@@ -388,13 +394,9 @@ mod tests {
 
     #[test]
     fn a_prompt_limit_below_the_warm_up_question_skips_it_without_failing() {
-        let config = Config::default();
-        let source = ModelSource::resolve(None, None, None).unwrap();
-        let limits = engine::batch_limits(config.batch_capacity().unwrap());
-        let loaded = engine::load(Device::Cpu, &source, limits, LoadOptions::default()).unwrap();
-        let scheduler = Scheduler::start(config, loaded.engines).unwrap();
+        let (preparer, scheduler) = demo();
         // The 64x64 image alone is 64 image tokens.
-        let ran = warm_up_screenshot(&loaded.preparer, &scheduler, 64, 32).unwrap();
+        let ran = warm_up_screenshot(&preparer, &scheduler, 64, 32).unwrap();
         assert!(!ran, "a question no client could send is not asked");
     }
 
