@@ -6,10 +6,12 @@
 #      bit for bit, and both timed (the weight from memory: an L2 flush by reads before each run);
 #   2. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
 #      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2);
-#   3. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
+#   3. text parity on the 84 questions, bits against eb2c916's (expected identical: nothing on the
+#      text path changed but the JSON parser's scan);
+#   4. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
 #      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
 #      latencies (the first new PNG no longer pays the tower's GEMM timing);
-#   4. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
+#   5. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
 # Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
 # tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
@@ -31,6 +33,8 @@ tests_summary
 grep -E "worst" "$TESTS_LOG" >> $L
 cp "$TESTS_LOG" $R/
 wait_checkpoint
+parity
+same_bits_as 2026-12-06-eb2c916-h100
 EARLIER=docs/benchmarks/gpu-calls/2026-12-06-eb2c916-h100/results/vl_parity.json
 if (( $(left) > 80 )); then
   screenshot_check $R $EARLIER main
