@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Waiting behind branch skinny-gemm's call (its docs/benchmarks/gpu-calls/next/call.sh: the same
+# checks at that branch's head, with its GEMM kernel for few rows and a forward A/B against this
+# build); this one is main's alone, for when that branch is not taken.
 # The planned device call (CALL_S seconds, 590 unless set; planned for ~420), at main's head. The
 # eighteenth session's device time ran out before steps 1 and 2 could run.
 #   1. tools/reference/skinny_gemm_harness.sh at 139, 64 and 17 rows, before anything else loads
