@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use image::ImageEncoder as _;
 use instinct_model::prompt::{user_text, Candidate, Screen};
 use instinct_model::source::{Device, ModelSource};
 use instinct_scheduler::{Bucket, Config, Question, Scheduler};
@@ -288,17 +287,18 @@ fn warm_screenshot_side(devices: &[Device]) -> u32 {
     }
 }
 
-/// The warm-up's screenshot: a `side`×`side` RGB PNG of gradients.
+/// The warm-up's screenshot: `instinct bench`'s synthetic `side`×`side` PNG (noisy gradients, so
+/// it decodes at about a real screenshot's cost).
 fn warm_up_png(side: u32) -> anyhow::Result<Vec<u8>> {
-    let pixels = image::RgbImage::from_fn(side, side, |x, y| {
-        image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x ^ y) % 256) as u8])
-    });
-    let mut png = Vec::new();
-    image::codecs::png::PngEncoder::new(&mut png)
-        .write_image(pixels.as_raw(), side, side, image::ExtendedColorType::Rgb8)
-        .context("encoding the warm-up screenshot")?;
-    Ok(png)
+    let size = instinct_bench::ImageSize {
+        width: side,
+        height: side,
+    };
+    instinct_bench::vision::synthetic_png(size, WARM_UP_IMAGE_SEED)
 }
+
+/// The warm-up image's seed (any fixed one: the same start always asks about the same image).
+const WARM_UP_IMAGE_SEED: u64 = 1;
 
 /// One screenshot decision through every stage (PNG decoding, preprocessing, the vision tower,
 /// the language model with the image's features), as `warm_up` does for text: the first client
