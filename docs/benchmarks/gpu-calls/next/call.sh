@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
-# Waiting behind branch skinny-gemm's call (its docs/benchmarks/gpu-calls/next/call.sh: the same
-# checks at that branch's head, with its GEMM kernel for few rows and a forward A/B against this
-# build); this one is main's alone, for when that branch is not taken.
 # The planned device call (CALL_S seconds, 590 unless set; planned for ~420), at main's head. The
-# eighteenth session's device time ran out before steps 1 and 2 could run.
-#   1. tools/reference/skinny_gemm_harness.sh at 139, 64 and 17 rows, before anything else loads
-#      the GPU: a wgmma GEMM of our own for few rows against cuBLASLt's batch-invariant reference,
-#      bit for bit, and both timed (the weight from memory: an L2 flush by reads before each run);
-#   2. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
+# GEMM harness it used to start with ran on 2026-12-07 at branch skinny-gemm's 6f45e44
+# (gpu-calls/2026-12-07-6f45e44-h200: the same bits as cuBLASLt, slower), so it starts with:
+#   1. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
 #      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2);
-#   3. text parity on the 84 questions, bits against eb2c916's (expected identical: nothing on the
+#   2. text parity on the 84 questions, bits against eb2c916's (expected identical: nothing on the
 #      text path changed but the JSON parser's scan);
-#   4. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
+#   3. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
 #      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
 #      latencies (the first new PNG no longer pays the tower's GEMM timing);
-#   5. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
+#   4. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
 # Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
 # tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
@@ -26,10 +21,6 @@ L=$CALL_LOG
 R=/tmp/results
 mkdir -p $R
 pack() { tar czf $OUT/results.tgz -C /tmp results; }
-OUT=$R timeout 120 bash tools/reference/skinny_gemm_harness.sh 139 64 17 > $R/skinny_gemm.out 2>&1
-t "skinny harness exit $?"
-grep -E "^build|^harness|^rows|SAME BITS|OTHER BITS" $R/skinny_gemm.out >> $L
-pack
 start_checkpoint
 run_test vision_tiny-test 60
 tests_summary
