@@ -9,7 +9,13 @@
 #   3. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
 #      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
 #      latencies (the first new PNG no longer pays the tower's GEMM timing);
-#   4. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
+#   4. instinct bench at 139, 712, 1,100 and 15,446 ids and packed batches of 32 and 128 x 300 ids,
+#      captured passes on (issue 18's forward figures on the H200 it names; the last H200 ones are
+#      from 4ae7f98's era);
+#   5. every kernel of one warm 139-id and one warm 1,100-id forward under Nsight Compute (the
+#      last profiles are an H100's at cf54335 and eae2ec1; issue 18's closing note needs where the
+#      time goes now);
+#   6. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
 # Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
 # tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
@@ -35,6 +41,29 @@ if (( $(left) > 80 )); then
   grep -ho "screenshot_warmup_ms[^ ]*" /tmp/vl_main/*.log 2> /dev/null | head -2 >> $L
   pack
 fi
+if (( $(left) > 120 )); then
+  t bench
+  timeout $(( $(left) - 60 )) .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text \
+    --device cuda:0 --lengths 139,712,1100,15446 --batch-sizes 32,128 --batch-prompt-tokens 300 --runs 30 \
+    --batch-runs 5 --revision $REV --out $R/bench.json > /tmp/bench.log 2>&1
+  t "bench exit $?"
+  grep -vE "^\s*$" /tmp/bench.log | tail -12 >> $L
+  pack
+fi
+profile() {  # profile NAME ARGS...: every kernel of the last forward under ncu, as a table
+  local name=$1; shift
+  timeout $(( $(left) - 5 )) ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
+    .carry/bin/instinct bench --model /tmp/real --device cuda:0 "$@" > /tmp/ncu_$name.csv 2> /tmp/ncu_$name.err
+  t "ncu $name exit $?"
+  gzip -c /tmp/ncu_$name.csv > $R/ncu-$name.csv.gz
+  python3 tools/reference/ncu_forward.py /tmp/ncu_$name.csv > $R/ncu-$name.md 2>> $L
+  head -14 $R/ncu-$name.md >> $L
+}
+for n in 139 1100; do
+  (( $(left) > 60 )) && profile forward-$n --text-adapter /tmp/real/adapter-text --lengths $n --batch-sizes 1 \
+    --batch-prompt-tokens $n --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
+  pack
+done
 if (( $(left) > 100 )); then
   t "mixed load"
   OUT=$R/mixed RUNS=mixed_closed CLIENTS=1,8 LEVEL_S=10 REVISION=$REV timeout $(( $(left) - 10 )) \
