@@ -85,6 +85,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "swiglu_bf16",
             "swiglu_from_bf16",
             "swiglu_bf16_from_bf16",
+            "l2_prefetch",
         ],
     },
     KernelSource {

@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~420), at main's head. The
-# GEMM harness it used to start with ran on 2026-12-07 at branch skinny-gemm's 6f45e44
-# (gpu-calls/2026-12-07-6f45e44-h200: the same bits as cuBLASLt, slower), so it starts with:
+# The planned device call (CALL_S seconds, 590 unless set; planned for ~480), at main's head:
 #   1. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
 #      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2);
-#   2. text parity on the 84 questions, bits against eb2c916's (expected identical: nothing on the
-#      text path changed but the JSON parser's scan);
-#   3. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
+#   2. text parity on the 84 questions, bits against eb2c916's (expected identical: the L2 prefetch
+#      of the weights changes no value, and nothing else on the text path changed but the JSON
+#      parser's scan);
+#   3. the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS) off and on: instinct bench at 139, 300
+#      and 712 ids and 32 x 300, alternated twice;
+#   4. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
 #      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
-#      latencies (the first new PNG no longer pays the tower's GEMM timing);
-#   4. instinct bench at 139, 712, 1,100 and 15,446 ids and packed batches of 32 and 128 x 300 ids,
-#      captured passes on (issue 18's forward figures on the H200 it names; the last H200 ones are
-#      from 4ae7f98's era);
-#   5. every kernel of one warm 139-id and one warm 1,100-id forward under Nsight Compute (the
-#      last profiles are an H100's at cf54335 and eae2ec1; issue 18's closing note needs where the
-#      time goes now);
-#   6. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
+#      latencies;
+#   5. instinct bench at 139, 712, 1,100 and 15,446 ids and packed batches of 32 and 128 x 300 ids
+#      (issue 18's forward figures on the H200 it names; the last H200 ones are from 4ae7f98's era);
+#   6. every kernel of one warm 139-id and one warm 1,100-id forward under Nsight Compute (the
+#      last profiles are an H100's, at eae2ec1 and 637a76d);
+#   7. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
 # Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
 # tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
@@ -35,6 +34,19 @@ cp "$TESTS_LOG" $R/
 wait_checkpoint
 parity
 same_bits_as 2026-12-06-eb2c916-h100
+# Bench: the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS, 512 by default) off and on, twice
+# alternated, at the lengths it is for; then the issue-18 rows once with the defaults.
+BENCH=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0
+  --revision $REV)
+for run in off1 on1 off2 on2; do
+  (( $(left) > 150 )) || break
+  rows=512; [[ $run == off* ]] && rows=0
+  INSTINCT_L2_PREFETCH_ROWS=$rows timeout 60 "${BENCH[@]}" --lengths 139,300,712 --batch-sizes 32 \
+    --batch-prompt-tokens 300 --runs 40 --batch-runs 3 --out $R/bench_prefetch_$run.json > /tmp/bench_$run.log 2>&1
+  t "bench prefetch $run exit $?"
+  grep -E "^\[bench\] (latency|batch)" /tmp/bench_$run.log >> $L
+done
+pack
 EARLIER=docs/benchmarks/gpu-calls/2026-12-06-eb2c916-h100/results/vl_parity.json
 if (( $(left) > 80 )); then
   screenshot_check $R $EARLIER main
@@ -43,11 +55,10 @@ if (( $(left) > 80 )); then
 fi
 if (( $(left) > 120 )); then
   t bench
-  timeout $(( $(left) - 60 )) .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text \
-    --device cuda:0 --lengths 139,712,1100,15446 --batch-sizes 32,128 --batch-prompt-tokens 300 --runs 30 \
-    --batch-runs 5 --revision $REV --out $R/bench.json > /tmp/bench.log 2>&1
+  timeout $(( $(left) - 60 )) "${BENCH[@]}" --lengths 139,712,1100,15446 --batch-sizes 32,128 \
+    --batch-prompt-tokens 300 --runs 30 --batch-runs 5 --out $R/bench.json > /tmp/bench.log 2>&1
   t "bench exit $?"
-  grep -vE "^\s*$" /tmp/bench.log | tail -12 >> $L
+  grep -E "^\[bench\]" /tmp/bench.log >> $L
   pack
 fi
 profile() {  # profile NAME ARGS...: every kernel of the last forward under ncu, as a table
