@@ -62,6 +62,9 @@ for run in off1 on1 w8a off2 on2 w8b; do
   t "bench prefetch $run exit $?"
   grep -E "^\[bench\] (latency|batch)" /tmp/bench_$run.log >> $L
 done
+python3 tools/reference/bench_ab.py $(for f in $R/bench_prefetch_*.json; do b=${f##*_}; echo "${b%.json}=$f"; done) \
+  > $R/bench_ab.md 2>> $L
+cat $R/bench_ab.md >> $L
 pack
 EARLIER=docs/benchmarks/gpu-calls/2026-12-06-eb2c916-h100/results/vl_parity.json
 if (( $(left) > 80 )); then
