@@ -3,12 +3,11 @@
 #   1. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
 #      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2); cuda_delta_chunked's tests of
 #      the delta rule against the CPU with the 8-warp state pass (INSTINCT_STATE_PASS_WARPS=8);
-#   2. text parity on the 84 questions, bits against eb2c916's (expected identical: the L2 prefetch
-#      of the weights changes no value, and nothing else on the text path changed but the JSON
-#      parser's scan);
+#   2. text parity on the 84 questions, bits against eb2c916's (expected identical: nothing on the
+#      text path changed by default but the JSON parser's scan), then with the 8-warp state pass;
 #   3. the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS) off and on, and on with the state pass
-#      of 8 warps per 32 columns (INSTINCT_STATE_PASS_WARPS=8; its parity and bits against the
-#      default's first): instinct bench at 139, 300 and 712 ids and 32 x 300, alternated twice;
+#      of 8 warps per 32 columns (INSTINCT_STATE_PASS_WARPS=8): instinct bench at 139, 300 and 712
+#      ids and 32 x 300, alternated twice (the answers' bits compared by bench_ab.py);
 #   4. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
 #      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
 #      latencies;
@@ -49,8 +48,8 @@ INSTINCT_STATE_PASS_WARPS=8 timeout 90 .carry/bin/instinct check --model /tmp/re
 t "check (8 warps) exit $?"
 grep -E "questions on|PASS|FAIL|Error" /tmp/check_w8.log >> $L
 identical_rows $R/check_w8.json $OUT/check.json "questions with the 8-warp state pass identical to the default's"
-# Bench: the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS, 512 by default) off and on, and on
-# with the 8-warp state pass, twice alternated; then the issue-18 rows once with the defaults.
+# Bench: the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS, off by default) off and on (512), and
+# on with the 8-warp state pass, twice alternated; then the issue-18 rows once with the defaults.
 BENCH=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0
   --revision $REV)
 for run in off1 on1 w8a off2 on2 w8b; do

@@ -207,10 +207,10 @@ pub(crate) fn gather_last(
     }
 }
 
-/// Passes of up to this many rows prefetch their next GEMMs' weights into L2 unless
-/// `INSTINCT_L2_PREFETCH_ROWS` says otherwise (0: never). Up to a few hundred rows a GEMM is bound by
-/// reading its weight; past that by its FLOPs, and the prefetch only adds a launch.
-const PREFETCH_ROWS: usize = 512;
+/// Passes of up to `INSTINCT_L2_PREFETCH_ROWS` rows prefetch their next GEMMs' weights into L2;
+/// none by default (0) until a GPU run shows what it gains. Up to a few hundred rows a GEMM is bound
+/// by reading its weight; past that by its FLOPs, and the prefetch only adds a launch.
+const PREFETCH_ROWS: usize = 0;
 
 fn prefetch_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -255,7 +255,7 @@ fn prefetch_plan(ahead: &[(usize, usize)], mut budget: usize) -> Vec<(usize, usi
 }
 
 /// See `Backend::prefetch_weights`: on Hopper and later, for passes of up to [`prefetch_rows`]
-/// rows, a three-quarters of L2 (the rest for the pass's activations) filled by [`prefetch_plan`].
+/// rows, three quarters of L2 (the rest for the pass's activations) filled by [`prefetch_plan`].
 pub(crate) fn prefetch_weights(
     gpu: &Gpu,
     ahead: &[WeightAhead<'_, CudaBuf>],
