@@ -53,10 +53,10 @@ identical_rows $R/check_w8.json $OUT/check.json "questions with the 8-warp state
 BENCH=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0
   --revision $REV)
 for run in off1 on1 w8a off2 on2 w8b; do
-  (( $(left) > 150 )) || break
+  (( $(left) > 45 )) || break
   rows=512; [[ $run == off* ]] && rows=0
   warps=4; [[ $run == w8* ]] && warps=8
-  INSTINCT_L2_PREFETCH_ROWS=$rows INSTINCT_STATE_PASS_WARPS=$warps timeout 60 "${BENCH[@]}" --lengths 139,300,712 --batch-sizes 32 \
+  INSTINCT_L2_PREFETCH_ROWS=$rows INSTINCT_STATE_PASS_WARPS=$warps timeout 50 "${BENCH[@]}" --lengths 139,300,712 --batch-sizes 32 \
     --batch-prompt-tokens 300 --runs 40 --batch-runs 3 --out $R/bench_prefetch_$run.json > /tmp/bench_$run.log 2>&1
   t "bench prefetch $run exit $?"
   grep -E "^\[bench\] (latency|batch)" /tmp/bench_$run.log >> $L
