@@ -32,7 +32,7 @@ start_checkpoint
 run_test vision_tiny-test 60
 # The 8-warp state pass against the CPU reference (ragged batches: the 64-column kernel too).
 export INSTINCT_STATE_PASS_WARPS=8
-run_test cuda_delta_chunked-test 90 chunked_
+run_test cuda_delta_chunked-test 60 chunked_
 unset INSTINCT_STATE_PASS_WARPS
 tests_summary
 grep -E "worst" "$TESTS_LOG" >> $L
