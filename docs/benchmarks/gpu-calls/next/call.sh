@@ -29,7 +29,9 @@ R=/tmp/results
 mkdir -p $R
 pack() { tar czf $OUT/results.tgz -C /tmp results; }
 start_checkpoint
-run_test vision_tiny-test 60
+# SHORT=1 (a call of little device time): no vision_tiny, no second parity run; the bench's answers
+# still compare the settings' bits.
+[[ ${SHORT:-0} == 1 ]] || run_test vision_tiny-test 60
 # The 8-warp state pass against the CPU reference (ragged batches: the 64-column kernel too).
 export INSTINCT_STATE_PASS_WARPS=8
 run_test cuda_delta_chunked-test 60 chunked_
@@ -41,6 +43,7 @@ wait_checkpoint
 parity
 same_bits_as 2026-12-06-eb2c916-h100
 # The state pass with 8 warps per 32 value columns (INSTINCT_STATE_PASS_WARPS=8): the same bits?
+if [[ ${SHORT:-0} != 1 ]]; then
 t "parity, state pass of 8 warps"
 INSTINCT_STATE_PASS_WARPS=8 timeout 90 .carry/bin/instinct check --model /tmp/real \
   --text-adapter /tmp/real/adapter-text --device cuda:0 --corpus docs/validation/real-shapes/corpus_ids.json \
@@ -48,6 +51,7 @@ INSTINCT_STATE_PASS_WARPS=8 timeout 90 .carry/bin/instinct check --model /tmp/re
 t "check (8 warps) exit $?"
 grep -E "questions on|PASS|FAIL|Error" /tmp/check_w8.log >> $L
 identical_rows $R/check_w8.json $OUT/check.json "questions with the 8-warp state pass identical to the default's"
+fi
 # Bench: the weights' L2 prefetch (INSTINCT_L2_PREFETCH_ROWS, off by default) off and on (512), and
 # on with the 8-warp state pass, twice alternated; then the issue-18 rows once with the defaults.
 BENCH=(.carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0
