@@ -681,23 +681,17 @@ __device__ __forceinline__ void gs_issue(u32 base, const __nv_bfloat16* __restri
     if (tid == 0) cp_async4(base + L::GL, gam + (i64)(c0 + n - 1) * v_heads + h);
 }
 
-// SV value columns per block, in groups of 32, and WPG warps per group: with 4, a warp owns 16
-// rows of the chunk's V' / O tile (all 32 columns) and 32 rows of the state; with 8, 16 rows of V' / O
-// over 16 of the columns and 16 rows of the state, so each warp issues half the products of a chunk
-// on the sequential path. Every output is summed over the same depths in the same order either way
-// (an mma's output column depends only on its B column): the same bits.
-template <int SV, int WPG>
+// SV value columns per block, in groups of 32; warps (4 per group) each own 16 rows of the
+// chunk's V' / O tile and 32 rows of the state, 32 columns wide.
+template <int SV>
 __device__ __forceinline__ void gdr_state_pass(
     const __nv_bfloat16* __restrict__ w, const float* __restrict__ u, const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ p, const float* __restrict__ gam,
     const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,
     float* __restrict__ final_state, int has_final, const u32* __restrict__ final_at, int has_final_at,
     float* __restrict__ out, int v_heads, int k_dim, int v_dim, u32 rows_cap) {
-    static_assert(WPG == 4 || WPG == 8, "4 or 8 warps per 32 columns");
-    constexpr int THREADS = SV * WPG;  // WPG warps per 32 columns
-    constexpr int NP = 8 / WPG;        // 16-column halves of the V' / O tile per warp
-    constexpr int MS = 8 / WPG;        // 16-row blocks of the state per warp
-    constexpr int SLD = SV + 8;        // bf16 row stride of the state and V' copies
+    constexpr int THREADS = SV * 4;  // 4 warps per 32 columns
+    constexpr int SLD = SV + 8;      // bf16 row stride of the state and V' copies
     using L = GsStage<SV>;
     unsigned char* const smem = reinterpret_cast<unsigned char*>(dc_smem);
     __nv_bfloat16* const Sb = reinterpret_cast<__nv_bfloat16*>(smem + 2 * L::BYTES);  // [128][SLD]
@@ -710,13 +704,10 @@ __device__ __forceinline__ void gdr_state_pass(
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int wi = warp % WPG;               // the warp within its column group
-    const int cg = 32 * (warp / WPG);        // the group's first column within the slice
-    const int rw = wi & 3;                   // V'/O rows 16·rw..
-    const int vc = cg + 16 * (wi >> 2);      // the warp's first V'/O column
-    const int sr = (128 / WPG) * wi;         // the warp's first state row
-    const int gr = lane >> 2;                // fragment row (and row + 8)
-    const int gc = 2 * (lane & 3);           // fragment column pair
+    const int rw = warp & 3;         // row group: V'/O rows 16·rw.., state rows 32·rw..
+    const int cw = 32 * (warp >> 2); // the warp's first column within the slice
+    const int gr = lane >> 2;        // fragment row (and row + 8)
+    const int gc = 2 * (lane & 3);   // fragment column pair
     const int vcols = min(SV, v_dim - col0);
     const i64 state_at = ((i64)s * v_heads + h) * k_dim * v_dim + col0;
     const u32 start = min(cu_seqlens[s], rows_cap);
@@ -724,11 +715,11 @@ __device__ __forceinline__ void gdr_state_pass(
 
     // The state slice, f32 in mma accumulator layout: st[m][nt][e] is at row st_row(m, e) (a key)
     // and column st_col(nt, e) of the slice.
-    float st[MS][4][4];
-    auto st_row = [&](int m, int e) { return sr + 16 * m + gr + (e >> 1) * 8; };
-    auto st_col = [&](int nt, int e) { return cg + 8 * nt + gc + (e & 1); };
+    float st[2][4][4];
+    auto st_row = [&](int m, int e) { return 32 * rw + 16 * m + gr + (e >> 1) * 8; };
+    auto st_col = [&](int nt, int e) { return cw + 8 * nt + gc + (e & 1); };
 #pragma unroll
-    for (int m = 0; m < MS; ++m) {
+    for (int m = 0; m < 2; ++m) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -744,10 +735,10 @@ __device__ __forceinline__ void gdr_state_pass(
     // Its bf16 copy, the right operand of W S0 and q S0.
     auto store_state = [&]() {
 #pragma unroll
-        for (int m = 0; m < MS; ++m) {
+        for (int m = 0; m < 2; ++m) {
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
-                __nv_bfloat16* d = Sb + (sr + 16 * m + gr) * SLD + cg + 8 * nt + gc;
+                __nv_bfloat16* d = Sb + (32 * rw + 16 * m + gr) * SLD + cw + 8 * nt + gc;
                 *reinterpret_cast<u32*>(d) = pack_bf16x2(st[m][nt][0], st[m][nt][1]);
                 *reinterpret_cast<u32*>(d + 8 * SLD) = pack_bf16x2(st[m][nt][2], st[m][nt][3]);
             }
@@ -761,7 +752,7 @@ __device__ __forceinline__ void gdr_state_pass(
     auto write_final = [&]() {
         if (!has_final) return;
 #pragma unroll
-        for (int m = 0; m < MS; ++m) {
+        for (int m = 0; m < 2; ++m) {
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -783,9 +774,8 @@ __device__ __forceinline__ void gdr_state_pass(
     const int a_col = (lane >> 4) * 8;
     const int at_k = (lane & 7) + (lane >> 4) * 8;
     const int at_m = ((lane >> 3) & 1) * 8;
-    const u32 sb_addr = smem_addr(Sb + a_row * SLD + vc + a_col);  // the warp's V'/O columns
-    const u32 vb_addr = smem_addr(Vb + a_row * SLD + vc + a_col);
-    const u32 vs_addr = smem_addr(Vb + a_row * SLD + cg + a_col);  // the group's columns (state)
+    const u32 sb_addr = smem_addr(Sb + a_row * SLD + cw + a_col);
+    const u32 vb_addr = smem_addr(Vb + a_row * SLD + cw + a_col);
 
     int n = (int)min((u32)DC_CHUNK, end - start);
     if (start < end) gs_issue<SV, THREADS>(stage0, w, u, q, k, p, gam, start, n, v_heads, h, col0);
@@ -805,10 +795,10 @@ __device__ __forceinline__ void gdr_state_pass(
         }
         cp_async_commit();
 
-        // ---- V' = U − W S0 and O = (e^γ q) S0: 16 rows × 16·NP columns per warp, depth 128.
-        float vp[2 * NP][4], o[2 * NP][4];
+        // ---- V' = U − W S0 and O = (e^γ q) S0: 16 rows × 32 columns per warp, depth 128.
+        float vp[4][4], o[4][4];
 #pragma unroll
-        for (int nt = 0; nt < 2 * NP; ++nt) {
+        for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 vp[nt][e] = 0.0f;
@@ -824,7 +814,7 @@ __device__ __forceinline__ void gdr_state_pass(
                 ldmatrix_x4(wa, w_addr + ks * 32);
                 ldmatrix_x4(qa, q_addr + ks * 32);
 #pragma unroll
-                for (int np = 0; np < NP; ++np) {
+                for (int np = 0; np < 2; ++np) {
                     u32 sb[4];
                     ldmatrix_x4_trans(sb, sb_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
                     mma_bf16_16816(vp[2 * np], wa, sb[0], sb[1]);
@@ -837,8 +827,8 @@ __device__ __forceinline__ void gdr_state_pass(
         {
             const float* us = reinterpret_cast<const float*>(stage + L::U);
 #pragma unroll
-            for (int nt = 0; nt < 2 * NP; ++nt) {
-                const int col = vc + 8 * nt + gc;
+            for (int nt = 0; nt < 4; ++nt) {
+                const int col = cw + 8 * nt + gc;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int row = 16 * rw + gr + 8 * half;
@@ -860,7 +850,7 @@ __device__ __forceinline__ void gdr_state_pass(
                 u32 pa[4];
                 ldmatrix_x4(pa, p_addr + ks * 32);
 #pragma unroll
-                for (int np = 0; np < NP; ++np) {
+                for (int np = 0; np < 2; ++np) {
                     u32 vb[4];
                     ldmatrix_x4_trans(vb, vb_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
                     mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
@@ -874,8 +864,8 @@ __device__ __forceinline__ void gdr_state_pass(
                 if (row < n) {
                     float* dst = out + (i64)(c0 + row) * out_width + (i64)h * v_dim + col0;
 #pragma unroll
-                    for (int nt = 0; nt < 2 * NP; ++nt) {
-                        const int col = vc + 8 * nt + gc;
+                    for (int nt = 0; nt < 4; ++nt) {
+                        const int col = cw + 8 * nt + gc;
                         if (col < vcols) dst[col] = o[nt][2 * half];
                         if (col + 1 < vcols) dst[col + 1] = o[nt][2 * half + 1];
                     }
@@ -883,28 +873,28 @@ __device__ __forceinline__ void gdr_state_pass(
             }
         }
 
-        // ---- S ← e^{γ_last} S0 + (e^{γ_last−γ} K)ᵀ V': 16·MS state rows × 32 columns per warp,
+        // ---- S ← e^{γ_last} S0 + (e^{γ_last−γ} K)ᵀ V': 32 state rows × 32 columns per warp,
         // depth 64 (the chunk's tokens).
         {
             const float decay = expf(*reinterpret_cast<const float*>(stage + L::GL));
 #pragma unroll
-            for (int m = 0; m < MS; ++m) {
+            for (int m = 0; m < 2; ++m) {
 #pragma unroll
                 for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) st[m][nt][e] *= decay;
                 }
             }
-            const u32 k_addr = base + L::K + (u32)(at_k * GS_LD + sr + at_m) * 2;
+            const u32 k_addr = base + L::K + (u32)(at_k * GS_LD + 32 * rw + at_m) * 2;
 #pragma unroll
             for (int ks = 0; ks < DC_CHUNK / 16; ++ks) {
                 u32 vb[2][4];
 #pragma unroll
                 for (int np = 0; np < 2; ++np) {
-                    ldmatrix_x4_trans(vb[np], vs_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
+                    ldmatrix_x4_trans(vb[np], vb_addr + (u32)(ks * 16 * SLD + np * 16) * 2);
                 }
 #pragma unroll
-                for (int m = 0; m < MS; ++m) {
+                for (int m = 0; m < 2; ++m) {
                     u32 ka[4];
                     ldmatrix_x4_trans(ka, k_addr + (u32)(ks * 16 * GS_LD + 16 * m) * 2);
 #pragma unroll
@@ -924,21 +914,19 @@ __device__ __forceinline__ void gdr_state_pass(
     cp_async_wait<0>();
 }
 
-// Grid (num_seqs, v_heads, ceil(v_dim / SV)), SV·WPG threads, dynamic shared memory
+// Grid (num_seqs, v_heads, ceil(v_dim / SV)), 4·SV threads, dynamic shared memory
 // 2·GsStage<SV>::BYTES + (128 + 64)·(SV + 8)·2 bytes (delta_chunked.rs `pass_smem_bytes`).
-#define GS_KERNEL(NAME, SV, WPG)                                                                            \
-    extern "C" __global__ void __launch_bounds__(SV * WPG)                                                  \
+#define GS_KERNEL(NAME, SV)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(SV * 4)                                                    \
         NAME(const __nv_bfloat16* __restrict__ w, const float* __restrict__ u,                             \
              const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,                     \
              const __nv_bfloat16* __restrict__ p, const float* __restrict__ gam,                           \
              const u32* __restrict__ cu_seqlens, const float* __restrict__ initial, int has_initial,        \
              float* __restrict__ final_state, int has_final, const u32* __restrict__ final_at,             \
              int has_final_at, float* __restrict__ out, int v_heads, int k_dim, int v_dim, u32 rows_cap) {  \
-        gdr_state_pass<SV, WPG>(w, u, q, k, p, gam, cu_seqlens, initial, has_initial, final_state,          \
-                                has_final, final_at, has_final_at, out, v_heads, k_dim, v_dim, rows_cap);   \
+        gdr_state_pass<SV>(w, u, q, k, p, gam, cu_seqlens, initial, has_initial, final_state, has_final,    \
+                           final_at, has_final_at, out, v_heads, k_dim, v_dim, rows_cap);                   \
     }
 
-GS_KERNEL(gdr_state_pass_v32, 32, 4)
-GS_KERNEL(gdr_state_pass_v64, 64, 4)
-GS_KERNEL(gdr_state_pass_v32_w8, 32, 8)
-GS_KERNEL(gdr_state_pass_v64_w8, 64, 8)
+GS_KERNEL(gdr_state_pass_v32, 32)
+GS_KERNEL(gdr_state_pass_v64, 64)

@@ -204,35 +204,3 @@ extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, __nv_bfloat1
         out[i] = __float2bfloat16_rn(x[i]);
     }
 }
-
-// Asks the L2 cache to fetch bytes the next GEMMs will read. A pass of few rows streams its weights
-// at the copy rate, while the kernels between its GEMMs (the DeltaNet core, the attention) leave the
-// memory bus idle: prefetched in that gap, a GEMM's weights come from L2. cp.async.bulk.prefetch.L2
-// is a hint: it changes no value, has no completion to wait for, and the block exits once its
-// pieces are issued. Part blockIdx.y (a, then b): `rows` rows of `row_bytes` bytes from `base`, the
-// first `take` bytes of each (16-byte multiples: the caller checked; a weight not 16-byte aligned is
-// skipped, as the instruction would fault), in pieces of at most 32 KiB spread over the grid's
-// threads. Hopper and later only; earlier GPUs (no bulk copies) skip it.
-extern "C" __global__ void l2_prefetch(const unsigned char* __restrict__ a, u32 a_rows, u32 a_row_bytes, u32 a_take,
-                                       const unsigned char* __restrict__ b, u32 b_rows, u32 b_row_bytes,
-                                       u32 b_take) {
-#if __CUDA_ARCH__ >= 900
-    const bool first = blockIdx.y == 0;
-    const unsigned char* base = first ? a : b;
-    const u32 rows = first ? a_rows : b_rows;
-    const unsigned long long row_bytes = first ? a_row_bytes : b_row_bytes;
-    const u32 take = first ? a_take : b_take;
-    if (rows == 0 || take == 0) return;
-    constexpr u32 PIECE = 32768;
-    const unsigned long long pieces_per_row = (take + PIECE - 1) / PIECE;
-    const unsigned long long pieces = pieces_per_row * rows;
-    for (unsigned long long p = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; p < pieces; p += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long r = p / pieces_per_row;
-        const u32 at = (u32)(p % pieces_per_row) * PIECE;
-        const u32 size = min(PIECE, take - at);
-        const unsigned char* src = base + r * row_bytes + at;
-        if ((reinterpret_cast<unsigned long long>(src) & 15) != 0) return;  // a misaligned weight: no hint
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(size) : "memory");
-    }
-#endif
-}

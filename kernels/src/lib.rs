@@ -11,7 +11,7 @@ pub use backend::{
     AttentionDims, AttentionOutput, Backend, Buffers, Conv1d, ConvWindow, CopyPart, DeltaCarry,
     DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput, DeltaNetScratch, DeltaState, GateOutputs,
     GatedNorm, GemmShape, HeadLayout, KernelResult, L2Heads, PassShape, PrefixKv, Projection,
-    QkPrologue, Rope, RowNorm, Store, Strided, Varlen, WeightAhead,
+    QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
 };
 pub use cpu::CpuBackend;
 pub use error::KernelError;

@@ -19,7 +19,6 @@ use instinct_kernels::{
     AttentionDims, AttentionOutput, Backend, Buffers, ConvWindow, CopyPart, DeltaCarry, DeltaDims,
     DeltaGates, DeltaNetInput, DeltaNetScratch, DeltaState, GatedNorm, GemmShape, KernelError,
     PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Strided, Varlen,
-    WeightAhead,
 };
 
 use crate::config::{LayerKind, TextConfig};
@@ -1536,19 +1535,10 @@ impl<B: Backend> TextModel<B> {
                 } = c;
                 (&mut layers[i], &*cu_prefix, snapshot_at.as_ref())
             });
-            // The MLP's gate|up weight, which the mixer asks the device to prefetch behind its own
-            // output projection's (Backend::prefetch_weights).
-            let mlp_in = WeightAhead {
-                w: &layer.gate_up,
-                rows: 2 * d.inter,
-                cols: h,
-            };
             match &layer.mixer {
-                MixerBufs::Linear(w) => {
-                    Self::delta_net(be, d, w, ws, (n, rows), layer_carry, mlp_in)
-                }
+                MixerBufs::Linear(w) => Self::delta_net(be, d, w, ws, (n, rows), layer_carry),
                 MixerBufs::Full(w) => {
-                    Self::attention(be, d, w, ws, (n, rows, compact_mixer), layer_carry, mlp_in)
+                    Self::attention(be, d, w, ws, (n, rows, compact_mixer), layer_carry)
                 }
             }
             .with_context(|| format!("layer {i} mixer"))?;
@@ -1748,7 +1738,6 @@ impl<B: Backend> TextModel<B> {
         ws: &mut Workspace<B>,
         (n, rows): (usize, usize),
         carry: Option<CarriedLayer<'_, B>>,
-        mlp_in: WeightAhead<'_, B::Buf>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let batch = Varlen {
@@ -1766,14 +1755,6 @@ impl<B: Backend> TextModel<B> {
             &mut ws.mixer_mid,
         )
         .map_err(e)?;
-        // The delta rule reads little memory: the next two GEMMs' weights can arrive meanwhile.
-        let out_proj_ahead = WeightAhead {
-            w: &w.out_proj,
-            rows: h,
-            cols: d.value_width(),
-        };
-        be.prefetch_weights(&[out_proj_ahead, mlp_in], rows)
-            .map_err(e)?;
         // The conv (+ the q/k L2 norm), the gates and the delta rule; `conv`, `beta` and `decay`
         // are scratch for backends that run them as separate passes.
         let gates = DeltaGates {
@@ -1862,7 +1843,6 @@ impl<B: Backend> TextModel<B> {
         ws: &mut Workspace<B>,
         (n, rows, last_only): (usize, usize, bool),
         carry: Option<CarriedLayer<'_, B>>,
-        mlp_in: WeightAhead<'_, B::Buf>,
     ) -> Result<()> {
         let e = |err| anyhow!("{}: {err}", be.name());
         let h = d.hidden;
@@ -1874,14 +1854,6 @@ impl<B: Backend> TextModel<B> {
             &mut ws.proj,
         )
         .map_err(e)?;
-        // As in `delta_net`: the next two GEMMs' weights, while the attention runs.
-        let o_proj_ahead = WeightAhead {
-            w: &w.o_proj,
-            rows: h,
-            cols: d.attn_out_width(),
-        };
-        be.prefetch_weights(&[o_proj_ahead, mlp_in], rows)
-            .map_err(e)?;
         let batch = Varlen {
             cu_seqlens: &ws.cu_seqlens,
             num_seqs: n,

@@ -105,15 +105,6 @@ impl<Buf> Projection<'_, Buf> {
     }
 }
 
-/// A weight the next GEMMs of a pass will read (`rows` rows of `cols` values), for
-/// [`Backend::prefetch_weights`](super::Backend::prefetch_weights).
-#[derive(Clone, Copy)]
-pub struct WeightAhead<'a, Buf> {
-    pub w: &'a Buf,
-    pub rows: usize,
-    pub cols: usize,
-}
-
 /// A gated RMSNorm (a Gated DeltaNet layer's output norm): its gate `z` (rows of `heads·dim` at
 /// `z_at`, a column block of the stacked in-projection), the weight shared by all heads, the shape
 /// and epsilon. The norm and the fused norm-then-GEMM take the same set.

@@ -23,7 +23,7 @@ mod rope;
 pub use args::{
     AttentionOutput, Conv1d, ConvWindow, CopyPart, DeltaCarry, DeltaInputs, DeltaNetInput,
     DeltaNetScratch, GateOutputs, GatedNorm, GemmShape, L2Heads, PrefixKv, Projection, QkPrologue,
-    RowNorm, WeightAhead,
+    RowNorm,
 };
 pub(crate) use composed::{
     conv1d_silu_then_l2, delta_net_core_apart, delta_net_core_carried_apart, qk_norm_then_rope,
@@ -241,19 +241,6 @@ pub trait Backend: Buffers {
         store: Store,
         y: &mut Self::Buf,
     ) -> KernelResult<()>;
-
-    /// Hints the device to bring the weights the next GEMMs of a pass of `rows` rows will read
-    /// (`ahead`, in the order they run) into its cache now, while the ops before them leave its
-    /// memory idle. Changes no value and waits for nothing; a backend without such a cache (the
-    /// CPU), or for whom the pass is not bound by reading its weights, does nothing.
-    fn prefetch_weights(
-        &self,
-        ahead: &[WeightAhead<'_, Self::Buf>],
-        rows: usize,
-    ) -> KernelResult<()> {
-        let _ = (ahead, rows);
-        Ok(())
-    }
 
     /// Sizes any scratch the GEMMs need for inputs of up to `values` values now, so that no
     /// forward pass allocates. Backends without scratch do nothing.

@@ -31,7 +31,7 @@ use crate::backend::{
     ConvWindow, CopyPart, DeltaCarry, DeltaDims, DeltaGates, DeltaInputs, DeltaNetInput,
     DeltaNetScratch, DeltaState, GateOutputs, GatedNorm, Gelu, GemmShape, HeadLayout, KernelResult,
     L2Heads, PassShape, PrefixKv, Projection, QkPrologue, Rope, RowNorm, Store, Varlen,
-    VisionBackend, WeightAhead,
+    VisionBackend,
 };
 use crate::error::KernelError;
 use crate::patches::PatchRows;
@@ -737,14 +737,6 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> KernelResult<()> {
         elementwise::gather_last(&self.gpu, x, (batch, dim), out)
-    }
-
-    fn prefetch_weights(
-        &self,
-        ahead: &[WeightAhead<'_, CudaBuf>],
-        rows: usize,
-    ) -> KernelResult<()> {
-        elementwise::prefetch_weights(&self.gpu, ahead, rows)
     }
 }
 

@@ -75,8 +75,6 @@ pub(crate) struct Device {
     /// decisions need them on every call).
     pub sm_count: usize,
     pub max_smem_optin: usize,
-    /// The L2 cache's size in bytes (what a prefetch ahead of a GEMM may fill).
-    pub l2_bytes: usize,
     /// The cache directory in use (`None` with `no_cache` or no default).
     pub cache_dir: Option<PathBuf>,
     functions: HashMap<&'static str, CudaFunction>,
@@ -242,14 +240,12 @@ impl Device {
             A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             "the opt-in shared memory",
         )?;
-        let l2_bytes = attribute(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "the L2 cache size")?;
         Ok(Self {
             ctx,
             stream,
             arch,
             sm_count,
             max_smem_optin,
-            l2_bytes,
             cache_dir: cache.map(|c| c.dir().to_path_buf()),
             functions,
         })

@@ -85,7 +85,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "swiglu_bf16",
             "swiglu_from_bf16",
             "swiglu_bf16_from_bf16",
-            "l2_prefetch",
         ],
     },
     KernelSource {
@@ -169,8 +168,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "gdr_prepare_conv",
             "gdr_state_pass_v32",
             "gdr_state_pass_v64",
-            "gdr_state_pass_v32_w8",
-            "gdr_state_pass_v64_w8",
         ],
     },
     KernelSource {

@@ -55,22 +55,12 @@ const fn pass_smem_bytes(sv: usize) -> usize {
 }
 
 /// The state-pass kernel for `sv`-column slices: name, shared memory, threads (4 warps per 32
-/// columns, or 8 with [`eight_warps`]: each warp then issues half of a chunk's products; the same
-/// bits).
+/// columns).
 fn pass_kernel(sv: usize) -> (&'static str, usize, u32) {
-    match (sv, eight_warps()) {
-        (64, false) => ("gdr_state_pass_v64", pass_smem_bytes(64), 256),
-        (64, true) => ("gdr_state_pass_v64_w8", pass_smem_bytes(64), 512),
-        (_, false) => ("gdr_state_pass_v32", pass_smem_bytes(32), 128),
-        (_, true) => ("gdr_state_pass_v32_w8", pass_smem_bytes(32), 256),
+    match sv {
+        64 => ("gdr_state_pass_v64", pass_smem_bytes(64), 256),
+        _ => ("gdr_state_pass_v32", pass_smem_bytes(32), 128),
     }
-}
-
-/// Whether the state pass runs 8 warps per 32 value columns: `INSTINCT_STATE_PASS_WARPS=8` (4, the
-/// default, otherwise). Not measured on a GPU yet; the variable is for that measurement.
-fn eight_warps() -> bool {
-    static EIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *EIGHT.get_or_init(|| std::env::var("INSTINCT_STATE_PASS_WARPS").is_ok_and(|v| v.trim() == "8"))
 }
 
 /// Whether 64-column slices suit `pairs` (sequence, head) pairs on `sms` SMs (one block per SM

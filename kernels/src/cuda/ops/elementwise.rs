@@ -8,9 +8,7 @@ use half::bf16;
 use super::super::buffers::{act, act_mut, check_copy, idx, in_buf, weight, CudaBuf, InBuf};
 use super::super::device::driver_err;
 use super::super::launch::{grid_2d, linear, to_i32, to_u32, Gpu, BLOCK};
-use crate::backend::{
-    CopyPart, DeltaGates, GateOutputs, KernelResult, Projection, Varlen, WeightAhead,
-};
+use crate::backend::{CopyPart, DeltaGates, GateOutputs, KernelResult, Projection, Varlen};
 use crate::error::KernelError;
 
 use super::shared::{check_batch, fused_gemm, projection_operands};
@@ -207,101 +205,6 @@ pub(crate) fn gather_last(
     }
 }
 
-/// Passes of up to `INSTINCT_L2_PREFETCH_ROWS` rows prefetch their next GEMMs' weights into L2;
-/// none by default (0) until a GPU run shows what it gains. Up to a few hundred rows a GEMM is bound
-/// by reading its weight; past that by its FLOPs, and the prefetch only adds a launch.
-const PREFETCH_ROWS: usize = 0;
-
-fn prefetch_rows() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| {
-        let Ok(value) = std::env::var("INSTINCT_L2_PREFETCH_ROWS") else {
-            return PREFETCH_ROWS;
-        };
-        value.trim().parse::<usize>().unwrap_or_else(|_| {
-            tracing::warn!(
-                value,
-                default = PREFETCH_ROWS,
-                "INSTINCT_L2_PREFETCH_ROWS is not a row count; the default is used"
-            );
-            PREFETCH_ROWS
-        })
-    })
-}
-
-/// What of each weight ahead the L2 cache is asked for, as `(rows, row bytes, leading bytes of
-/// each row)`: in order, a whole weight while it fits in `budget` bytes, then the leading columns
-/// of the next one's rows (a GEMM walks K from 0 up in every tile, so every tile starts in L2), in
-/// 16-byte multiples (the bulk prefetch's unit). At most two weights.
-fn prefetch_plan(ahead: &[(usize, usize)], mut budget: usize) -> Vec<(usize, usize, usize)> {
-    let mut plan = Vec::with_capacity(2);
-    for &(rows, row_bytes) in ahead.iter().take(2) {
-        let whole = rows * row_bytes;
-        if whole == 0 || row_bytes % 16 != 0 {
-            break;
-        }
-        if whole <= budget {
-            plan.push((1, whole, whole));
-            budget -= whole;
-            continue;
-        }
-        let lead = (budget / rows).min(row_bytes) / 16 * 16;
-        if lead > 0 {
-            plan.push((rows, row_bytes, lead));
-        }
-        break;
-    }
-    plan
-}
-
-/// See `Backend::prefetch_weights`: on Hopper and later, for passes of up to [`prefetch_rows`]
-/// rows, three quarters of L2 (the rest for the pass's activations) filled by [`prefetch_plan`].
-pub(crate) fn prefetch_weights(
-    gpu: &Gpu,
-    ahead: &[WeightAhead<'_, CudaBuf>],
-    rows: usize,
-) -> KernelResult<()> {
-    const OP: &str = "prefetch_weights";
-    if rows == 0 || rows > prefetch_rows() || gpu.device.arch.major < 9 {
-        return Ok(());
-    }
-    let mut weights = Vec::with_capacity(2);
-    for a in ahead.iter().take(2) {
-        weights.push(weight(OP, "weight", a.w, a.rows * a.cols)?);
-    }
-    let sizes: Vec<(usize, usize)> = ahead.iter().take(2).map(|a| (a.rows, a.cols * 2)).collect();
-    let plan = prefetch_plan(&sizes, gpu.device.l2_bytes / 4 * 3);
-    let Some(&first) = plan.first() else {
-        return Ok(());
-    };
-    let second = plan.get(1).copied().unwrap_or((0, 0, 0));
-    let arg = |(r, b, t): (usize, usize, usize)| -> KernelResult<(u32, u32, u32)> {
-        Ok((
-            to_u32(OP, "rows", r)?,
-            to_u32(OP, "row bytes", b)?,
-            to_u32(OP, "bytes", t)?,
-        ))
-    };
-    let (a, b) = (arg(first)?, arg(second)?);
-    let (wa, wb) = (weights[0], weights.get(1).copied().unwrap_or(weights[0]));
-    let cfg = grid_2d(8, plan.len() as u32, 128);
-    // SAFETY: argument types match the kernel; every piece lies within its weight (the plan's
-    // rows times row bytes are the weight's bytes, checked above) and is only read, as a hint.
-    unsafe {
-        gpu.launch(OP, "l2_prefetch", cfg, |launch| {
-            launch
-                .arg(wa)
-                .arg(&a.0)
-                .arg(&a.1)
-                .arg(&a.2)
-                .arg(wb)
-                .arg(&b.0)
-                .arg(&b.1)
-                .arg(&b.2);
-        })
-    }
-}
-
 /// `out[slots[i]] = rows[i]` for `i < count`, rows of `width` (see `Backend::scatter_rows`). The
 /// slots are on the device: the kernel skips one past `out`'s rows, which the caller wrote.
 pub(crate) fn scatter_rows(
@@ -463,45 +366,5 @@ pub(crate) fn round_to_bf16(
                 launch.arg(x).arg(out).arg(&n_a);
             },
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefetch_plan;
-
-    const MIB: usize = 1 << 20;
-
-    #[test]
-    fn a_prefetch_takes_whole_weights_then_the_leading_columns_of_the_next() {
-        // Qwen3.5-4B on a 50 MiB L2 (three quarters of it): the out-projection (2,560 rows of
-        // 4,096 bf16) whole, then the leading columns of gate|up's 18,432 rows of 2,560.
-        let budget = 50 * MIB / 4 * 3;
-        let plan = prefetch_plan(&[(2560, 8192), (18432, 5120)], budget);
-        assert_eq!(plan[0], (1, 2560 * 8192, 2560 * 8192));
-        let (rows, row_bytes, lead) = plan[1];
-        assert_eq!((rows, row_bytes), (18432, 5120));
-        assert_eq!(lead % 16, 0);
-        assert!(lead > 0 && 2560 * 8192 + rows * lead <= budget);
-        assert!(
-            2560 * 8192 + rows * (lead + 16) > budget,
-            "the lead uses the budget"
-        );
-    }
-
-    #[test]
-    fn a_prefetch_stays_within_its_budget_and_its_alignment() {
-        // Both whole when they fit.
-        assert_eq!(
-            prefetch_plan(&[(4, 32), (2, 16)], 1000),
-            vec![(1, 128, 128), (1, 32, 32)]
-        );
-        // The first alone larger than the budget: its leading columns only, nothing after it.
-        assert_eq!(prefetch_plan(&[(10, 64), (2, 16)], 330), vec![(10, 64, 32)]);
-        // Rows that are not 16-byte multiples, or no budget: nothing.
-        assert!(prefetch_plan(&[(10, 24)], 1000).is_empty());
-        assert!(prefetch_plan(&[(10, 64)], 0).is_empty());
-        // At most two weights.
-        assert_eq!(prefetch_plan(&[(1, 16), (1, 16), (1, 16)], 1000).len(), 2);
     }
 }
