@@ -18,7 +18,8 @@ import sys
 
 
 def rows(path):
-    report = json.load(open(path))
+    with open(path) as f:
+        report = json.load(f)
     out = {}
     for kind in ("latency", "batch"):
         for row in report.get(kind, []):

@@ -119,6 +119,20 @@ tower_run() {
   gzip -f "$dir/tower_$name.log"
 }
 
+# ncu_profile NAME DIR PASSES [ARGS...]: every kernel of `instinct bench ARGS` on the real-shape
+# checkpoint under Nsight Compute, in what is left of the call; the raw CSV as DIR/ncu-NAME.csv.gz,
+# ncu_forward.py's table (the last forward, or per pass with PASSES non-empty) as DIR/ncu-NAME.md,
+# its head into the call log.
+ncu_profile() {
+  local name=$1 dir=$2 passes=$3; shift 3
+  timeout $(( $(left) - 5 )) ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
+    .carry/bin/instinct bench --model /tmp/real --device cuda:0 "$@" > /tmp/ncu_$name.csv 2> /tmp/ncu_$name.err
+  t "ncu $name exit $?"
+  gzip -c /tmp/ncu_$name.csv > "$dir/ncu-$name.csv.gz"
+  python3 tools/reference/ncu_forward.py ${passes:+--passes $passes} /tmp/ncu_$name.csv > "$dir/ncu-$name.md" 2>> "$CALL_LOG"
+  head -14 "$dir/ncu-$name.md" >> "$CALL_LOG"
+}
+
 # screenshot_check DIR EARLIER LABEL [INSTINCT]: gpu_vl_check.sh with the defaults in what is left
 # of the call (its work under /tmp/vl_LABEL), its verdict into the call log, vl_parity.json and the
 # log into DIR, and the answers' bits against the report EARLIER.

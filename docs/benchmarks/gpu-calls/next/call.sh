@@ -13,14 +13,14 @@
 #      captured passes on (issue 18's forward figures on the H200 it names; the last H200 ones are
 #      from 4ae7f98's era);
 #   5. every kernel of one warm 139-id and one warm 1,100-id forward under Nsight Compute (the
-#      last profiles are an H100's at cf54335 and eae2ec1; issue 18's closing note needs where the
-#      time goes now);
+#      last ones: cf54335 on an H200, eae2ec1 and 637a76d on H100s; issue 18's closing note needs
+#      where the time goes now);
 #   6. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
 #      10 s levels, as at d93ea78), if time is left.
 # Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
 # tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
-# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .cache/instinct-kernels. Returns
-# results.tgz.
+# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures (the checkpoint build needs it),
+# .cache/instinct-kernels. Returns results.tgz.
 #   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
 source tools/reference/gpu_call.sh
 L=$CALL_LOG
@@ -47,20 +47,11 @@ if (( $(left) > 120 )); then
     --device cuda:0 --lengths 139,712,1100,15446 --batch-sizes 32,128 --batch-prompt-tokens 300 --runs 30 \
     --batch-runs 5 --revision $REV --out $R/bench.json > /tmp/bench.log 2>&1
   t "bench exit $?"
-  grep -vE "^\s*$" /tmp/bench.log | tail -12 >> $L
+  grep -E "^\[bench\]" /tmp/bench.log >> $L
   pack
 fi
-profile() {  # profile NAME ARGS...: every kernel of the last forward under ncu, as a table
-  local name=$1; shift
-  timeout $(( $(left) - 5 )) ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
-    .carry/bin/instinct bench --model /tmp/real --device cuda:0 "$@" > /tmp/ncu_$name.csv 2> /tmp/ncu_$name.err
-  t "ncu $name exit $?"
-  gzip -c /tmp/ncu_$name.csv > $R/ncu-$name.csv.gz
-  python3 tools/reference/ncu_forward.py /tmp/ncu_$name.csv > $R/ncu-$name.md 2>> $L
-  head -14 $R/ncu-$name.md >> $L
-}
 for n in 139 1100; do
-  (( $(left) > 60 )) && profile forward-$n --text-adapter /tmp/real/adapter-text --lengths $n --batch-sizes 1 \
+  (( $(left) > 60 )) && ncu_profile forward-$n $R "" --text-adapter /tmp/real/adapter-text --lengths $n --batch-sizes 1 \
     --batch-prompt-tokens $n --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
   pack
 done
