@@ -92,14 +92,14 @@ metric() {  # metric NAME: its value in a /metrics scrape (summed over label set
 mix=(--seed 78 --synthetic-count 1500 --requests 1500 --duration "$LEVEL_S" --slo-ms 100 --warmup 3)
 long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   has bench || return 0
-  timeout 60 "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_alone.json" || echo "long $1 alone FAILED"
+  timeout $(( LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_alone.json" || echo "long $1 alone FAILED"
   local chunks0 passes0 decisions0
   chunks0=$(metric instinct_prefill_chunks_total)
   passes0=$(metric instinct_forward_passes_total); decisions0=$(metric instinct_decisions_total)
-  timeout 90 "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
+  timeout $(( LEVEL_S + 75 )) "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
     --rate "$LONG_RATE" --duration "$LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
   local beside=$!
-  timeout 60 "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
+  timeout $(( LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
   wait $beside || echo "long $1 beside FAILED"
   # Whether the long questions ran in chunks at all (a request whose chunk states do not fit its
   # budget runs whole).
