@@ -69,9 +69,10 @@ pub struct ServeArgs {
     pub prefix_cache_mib: Option<usize>,
 
     /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
-    /// of at most this many, one per batch, carrying its prefix state from chunk to chunk, so
-    /// short questions queued behind it run beside its chunks instead of after it. 0 (the
-    /// default) runs every question whole. On a GPU it must be a multiple of 64 (the delta
+    /// of at most this many, one per batch, carrying its prefix state from chunk to chunk. Whole
+    /// questions go first; chunks take the room they leave, at most this many chunk tokens a
+    /// batch, so short questions never wait behind a long one. 0 (the default) runs every
+    /// question whole. On a GPU it must be a multiple of 64 (the delta
     /// rule's chunk: chunks cut there compute what the whole prompt does). A chunked question's
     /// first chunk resumes from the longest cached prefix of its ids; its chunks are not shared
     /// with the request's other questions.

@@ -50,9 +50,11 @@ pub struct Config {
     /// How often an idle engine thread wakes to refresh its heartbeat.
     pub heartbeat_interval: Duration,
     /// Chunked prefill: a resumable question longer than this runs as consecutive chunks of at
-    /// most this many tokens, one per batch, so batches keep to a bounded size and short
-    /// questions queued behind a long one run beside its chunks. `None`: every question runs
-    /// whole (and none may exceed the largest bucket).
+    /// most this many tokens, one per batch. Whole questions go first; chunks take the room they
+    /// leave, at most this many chunk tokens a batch (the question with the least left first;
+    /// one passed over by 8 batches in a row goes first), so however many long questions are in
+    /// flight, a short question's batch holds at most one chunk's worth of theirs. `None`: every
+    /// question runs whole (and none may exceed the largest bucket).
     pub max_chunk_tokens: Option<usize>,
     /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
     pub drain_rate_window: Duration,

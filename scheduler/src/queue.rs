@@ -45,6 +45,8 @@ pub(crate) struct Chunk {
     /// The engine that ran the previous chunk: its state lives on that engine's device, so this
     /// chunk runs there too (`None` for a first chunk).
     pub engine: Option<usize>,
+    /// Batches in a row this chunk could have joined and was left out of ([`batching`]).
+    pub passed_over: u32,
 }
 
 impl QueuedSeq {
@@ -66,6 +68,19 @@ impl QueuedSeq {
         }
     }
 
+    /// How batch formation sees this entry.
+    fn candidate(&self) -> batching::Candidate {
+        let tokens = self.ids().len();
+        match &self.chunk {
+            Some(c) => batching::Candidate {
+                tokens,
+                remaining: Some(self.question.ids.len() - c.start),
+                passed_over: c.passed_over,
+            },
+            None => batching::Candidate::whole(tokens),
+        }
+    }
+
     /// Whether running this entry answers the question (it is whole, or its last chunk).
     pub fn answers(&self) -> bool {
         self.chunk
@@ -83,6 +98,7 @@ impl QueuedSeq {
                 end: len.min(chunk.end + max_chunk),
                 carry: chunk.carry,
                 engine: Some(engine),
+                passed_over: 0,
             }),
             ..self
         }
@@ -293,6 +309,7 @@ impl QueueState {
                 end: max_chunk,
                 carry: ChunkCarry::default(),
                 engine: None,
+                passed_over: 0,
             });
             self.pending.push_back(QueuedSeq {
                 request: id,
@@ -415,10 +432,11 @@ impl QueueState {
         let Some(plan) = batching::plan(
             self.pending
                 .iter()
-                .map(|s| s.runs_on(engine).then(|| s.ids().len())),
+                .map(|s| s.runs_on(engine).then(|| s.candidate())),
             &self.cfg.buckets,
             self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
+            self.cfg.config.max_chunk_tokens.unwrap_or(usize::MAX),
         ) else {
             // Unreachable through `admit`, which refuses questions larger than every bucket; kept
             // so such a question could never wedge the queue (TEI #723).
@@ -439,6 +457,11 @@ impl QueueState {
     }
 
     fn take(&mut self, plan: batching::Plan, now: Instant) -> TakenBatch {
+        for &i in &plan.passed_over {
+            if let Some(c) = self.pending.get_mut(i).and_then(|s| s.chunk.as_mut()) {
+                c.passed_over += 1;
+            }
+        }
         let scanned = plan.picked.last().map_or(0, |&i| i + 1);
         let mut picks = plan.picked.iter().copied().peekable();
         let mut seqs = Vec::with_capacity(plan.picked.len());

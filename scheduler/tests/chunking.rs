@@ -1,6 +1,7 @@
 //! Chunked prefill: a resumable question longer than `max_chunk_tokens` runs as consecutive
 //! chunks, one per batch, each after the previous one completed, with the engine's state carried
-//! between them; short questions run beside its chunks; nothing is lost or left counted when a
+//! between them; whole questions go first and chunks take the room they leave, at most one
+//! chunk's worth a batch; nothing is lost or left counted when a
 //! chunked request is cancelled, expires or fails. The mock engine resumes its hash of the ids
 //! from the carry, so a chunked answer equals the whole question's only if every chunk ran once,
 //! in order.
@@ -89,7 +90,7 @@ fn a_long_question_runs_in_chunks_one_per_batch_and_answers_as_whole() {
 }
 
 #[test]
-fn short_questions_run_beside_a_long_questions_chunks() {
+fn short_questions_go_before_a_long_questions_chunks() {
     let h = Harness::new(config(32, Some(16)), 1, Duration::ZERO);
     let blocker = h.block_engine();
     // Queued behind the blocker: a long question (4 chunks), then short ones.
@@ -109,19 +110,72 @@ fn short_questions_run_beside_a_long_questions_chunks() {
     }
     let chunks = chunks_of(&h, &long);
     assert_eq!(chunks.len(), 4);
-    let last_chunk_batch = chunks.last().unwrap().0;
-    for q in &shorts {
-        let b = h.batch_of(q.ids[0]).unwrap();
-        assert!(
-            b < last_chunk_batch,
-            "short question {} ran in batch {b}, not beside the long one's chunks (its last in \
-             batch {last_chunk_batch})",
-            q.ids[0]
+    // Whole questions go first (four fill the first batch); the long question's first chunk
+    // takes the room the last two leave, and its later chunks follow one per batch.
+    let first_chunk_batch = chunks[0].0;
+    let short_batches: Vec<usize> = shorts
+        .iter()
+        .map(|q| h.batch_of(q.ids[0]).unwrap())
+        .collect();
+    assert!(
+        short_batches.iter().all(|&b| b <= first_chunk_batch),
+        "a short question waited behind the long one's chunk: {short_batches:?}, first chunk in \
+         batch {first_chunk_batch}"
+    );
+    assert!(
+        short_batches.contains(&first_chunk_batch),
+        "the chunk ran beside short questions: {short_batches:?}"
+    );
+    for (i, c) in chunks.iter().enumerate() {
+        assert_eq!(c.0, first_chunk_batch + i, "chunk {i} in batch {}", c.0);
+    }
+    assert_settled(&h);
+}
+
+#[test]
+fn a_batch_carries_one_chunks_worth_however_many_long_questions_wait() {
+    // Three long questions (3 chunks of 16 each) and a budget of one chunk a batch: a batch never
+    // holds more than 16 chunk tokens; all three still finish; the one with the least left runs
+    // first, and none is passed over more than OVERDUE_AFTER (8) batches in a row.
+    let h = Harness::new(config(64, Some(16)), 1, Duration::ZERO);
+    let blocker = h.block_engine();
+    let longs: Vec<Question> = [(1, 48), (2, 40), (3, 48)]
+        .iter()
+        .map(|&(t, n)| question(t, n, 2))
+        .collect();
+    let requests: Vec<Vec<Question>> = longs.iter().map(|q| vec![q.clone()]).collect();
+    let tickets = h.submit_all(&requests);
+    h.gate.open();
+    wait(blocker, LONG).unwrap();
+    for (q, t) in requests.iter().zip(tickets) {
+        assert_eq!(
+            wait(t, LONG).unwrap(),
+            expected_answer(q),
+            "nothing is lost"
         );
     }
-    // Every batch holds one of the long question's chunks until it is done: it is the oldest.
-    for (i, c) in chunks.iter().enumerate() {
-        assert_eq!(c.0, i, "chunk {i} in batch {}", c.0);
+    for record in h.batches() {
+        let chunk_tokens: usize = record
+            .seqs
+            .iter()
+            .zip(&record.chunk_starts)
+            .filter(|(_, start)| start.is_some())
+            .map(|(ids, _)| ids.len())
+            .sum();
+        assert!(
+            chunk_tokens <= 16,
+            "{chunk_tokens} chunk tokens in one batch"
+        );
+    }
+    let batches_of = |q: &Question| chunks_of(&h, q).iter().map(|c| c.0).collect::<Vec<_>>();
+    // The 40-token question has the least left from the start: its 3 chunks run first.
+    assert_eq!(batches_of(&longs[1]), vec![0, 1, 2]);
+    for q in &longs {
+        let batches = batches_of(q);
+        assert_eq!(batches.len(), 3);
+        for w in batches.windows(2) {
+            assert!(w[1] - w[0] <= 9, "passed over too long: {batches:?}");
+        }
     }
     assert_settled(&h);
 }
@@ -230,22 +284,24 @@ fn a_failed_chunk_fails_its_request_and_the_rest_never_runs() {
     assert_settled(&h);
 }
 
-/// A request whose long question's second chunk waits in the queue, with the first chunk's carry,
-/// while the engine is held: the request's other question is gated and sorts before that chunk
-/// (a chunk keeps its question's place), and batches hold one sequence. Returns once the gated
-/// question runs.
-fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, Ticket) {
+/// A long question's second chunk waits in the queue, with the first chunk's carry, while the
+/// engine is held: batches hold one sequence and take 50 ms, and a gated question queued while the
+/// first chunk runs goes next (whole questions go before chunks). Returns once the gated question
+/// runs, with the long question's ticket and the gated one's.
+fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, Ticket, Ticket) {
     let one_per_batch = Config {
         max_batch_seqs: 1,
         ..config(32, Some(8))
     };
-    let h = Harness::new(one_per_batch, 1, Duration::ZERO);
+    let h = Harness::new(one_per_batch, 1, Duration::from_millis(50));
     let long = question(1, 40, 2);
-    let ticket = h
-        .scheduler
-        .submit(vec![long.clone(), question(GATE_MARK, 4, 2)], deadline)
-        .unwrap();
+    let ticket = h.scheduler.submit(vec![long.clone()], deadline).unwrap();
     let until = Instant::now() + LONG;
+    while h.scheduler.stats().queued_tokens != 32 {
+        assert!(Instant::now() < until, "the first chunk never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let gated = h.block_engine();
     while h.times_computed(GATE_MARK) == 0 {
         assert!(Instant::now() < until, "the gated question never ran");
         std::thread::sleep(Duration::from_millis(1));
@@ -256,7 +312,7 @@ fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, T
         "the first chunk ran, the second waits"
     );
     assert_eq!(h.carries.lock().put, 1);
-    (h, long, ticket)
+    (h, long, ticket, gated)
 }
 
 /// After the request of [`hold_a_chunk_in_the_queue`] went (by `why`): its carry was not dropped
@@ -276,7 +332,7 @@ fn release_the_held_chunk(h: &Harness, long: &Question, why: &str) {
 
 #[test]
 fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_request_is_cancelled() {
-    let (h, long, ticket) = hold_a_chunk_in_the_queue(None);
+    let (h, long, ticket, _gated) = hold_a_chunk_in_the_queue(None);
     drop(ticket);
     release_the_held_chunk(&h, &long, "cancel");
 }
@@ -284,7 +340,7 @@ fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_request_is_cancelled(
 #[test]
 fn a_queued_chunks_carry_is_dropped_by_the_engine_when_its_deadline_passes() {
     let deadline = Instant::now() + Duration::from_millis(100);
-    let (h, long, ticket) = hold_a_chunk_in_the_queue(Some(deadline));
+    let (h, long, ticket, _gated) = hold_a_chunk_in_the_queue(Some(deadline));
     // The engine is still held: the deadline thread fails the request.
     assert_eq!(wait(ticket, LONG), Err(Failure::DeadlineExceeded));
     release_the_held_chunk(&h, &long, "deadline");
