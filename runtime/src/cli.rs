@@ -79,6 +79,13 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
     pub max_chunk_tokens: usize,
 
+    /// With --max-chunk-tokens: only questions longer than this many tokens run in chunks, so
+    /// questions of moderate length run whole, in one pass, while long ones still run in small
+    /// chunks. 0 (the default): those longer than --max-chunk-tokens. At least
+    /// --max-chunk-tokens, at most --max-batch-tokens.
+    #[arg(long, env = "INSTINCT_CHUNK_OVER_TOKENS", default_value_t = 0)]
+    pub chunk_over_tokens: usize,
+
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
     #[arg(long, env = "INSTINCT_MAX_SCREENSHOT_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
@@ -457,6 +464,38 @@ mod tests {
         let too_big = config(&["--max-batch-tokens=16384", "--max-chunk-tokens=20000"]).unwrap();
         let err = too_big.batch_capacity().unwrap_err().to_string();
         assert!(err.contains("max_chunk_tokens"), "{err}");
+    }
+
+    #[test]
+    fn chunking_only_long_questions_needs_a_chunk_size_at_most_the_threshold() {
+        let config = |flags: &[&str]| crate::serve::scheduler_config(&serve_args(flags).unwrap());
+        assert_eq!(
+            config(&["--max-chunk-tokens=512"])
+                .unwrap()
+                .chunk_over_tokens,
+            None
+        );
+        let over = config(&["--max-chunk-tokens=512", "--chunk-over-tokens=4096"]).unwrap();
+        assert_eq!(over.chunk_over_tokens, Some(4096));
+        assert!(over.batch_capacity().is_ok());
+        assert_eq!(over.chunk_size_for(4096), None);
+        assert_eq!(over.chunk_size_for(4097), Some(512));
+        for bad in [
+            &["--chunk-over-tokens=4096"][..],
+            &["--max-chunk-tokens=512", "--chunk-over-tokens=256"][..],
+            &[
+                "--max-batch-tokens=16384",
+                "--max-chunk-tokens=512",
+                "--chunk-over-tokens=20000",
+            ][..],
+        ] {
+            let err = config(bad)
+                .unwrap()
+                .batch_capacity()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("chunk_over_tokens"), "{bad:?}: {err}");
+        }
     }
 
     /// `--FLAG` (read from the load options by `get`) is `default` when absent, takes `on` and

@@ -117,17 +117,22 @@ impl Preparer {
     /// Bytes the prefix states of `questions` may hold at once while they run as chunks of at
     /// most `max_chunk` tokens: per chunked question, the state before its last chunk and the one
     /// before that (an engine holds both while it runs a chunk). 0 without chunking.
-    pub fn chunk_state_bytes(&self, questions: &[Question], max_chunk: Option<usize>) -> usize {
-        let (Some(cost), Some(max_chunk)) = (self.snapshot_cost, max_chunk) else {
+    pub fn chunk_state_bytes(
+        &self,
+        questions: &[Question],
+        chunk_size_for: impl Fn(usize) -> Option<usize>,
+    ) -> usize {
+        let Some(cost) = self.snapshot_cost else {
             return 0;
         };
         questions
             .iter()
-            .filter(|q| q.resumable && q.ids.len() > max_chunk)
-            .map(|q| {
+            .filter(|q| q.resumable)
+            .filter_map(|q| Some((q.ids.len(), chunk_size_for(q.ids.len())?)))
+            .map(|(len, chunk)| {
                 // Tokens before the last chunk: whole chunks, at least one.
-                let before_last = (q.ids.len() - 1) / max_chunk * max_chunk;
-                cost.bytes(before_last) + cost.bytes(before_last - max_chunk)
+                let before_last = (len - 1) / chunk * chunk;
+                cost.bytes(before_last) + cost.bytes(before_last - chunk)
             })
             .sum()
     }

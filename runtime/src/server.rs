@@ -513,7 +513,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     let ready = state.ready().expect("checked above");
     let chunk_states = ready
         .preparer
-        .chunk_state_bytes(&questions, ready.scheduler.max_chunk_tokens());
+        .chunk_state_bytes(&questions, |len| ready.scheduler.chunk_size_for(len));
     let device_budget = ready
         .preparer
         .chunk_states_on_device()

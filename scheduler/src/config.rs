@@ -56,6 +56,11 @@ pub struct Config {
     /// flight, a short question's batch holds at most one chunk's worth of theirs. `None`: every
     /// question runs whole (and none may exceed the largest bucket).
     pub max_chunk_tokens: Option<usize>,
+    /// With `max_chunk_tokens`: only questions longer than this run in chunks (`None`: those
+    /// longer than `max_chunk_tokens`). Questions of moderate length then run whole, in one pass,
+    /// while long ones still run in small chunks. At least `max_chunk_tokens`, at most the largest
+    /// bucket.
+    pub chunk_over_tokens: Option<usize>,
     /// Window over which the drain rate (tokens/s) is measured for `Retry-After`.
     pub drain_rate_window: Duration,
     /// `Retry-After` given before any batch has completed.
@@ -78,6 +83,7 @@ impl Default for Config {
             max_scan: 1_024,
             heartbeat_interval: Duration::from_millis(100),
             max_chunk_tokens: None,
+            chunk_over_tokens: None,
             drain_rate_window: Duration::from_secs(10),
             retry_after_default: Duration::from_secs(1),
             retry_after_min: Duration::from_secs(1),
@@ -108,6 +114,12 @@ pub(crate) struct Validated {
 }
 
 impl Config {
+    /// The chunk size a resumable question of `len` tokens runs in, where it runs in chunks.
+    pub fn chunk_size_for(&self, len: usize) -> Option<usize> {
+        let chunk = self.max_chunk_tokens?;
+        (len > self.chunk_over_tokens.unwrap_or(chunk).max(chunk)).then_some(chunk)
+    }
+
     /// The largest batch the scheduler can hand an engine: the most tokens and the most sequences
     /// over all buckets (each reached by some bucket, not necessarily the same one). Engines
     /// allocate for it. Fails as [`Scheduler::start`](crate::Scheduler::start) would on a bad
@@ -162,6 +174,18 @@ impl Config {
                      tokens)",
                     capacity.tokens
                 ));
+            }
+        }
+        if let Some(over) = self.chunk_over_tokens {
+            match self.max_chunk_tokens {
+                Some(chunk) if over >= chunk && over <= capacity.tokens => {}
+                chunk => {
+                    return bad(format!(
+                        "chunk_over_tokens {over} needs max_chunk_tokens ({chunk:?}) at most it \
+                         and must fit the largest bucket ({} tokens)",
+                        capacity.tokens
+                    ))
+                }
             }
         }
         Ok(Validated {

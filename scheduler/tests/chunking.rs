@@ -181,6 +181,27 @@ fn a_batch_carries_one_chunks_worth_however_many_long_questions_wait() {
 }
 
 #[test]
+fn with_a_threshold_only_questions_over_it_run_in_chunks() {
+    let cfg = Config {
+        chunk_over_tokens: Some(40),
+        ..config(64, Some(16))
+    };
+    let h = Harness::new(cfg, 1, Duration::ZERO);
+    // 40 tokens: whole, in one batch, though over the chunk size; 41: chunks of 16, 16 and 9.
+    let moderate = question(1, 40, 2);
+    let long = question(2, 41, 2);
+    let requests = [vec![moderate.clone()], vec![long.clone()]];
+    for (q, t) in requests.iter().zip(h.submit_all(&requests)) {
+        assert_eq!(wait(t, LONG).unwrap(), expected_answer(q));
+    }
+    assert!(chunks_of(&h, &moderate).is_empty(), "ran whole");
+    assert_eq!(h.times_computed(1), 1);
+    let starts: Vec<usize> = chunks_of(&h, &long).iter().map(|c| c.1).collect();
+    assert_eq!(starts, vec![0, 16, 32]);
+    assert_settled(&h);
+}
+
+#[test]
 fn a_question_longer_than_every_bucket_is_admitted_only_when_it_can_be_chunked() {
     let whole = Harness::new(config(32, None), 1, Duration::ZERO);
     let refused = whole
