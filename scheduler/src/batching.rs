@@ -212,26 +212,23 @@ mod tests {
     #[test]
     fn an_overdue_chunk_goes_first_whatever_the_budget() {
         let b = [Bucket::new(64, 8)];
-        let overdue = OVERDUE_AFTER;
-        let queue = [
-            Some(Candidate::whole(40)),
-            chunk(32, 100, overdue),
-            chunk(16, 20, 0),
-            Some(Candidate::whole(8)),
-        ];
-        let p = plan(queue.into_iter(), &b, 8, 1024, 16).unwrap();
+        // A whole question, a chunk passed over `passed` times, a chunk with little left, another
+        // whole question.
+        let queue = |passed| {
+            [
+                Some(Candidate::whole(40)),
+                chunk(32, 100, passed),
+                chunk(16, 20, 0),
+                Some(Candidate::whole(8)),
+            ]
+        };
+        let p = plan(queue(OVERDUE_AFTER).into_iter(), &b, 8, 1024, 16).unwrap();
         // The overdue chunk, then the whole questions that fit (40 does not), then the other
         // chunk: over the budget the overdue one used.
         assert_eq!(p.picked, vec![1, 3]);
         assert_eq!(p.passed_over, vec![2]);
         assert!(p.full);
-        let not_yet = [
-            Some(Candidate::whole(40)),
-            chunk(32, 100, overdue - 1),
-            chunk(16, 20, 0),
-            Some(Candidate::whole(8)),
-        ];
-        let p = plan(not_yet.into_iter(), &b, 8, 1024, 16).unwrap();
+        let p = plan(queue(OVERDUE_AFTER - 1).into_iter(), &b, 8, 1024, 16).unwrap();
         assert_eq!(p.picked, vec![0, 2, 3]);
         assert_eq!(p.passed_over, vec![1]);
     }

@@ -89,16 +89,11 @@ fn a_long_question_runs_in_chunks_one_per_batch_and_answers_as_whole() {
     assert_settled(&h);
 }
 
-#[test]
-fn short_questions_go_before_a_long_questions_chunks() {
-    let h = Harness::new(config(32, Some(16)), 1, Duration::ZERO);
+/// Submits `requests` while the engine is held, so all of them are queued when the first batch
+/// forms, then releases it; every answer is the expected one.
+fn run_queued_together(h: &Harness, requests: &[Vec<Question>]) {
     let blocker = h.block_engine();
-    // Queued behind the blocker: a long question (4 chunks), then short ones.
-    let long = question(1, 64, 2);
-    let shorts: Vec<Question> = (10..16).map(|t| question(t, 8, 2)).collect();
-    let mut requests = vec![vec![long.clone()]];
-    requests.extend(shorts.iter().map(|q| vec![q.clone()]));
-    let tickets = h.submit_all(&requests);
+    let tickets = h.submit_all(requests);
     h.gate.open();
     wait(blocker, LONG).unwrap();
     for (q, t) in requests.iter().zip(tickets) {
@@ -108,6 +103,17 @@ fn short_questions_go_before_a_long_questions_chunks() {
             "nothing is lost"
         );
     }
+}
+
+#[test]
+fn short_questions_go_before_a_long_questions_chunks() {
+    let h = Harness::new(config(32, Some(16)), 1, Duration::ZERO);
+    // A long question (4 chunks), then short ones.
+    let long = question(1, 64, 2);
+    let shorts: Vec<Question> = (10..16).map(|t| question(t, 8, 2)).collect();
+    let mut requests = vec![vec![long.clone()]];
+    requests.extend(shorts.iter().map(|q| vec![q.clone()]));
+    run_queued_together(&h, &requests);
     let chunks = chunks_of(&h, &long);
     assert_eq!(chunks.len(), 4);
     // Whole questions go first (four fill the first batch); the long question's first chunk
@@ -138,22 +144,12 @@ fn a_batch_carries_one_chunks_worth_however_many_long_questions_wait() {
     // holds more than 16 chunk tokens; all three still finish; the one with the least left runs
     // first, and none is passed over more than OVERDUE_AFTER (8) batches in a row.
     let h = Harness::new(config(64, Some(16)), 1, Duration::ZERO);
-    let blocker = h.block_engine();
     let longs: Vec<Question> = [(1, 48), (2, 40), (3, 48)]
         .iter()
         .map(|&(t, n)| question(t, n, 2))
         .collect();
     let requests: Vec<Vec<Question>> = longs.iter().map(|q| vec![q.clone()]).collect();
-    let tickets = h.submit_all(&requests);
-    h.gate.open();
-    wait(blocker, LONG).unwrap();
-    for (q, t) in requests.iter().zip(tickets) {
-        assert_eq!(
-            wait(t, LONG).unwrap(),
-            expected_answer(q),
-            "nothing is lost"
-        );
-    }
+    run_queued_together(&h, &requests);
     for record in h.batches() {
         let chunk_tokens: usize = record
             .seqs

@@ -1,67 +1,31 @@
 #!/usr/bin/env bash
-# The planned device call (CALL_S seconds, 590 unless set; planned for ~420), at main's head. The
-# GEMM harness it used to start with ran on 2026-12-07 at branch skinny-gemm's 6f45e44
-# (gpu-calls/2026-12-07-6f45e44-h200: the same bits as cuBLASLt, slower), so it starts with:
-#   1. vision_tiny's GPU tests with the tolerance of 796397c (hidden states and probabilities 5e-2;
-#      eb2c916's call had the adapter runs at 3.84e-2 against 3e-2);
-#   2. text parity on the 84 questions, bits against eb2c916's (expected identical: nothing on the
-#      text path changed but the JSON parser's scan);
-#   3. gpu_vl_check.sh with the defaults: the screenshot warm-up at start-up (c062667: the serve log's
-#      screenshot_warmup_ms), parity, the answers' bits against eb2c916's (expected identical), the
-#      latencies (the first new PNG no longer pays the tower's GEMM timing);
-#   4. instinct bench at 139, 712, 1,100 and 15,446 ids and packed batches of 32 and 128 x 300 ids,
-#      captured passes on (issue 18's forward figures on the H200 it names; the last H200 ones are
-#      from 4ae7f98's era);
-#   5. every kernel of one warm 139-id and one warm 1,100-id forward under Nsight Compute (the
-#      last ones: cf54335 on an H200, eae2ec1 and 637a76d on H100s; issue 18's closing note needs
-#      where the time goes now);
-#   6. the half-text, half-screenshot load (gpu_mixed_load.sh, closed loop at 1 and 8 clients,
-#      10 s levels, as at d93ea78), if time is left.
-# Pack: pack-for-gpu.sh -p instinct-model; keep bin/instinct, bin/instinct-loadtest and
-# tests/vision_tiny-test, strip, `tar cf - bin tests | xz -T2 -6` as .carry/carry.tar.xz.
-# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures (the checkpoint build needs it),
-# .cache/instinct-kernels. Returns results.tgz.
-#   REV=<sha> [CALL_S=420] bash docs/benchmarks/gpu-calls/next/call.sh
-source tools/reference/gpu_call.sh
-L=$CALL_LOG
-R=/tmp/results
-mkdir -p $R
-pack() { tar czf $OUT/results.tgz -C /tmp results; }
-start_checkpoint
-run_test vision_tiny-test 60
-tests_summary
-grep -E "worst" "$TESTS_LOG" >> $L
-cp "$TESTS_LOG" $R/
-wait_checkpoint
-parity
-same_bits_as 2026-12-06-eb2c916-h100
-EARLIER=docs/benchmarks/gpu-calls/2026-12-06-eb2c916-h100/results/vl_parity.json
-if (( $(left) > 80 )); then
-  screenshot_check $R $EARLIER main
-  grep -ho "screenshot_warmup_ms[^ ]*" /tmp/vl_main/*.log 2> /dev/null | head -2 >> $L
-  pack
-fi
-if (( $(left) > 120 )); then
-  t bench
-  timeout $(( $(left) - 60 )) .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text \
-    --device cuda:0 --lengths 139,712,1100,15446 --batch-sizes 32,128 --batch-prompt-tokens 300 --runs 30 \
-    --batch-runs 5 --revision $REV --out $R/bench.json > /tmp/bench.log 2>&1
-  t "bench exit $?"
-  grep -E "^\[bench\]" /tmp/bench.log >> $L
-  pack
-fi
-for n in 139 1100; do
-  (( $(left) > 60 )) && ncu_profile forward-$n $R "" --text-adapter /tmp/real/adapter-text --lengths $n --batch-sizes 1 \
-    --batch-prompt-tokens $n --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
-  pack
+# The planned device call (~430 s on a fresh machine), at main's head: issue 19's long mix with
+# --chunk-over-tokens, whose level beside the long questions did not run at 0f185b2 (the run's own
+# cap; gpu-calls/2026-12-07-0f185b2-h100), alternated with the default chunking in the same call:
+#   over  --max-chunk-tokens 512 --chunk-over-tokens 4096
+#   base  --max-chunk-tokens 1024
+#   over2 the first again, if time is left
+# Each: gpu_prefix_bench.sh's bench stage with 60-s levels (the upstream mix at 19 req/s alone, then
+# beside 1 req/s of ~14,500-token questions). The first run also waits for the checkpoint (~60 s)
+# and the first server start (~50 s: kernels compiled, GEMMs timed), so its cap is longer.
+# Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
+# stripped, `tar cf - bin | xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer,
+# .cache/fixtures. Returns runs.tgz (the device returns a bounded number of files).
+#   REV=<sha> bash docs/benchmarks/gpu-calls/next/call.sh
+set -uo pipefail
+REV=${REV:?set REV}
+tar xJf .carry/carry.tar.xz -C .carry
+S=$(date +%s)
+for run in over base over2; do
+  el=$(( $(date +%s) - S ))
+  [[ $run == over2 ]] && (( el > 300 )) && break
+  cap=165; [[ $run == over ]] && cap=280
+  fl="--chunk-over-tokens 4096"; ch=512
+  [[ $run == base ]] && { fl=""; ch=1024; }
+  OUT=/tmp/r/$run REVISION=$REV-$run SERVERS=chunked STAGES=bench CHUNK=$ch CHUNK_FLAGS="$fl" LEVEL_S=60 \
+    timeout $cap bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
+  echo "$run rc $? at $(( $(date +%s) - S )) s"
+  grep -E "^long_chunked|chunks run|hardware" /tmp/r/$run/gpu_prefix_bench.log
 done
-if (( $(left) > 100 )); then
-  t "mixed load"
-  OUT=$R/mixed RUNS=mixed_closed CLIENTS=1,8 LEVEL_S=10 REVISION=$REV timeout $(( $(left) - 10 )) \
-    bash tools/reference/gpu_mixed_load.sh > /dev/null 2>&1
-  t "mixed exit $?"
-  grep -E "dec/s|image stages" $R/mixed/gpu_mixed_load.log | tail -8 >> $L
-  gzip -f $R/mixed/serve_mixed.log 2> /dev/null
-  pack
-fi
-t done
+rm -rf /tmp/r/*/workloads
+tar czf "$OUT/runs.tgz" -C /tmp r
