@@ -17,17 +17,19 @@
 //! `max_queue_tokens` (`TooLarge`: it could never run), or when it is empty (`Invalid`).
 //!
 //! **Batching** (engine threads): each question is one sequence. All engine threads pull from the
-//! one queue. The next batch is chosen FIFO with first-fit backfill under the bucket shapes (the
-//! `batching` module states the ageing guarantees: the oldest queued question is always in the
-//! next batch; younger questions only fill space no older one could use). A batch runs at
+//! one queue. The next batch is chosen FIFO with first-fit backfill under the bucket shapes, whole
+//! questions before chunks (the `batching` module states the ageing guarantees: the oldest queued
+//! whole question is in the next batch unless an overdue chunk took its room; younger questions
+//! only fill space no older one could use). A batch runs at
 //! once when no engine is running one (an idle device never waits; what arrives while it computes
 //! forms the next batch), when it is full (a queued question was left out for lack of room) or
 //! when draining; otherwise, while another engine's batch runs, when its oldest question has
 //! waited `max_wait`. Questions of one request may span
 //! batches and engines; answers are reassembled in order. With `max_chunk_tokens`, a resumable
-//! question longer than it is queued as consecutive chunks: the next chunk is queued, in the
-//! question's place, only when the one before it has completed, and the engine carries its state
-//! between them ([`ChunkInput`]). Only the engine that ran a chunk takes the next one (the state
+//! question longer than it (or than `chunk_over_tokens`) is queued as consecutive chunks: the next
+//! chunk is queued only when the one before it has completed, and the engine carries its state
+//! between them ([`ChunkInput`]). Chunks take the room whole questions leave, at most
+//! `max_chunk_tokens` of them a batch. Only the engine that ran a chunk takes the next one (the state
 //! may be in its device's memory); a carry whose request goes while its next chunk is queued is
 //! dropped by that engine's thread between batches, never by the thread that cancelled (a device
 //! free from another thread could land inside a CUDA graph capture).
