@@ -239,8 +239,9 @@ const DECODE_CHUNK: usize = 1 << 20;
 
 /// Little-endian element bytes to f32. safetensors validated that the byte length matches the
 /// shape and dtype; byte-wise decoding avoids any alignment assumption on the mapping. Large
-/// tensors decode on every core: with the rounding back to bf16 at upload, this is most of the
-/// host work of loading a snapshot (4.2 G values for the 4B model).
+/// tensors decode on every core, into memory that may be backed by huge pages: with the rounding
+/// back to bf16 at upload, this is most of the host work of loading a snapshot (4.2 G values for
+/// the 4B model).
 fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
     let (width, decode): (usize, fn(&[u8]) -> f32) = match dtype {
         Dtype::F32 => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
@@ -254,6 +255,7 @@ fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
         other => bail!("unsupported dtype {other:?} (expected BF16, F16, F32 or F64)"),
     };
     let mut out = vec![0f32; bytes.len() / width];
+    advise_huge_pages(&out);
     out.par_chunks_mut(DECODE_CHUNK)
         .zip(bytes.par_chunks(DECODE_CHUNK * width))
         .for_each(|(dst, src)| {
@@ -262,6 +264,30 @@ fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
             }
         });
     Ok(out)
+}
+
+/// Asks the kernel to back `buf`'s whole 2 MiB pages with transparent huge pages, before they are
+/// first written. A large zeroed `Vec` is fresh, untouched memory; written through 4 KiB pages, the
+/// 4B model's 16.8 GB of f32 weights take some four million page faults, which cost more than the
+/// decoding itself (1 G values: 1.6 s with 4 KiB pages, 0.55-0.75 s with huge pages, on two
+/// cores). Advice only: without transparent huge pages it changes nothing.
+fn advise_huge_pages(buf: &[f32]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let begin = buf.as_ptr() as usize;
+        let start = begin.next_multiple_of(HUGE);
+        let end = (begin + std::mem::size_of_val(buf)) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: the range lies inside `buf`'s allocation and madvise(MADV_HUGEPAGE) changes
+            // no contents; its result is ignored, as the advice is optional.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = buf;
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend, KernelError};
 use instinct_model::chat::ChatTemplate;
 use instinct_model::decider::{
-    load_multimodal, load_text, Decider, ImagePrompt, LoadedText, Prompt, QuestionSegment,
+    load_multimodal, load_text_starting, Decider, ImagePrompt, LoadedText, Prompt, QuestionSegment,
 };
 use instinct_model::forward::{BatchLimits, OverLimits};
 use instinct_model::image::preprocess;
@@ -865,7 +865,7 @@ struct Starts<T, S> {
 /// on every device.
 fn load_engines<B: ServingBackend>(
     device: Device,
-    starts: Starts<impl Fn() -> anyhow::Result<B>, impl Fn() -> anyhow::Result<B>>,
+    starts: Starts<impl Fn() -> anyhow::Result<B> + Sync, impl Fn() -> anyhow::Result<B>>,
     options: LoadOptions,
     source: &ModelSource,
     limits: BatchLimits,
@@ -878,8 +878,8 @@ fn load_engines<B: ServingBackend>(
     let mut weights_bytes = 0;
     let mut tower_bytes = (0, 0);
     for _ in 0..options.cpu_engines {
-        let mut text = load_text(
-            (starts.text)()?,
+        let mut text = load_text_starting(
+            &starts.text,
             &source.model_dir,
             source.text_adapter.as_deref(),
             limits,
