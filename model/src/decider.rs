@@ -480,22 +480,30 @@ fn vision_json(config: &ModelConfig) -> Result<&serde_json::Value> {
         .context("the snapshot has no vision_config: it cannot answer screenshot questions")
 }
 
-/// Reads the vision weights, merges `modules` (vision modules only) into them and uploads them to
-/// `backend`. Shared by the screenshot path and the tower alone.
-fn vision_tower<B: VisionBackend>(
-    backend: B,
+/// Reads the vision weights and merges `modules` (vision modules only) into them. Shared by the
+/// screenshot path and the tower alone.
+fn read_vision(
     snapshot: &Snapshot,
     config: &VisionConfig,
     modules: &[LoraModule],
-) -> Result<VisionTower<B>> {
+) -> Result<VisionWeights> {
     let t0 = Instant::now();
     let mut weights = VisionWeights::load(snapshot, config)?;
     tracing::info!(ms = ms_since(t0), "vision weights read (f32 on the host)");
     let merged_vision = weights.merge_lora(modules)?;
     tracing::info!(vision = merged_vision, "adapter's vision modules merged");
+    Ok(weights)
+}
+
+/// Uploads the vision weights to `backend`.
+fn upload_tower<B: VisionBackend>(
+    backend: B,
+    config: &VisionConfig,
+    weights: &VisionWeights,
+) -> Result<VisionTower<B>> {
     let t0 = Instant::now();
     let backend_name = backend.name();
-    let tower = VisionTower::new(backend, config, &weights)?;
+    let tower = VisionTower::new(backend, config, weights)?;
     tracing::info!(
         backend = backend_name,
         ms = ms_since(t0),
@@ -534,7 +542,8 @@ pub fn load_vision_tower<B: VisionBackend>(
         }
         None => Vec::new(),
     };
-    vision_tower(backend, &snapshot, &config, &modules)
+    let weights = read_vision(&snapshot, &config, &modules)?;
+    upload_tower(backend, &config, &weights)
 }
 
 /// Loads the screenshot path: the language model onto `language_backend`, the vision tower onto
@@ -546,6 +555,22 @@ pub fn load_multimodal<B: VisionBackend>(
     adapter_dir: &Path,
     limits: BatchLimits,
 ) -> Result<LoadedMultimodal<B>> {
+    read_multimodal(model_dir, adapter_dir)?.upload(language_backend, vision_backend, limits)
+}
+
+/// The screenshot path read on the host, not yet on a backend: the language weights with the
+/// multimodal adapter's language modules merged, the vision weights with its vision modules
+/// merged. Apart from the upload so that a server reads it beside its text copy.
+pub struct MultimodalHost {
+    language: Language,
+    vision: VisionWeights,
+    vision_config: VisionConfig,
+    image_token_id: u32,
+}
+
+/// Reads the screenshot path of `model_dir` with the multimodal adapter of `adapter_dir` merged
+/// (see [`load_multimodal`]).
+pub fn read_multimodal(model_dir: &Path, adapter_dir: &Path) -> Result<MultimodalHost> {
     // The config is checked before the (slow) weights are read.
     let snapshot = open_snapshot(model_dir)?;
     let config = snapshot.config();
@@ -560,19 +585,33 @@ pub fn load_multimodal<B: VisionBackend>(
         Some((adapter_dir, Merge::LanguageAndVision)),
     )?;
     let vision_modules = language.report.take().map(|r| r.vision).unwrap_or_default();
-    let vision = vision_tower(
-        vision_backend,
-        &language.snapshot,
-        &vision_config,
-        &vision_modules,
-    )?;
-    let decider = language.decider(language_backend, limits)?;
-    free_in_background(language.weights);
-    Ok(LoadedMultimodal {
-        decider,
+    let vision = read_vision(&language.snapshot, &vision_config, &vision_modules)?;
+    Ok(MultimodalHost {
+        language,
         vision,
+        vision_config,
         image_token_id,
     })
+}
+
+impl MultimodalHost {
+    /// Uploads the language model to `language_backend` and the vision tower to
+    /// `vision_backend`.
+    pub fn upload<B: VisionBackend>(
+        self,
+        language_backend: B,
+        vision_backend: B,
+        limits: BatchLimits,
+    ) -> Result<LoadedMultimodal<B>> {
+        let vision = upload_tower(vision_backend, &self.vision_config, &self.vision)?;
+        let decider = self.language.decider(language_backend, limits)?;
+        free_in_background(self.language.weights);
+        Ok(LoadedMultimodal {
+            decider,
+            vision,
+            image_token_id: self.image_token_id,
+        })
+    }
 }
 
 #[cfg(test)]

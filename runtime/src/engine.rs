@@ -2,18 +2,18 @@
 //! tokenizer, shared by all request tasks) and one scheduler engine per device (the forward pass
 //! and the readout, owned by its engine thread).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ::metrics::histogram;
-use anyhow::{ensure, Context};
+use anyhow::{anyhow, ensure, Context};
 use instinct_kernels::backend::VisionBackend;
 use instinct_kernels::cuda::{CudaBackend, CudaOptions};
 use instinct_kernels::{Backend, CpuBackend, KernelError};
 use instinct_model::chat::ChatTemplate;
 use instinct_model::decider::{
-    load_multimodal, load_text_starting, Decider, ImagePrompt, LoadedText, Prompt, QuestionSegment,
+    load_text_starting, read_multimodal, Decider, ImagePrompt, LoadedText, MultimodalHost, Prompt,
+    QuestionSegment,
 };
 use instinct_model::forward::{BatchLimits, OverLimits};
 use instinct_model::image::preprocess;
@@ -755,18 +755,17 @@ struct ScreenshotPath<B: Backend> {
     merge: u32,
 }
 
-/// The screenshot path on any backend with the vision ops.
+/// The screenshot path on any backend with the vision ops, from its weights read on the host.
 fn screenshot_path<B>(
     start: &dyn Fn() -> anyhow::Result<B>,
-    model_dir: &Path,
-    adapter: &Path,
+    host: MultimodalHost,
     limits: BatchLimits,
 ) -> anyhow::Result<ScreenshotPath<B>>
 where
     B: ServingBackend,
     VisionTower<B>: Send + Sync,
 {
-    let loaded = load_multimodal(start()?, start()?, model_dir, adapter, limits)?;
+    let loaded = host.upload(start()?, start()?, limits)?;
     Ok(ScreenshotPath {
         tower_bytes: loaded.vision.backend().device_bytes(),
         merge: loaded.vision.config().spatial_merge_size as u32,
@@ -878,22 +877,32 @@ fn load_engines<B: ServingBackend>(
     let mut weights_bytes = 0;
     let mut tower_bytes = (0, 0);
     for _ in 0..options.cpu_engines {
-        let mut text = load_text_starting(
-            &starts.text,
-            &source.model_dir,
-            source.text_adapter.as_deref(),
-            limits,
-        )?;
+        // The screenshot copy's weights are read and merged on the host beside the text copy's
+        // load (two reads of the snapshot at once, not one after the other), then uploaded.
+        let (mut text, host) = std::thread::scope(|scope| {
+            let host = source
+                .multimodal_adapter
+                .as_deref()
+                .map(|dir| scope.spawn(|| read_multimodal(&source.model_dir, dir)));
+            let text = load_text_starting(
+                &starts.text,
+                &source.model_dir,
+                source.text_adapter.as_deref(),
+                limits,
+            );
+            let host = host
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| anyhow!("reading the screenshot path panicked"))?
+                })
+                .transpose();
+            anyhow::Ok((text?, host?))
+        })?;
         weights_bytes += text.weights_bytes;
-        let path = match &source.multimodal_adapter {
-            Some(dir) => {
+        let path = match host {
+            Some(host) => {
                 weights_bytes += text.weights_bytes;
-                Some(screenshot_path(
-                    &starts.screenshots,
-                    &source.model_dir,
-                    dir,
-                    limits,
-                )?)
+                Some(screenshot_path(&starts.screenshots, host, limits)?)
             }
             None => None,
         };
@@ -1064,6 +1073,21 @@ mod tests {
             source.multimodal_adapter = None;
         }
         load_small(Device::Cpu, &source).unwrap()
+    }
+
+    /// The screenshot path is read on its own thread beside the text copy: its failure still
+    /// fails the load, with its reason.
+    #[test]
+    fn a_screenshot_path_that_cannot_be_read_fails_the_load_with_its_reason() {
+        let mut source = ModelSource::resolve(None, None, None).unwrap();
+        source.multimodal_adapter = Some(std::env::temp_dir().join("instinct-no-such-adapter"));
+        let err = load_small(Device::Cpu, &source)
+            .err()
+            .expect("a missing adapter fails the load");
+        assert!(
+            format!("{err:#}").contains("instinct-no-such-adapter"),
+            "{err:#}"
+        );
     }
 
     /// Runs text questions of two options as one batch planned for `bucket`; the answer count.
