@@ -5,6 +5,7 @@
 #   over  --max-chunk-tokens 512 --chunk-over-tokens 4096
 #   base  --max-chunk-tokens 1024
 #   over2 the first again, if time is left
+# then a screenshot server's warm start.
 # Each: gpu_prefix_bench.sh's bench stage with 60-s levels (the upstream mix at 19 req/s alone, then
 # beside 1 req/s of ~14,500-token questions). The first run also waits for the checkpoint (~60 s)
 # and the first server start (~50 s: kernels compiled, GEMMs timed), so its cap is longer.
@@ -32,5 +33,15 @@ for run in over base over2; do
   echo "$run rc $? at $(( $(date +%s) - S )) s"
   grep -E "^long_chunked|chunks run|hardware" /tmp/r/$run/gpu_prefix_bench.log
 done
+# A screenshot server's warm start (both copies; since this commit the screenshot copy is read beside
+# the text copy): its phases, from start to ready.
+if (( $(date +%s) - S < 390 )); then
+  INSTINCT_BIND=127.0.0.1:8000 .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text \
+    --multimodal-adapter /tmp/real/adapter-multimodal --device cuda:0 > /tmp/r/vl_start.log 2>&1 &
+  pid=$!
+  for _ in $(seq 90); do curl -sf http://127.0.0.1:8000/readyz > /dev/null && break; sleep 1; done
+  kill $pid; wait $pid
+  grep -E "listening|weights|merged|loaded|ready" /tmp/r/vl_start.log | cut -c1-220
+fi
 rm -rf /tmp/r/*/workloads
 tar czf "$OUT/runs.tgz" -C /tmp r
