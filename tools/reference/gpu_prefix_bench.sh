@@ -39,6 +39,9 @@ MIX_RATE=${MIX_RATE:-19}
 LONG_RATE=${LONG_RATE:-1}
 LONG_TOKENS=${LONG_TOKENS:-14500}
 LEVEL_S=${LEVEL_S:-15}
+# The long mix's levels: at 15 s they end before a backlog of long questions forms (they read
+# 1.6-2.0x where 60-s levels read 3.4-3.6x: gpu-calls/2026-12-07-4b846f2-h100).
+LONG_LEVEL_S=${LONG_LEVEL_S:-60}
 FIXTURES=${FIXTURES:-.cache/fixtures/cua-s1-4b-0.2-text.json}
 STAGES=${STAGES:-parity,bench}
 # Which of the three servers run (a chunk-size sweep: SERVERS=chunked CHUNK=512 STAGES=bench).
@@ -89,17 +92,19 @@ answers_beside_load() {  # answers_beside_load NAME: the fixtures and long quest
 metric() {  # metric NAME: its value in a /metrics scrape (summed over label sets)
   curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
 }
-mix=(--seed 78 --synthetic-count 1500 --requests 1500 --duration "$LEVEL_S" --slo-ms 100 --warmup 3)
+mix=(--seed 78 --synthetic-count 1500 --requests 1500 --slo-ms 100 --warmup 3)
 long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   has bench || return 0
-  timeout $(( LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_alone.json" || echo "long $1 alone FAILED"
+  timeout $(( LONG_LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --duration "$LONG_LEVEL_S" --rate "$MIX_RATE" \
+    --json "$OUT/long_${1}_alone.json" || echo "long $1 alone FAILED"
   local chunks0 passes0 decisions0
   chunks0=$(metric instinct_prefill_chunks_total)
   passes0=$(metric instinct_forward_passes_total); decisions0=$(metric instinct_decisions_total)
-  timeout $(( LEVEL_S + 75 )) "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
-    --rate "$LONG_RATE" --duration "$LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
+  timeout $(( LONG_LEVEL_S + 75 )) "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
+    --rate "$LONG_RATE" --duration "$LONG_LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
   local beside=$!
-  timeout $(( LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --rate "$MIX_RATE" --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
+  timeout $(( LONG_LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --duration "$LONG_LEVEL_S" --rate "$MIX_RATE" \
+    --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
   wait $beside || echo "long $1 beside FAILED"
   # Whether the long questions ran in chunks at all (a request whose chunk states do not fit its
   # budget runs whole).
@@ -124,7 +129,8 @@ if runs reuse; then
     timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
       --concurrency 1,4 --requests 200 --duration "$LEVEL_S" --warmup 2 --json "$OUT/goal_less_reuse.json" || echo "goal_less reuse FAILED"
     asked0=$(metric instinct_prompt_tokens_total); computed0=$(metric instinct_prompt_tokens_computed_total)
-    timeout 60 "${LT[@]}" "${mix[@]}" --concurrency 8 --json "$OUT/mix_reuse.json" || echo "mix reuse FAILED"
+    timeout $(( LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --duration "$LEVEL_S" --concurrency 8 --json "$OUT/mix_reuse.json" \
+      || echo "mix reuse FAILED"
     asked1=$(metric instinct_prompt_tokens_total); computed1=$(metric instinct_prompt_tokens_computed_total)
     echo "upstream mix, 8 clients: prompt tokens asked $((asked1 - asked0)), computed $((computed1 - computed0))" | tee "$OUT/tokens.txt"
   fi

@@ -28,7 +28,7 @@ for run in over base over2; do
   cap=165; [[ $run == over ]] && cap=280
   fl="--chunk-over-tokens 4096"; ch=512
   [[ $run == base ]] && { fl=""; ch=1024; }
-  OUT=/tmp/r/$run REVISION=$REV-$run SERVERS=chunked STAGES=bench CHUNK=$ch CHUNK_FLAGS="$fl" LEVEL_S=60 \
+  OUT=/tmp/r/$run REVISION=$REV-$run SERVERS=chunked STAGES=bench CHUNK=$ch CHUNK_FLAGS="$fl" LONG_LEVEL_S=60 \
     timeout $cap bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
   echo "$run rc $? at $(( $(date +%s) - S )) s"
   grep -E "^long_chunked|chunks run|hardware" /tmp/r/$run/gpu_prefix_bench.log
