@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::config::{LayerKind, ModelConfig, TextConfig};
+use crate::lora::{LoraModule, TextLinear};
 use crate::tensor_store::TensorStore;
 use crate::weights::{
     AttentionWeights, DeltaNetWeights, HostTensor, LayerWeights, MixerWeights, MlpWeights,
@@ -117,11 +118,25 @@ impl Snapshot {
     /// Loads every text-model weight in f32, checking each shape against `config.json`. The
     /// embedding doubles as the LM head, so `tie_word_embeddings` must be true.
     pub fn load_text_weights(&self) -> Result<TextWeights> {
-        self.load_text_weights_inner()
+        self.load_text_weights_merging(&|_, _| None)
+    }
+
+    /// As [`load_text_weights`](Self::load_text_weights), with the LoRA module `merge(layer,
+    /// linear)` names (if any) merged into each Linear as it is decoded: one pass over the weights
+    /// instead of a second one to merge, the same values as
+    /// [`LoraModule::merge_into`] after the load.
+    pub fn load_text_weights_merging<'m>(
+        &self,
+        merge: &dyn Fn(usize, TextLinear) -> Option<&'m LoraModule>,
+    ) -> Result<TextWeights> {
+        self.load_text_weights_inner(merge)
             .with_context(|| format!("loading text weights from {}", self.dir.display()))
     }
 
-    fn load_text_weights_inner(&self) -> Result<TextWeights> {
+    fn load_text_weights_inner<'m>(
+        &self,
+        merge: &dyn Fn(usize, TextLinear) -> Option<&'m LoraModule>,
+    ) -> Result<TextWeights> {
         let has_head = self.store.contains(LM_HEAD);
         if !self.config.tie_word_embeddings {
             bail!(
@@ -147,7 +162,7 @@ impl Snapshot {
         )?;
         let norm = read(&names.global("norm.weight"), &[hidden])?;
         let layers = (0..text.num_hidden_layers)
-            .map(|i| self.load_layer(&names, text, i))
+            .map(|i| self.load_layer(&names, text, i, merge))
             .collect::<Result<Vec<_>>>()?;
         Ok(TextWeights {
             embed_tokens,
@@ -156,14 +171,28 @@ impl Snapshot {
         })
     }
 
-    fn load_layer(
+    fn load_layer<'m>(
         &self,
         names: &TextTensorNames,
         text: &TextConfig,
         i: usize,
+        merge: &dyn Fn(usize, TextLinear) -> Option<&'m LoraModule>,
     ) -> Result<LayerWeights> {
         let read = |suffix: &str, shape: &[usize]| {
-            self.store.read_f32_expect(&names.layer(i, suffix), shape)
+            let name = names.layer(i, suffix);
+            let module = suffix
+                .strip_suffix(".weight")
+                .and_then(TextLinear::from_path)
+                .and_then(|linear| merge(i, linear));
+            match module {
+                Some(m) => {
+                    m.check_shape(shape)?;
+                    self.store.read_f32_expect_then(&name, shape, &|row, rows| {
+                        m.merge_into_rows(row, rows)
+                    })
+                }
+                None => self.store.read_f32_expect(&name, shape),
+            }
         };
         let hidden = text.hidden_size;
         let inter = text.intermediate_size;

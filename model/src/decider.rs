@@ -361,32 +361,29 @@ impl Language {
         snapshot: &Snapshot,
         adapter: Option<(&Path, Merge)>,
     ) -> Result<(TextWeights, Option<MergeReport>)> {
+        let Some((dir, merge)) = adapter else {
+            let t0 = Instant::now();
+            let weights = snapshot.load_text_weights()?;
+            tracing::info!(
+                values = weights.element_count(),
+                ms = ms_since(t0),
+                "text weights read (f32 on the host)"
+            );
+            return Ok((weights, None));
+        };
         let t0 = Instant::now();
-        let mut weights = snapshot.load_text_weights()?;
+        let adapter =
+            LoraAdapter::open(dir).with_context(|| format!("opening adapter {}", dir.display()))?;
+        // Each Linear's modules are merged as it is decoded, while it is still in cache.
+        let (weights, report) =
+            adapter.read_merged_into_text(snapshot, matches!(merge, Merge::TextOnly))?;
         tracing::info!(
             values = weights.element_count(),
+            modules = report.merged.len(),
             ms = ms_since(t0),
-            "text weights read (f32 on the host)"
+            "text weights read (f32 on the host) and the adapter's language modules merged"
         );
-        let report = match adapter {
-            Some((dir, merge)) => {
-                let t0 = Instant::now();
-                let adapter = LoraAdapter::open(dir)
-                    .with_context(|| format!("opening adapter {}", dir.display()))?;
-                let report = match merge {
-                    Merge::TextOnly => adapter.merge_into_text_only(&mut weights)?,
-                    Merge::LanguageAndVision => adapter.merge_into_text(&mut weights)?,
-                };
-                tracing::info!(
-                    modules = report.merged.len(),
-                    ms = ms_since(t0),
-                    "adapter's language modules merged"
-                );
-                Some(report)
-            }
-            None => None,
-        };
-        Ok((weights, report))
+        Ok((weights, Some(report)))
     }
 
     /// Uploads the weights to `backend`, allocates activations for `limits`, and pairs the model

@@ -13,7 +13,8 @@
 mod adapter_config;
 mod target;
 
-use std::collections::BTreeMap;
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -21,6 +22,7 @@ use anyhow::{bail, ensure, Context, Result};
 pub use adapter_config::{AdapterConfig, TargetModules};
 pub use target::{AdapterKeyLayout, LoraTarget, TextLinear, VisionLinear};
 
+use crate::checkpoint::Snapshot;
 use crate::config::LayerKind;
 use crate::tensor_store::TensorStore;
 use crate::weights::{HostTensor, MixerWeights, TextWeights};
@@ -68,7 +70,30 @@ impl LoraModule {
         Ok(())
     }
 
+    /// Adds `scale · B · A` to `rows`, whole rows of the `[out, in]` weight from row `first_row`
+    /// on: what [`merge_into`](Self::merge_into) does to those rows, in the same order, so a weight
+    /// merged in parts (as it is decoded) equals one merged whole, bit for bit. The caller checked
+    /// the weight's shape ([`check_shape`](Self::check_shape)).
+    pub fn merge_into_rows(&self, first_row: usize, rows: &mut [f32]) {
+        let [_, inputs] = self.weight_shape();
+        let mut delta = vec![0f32; inputs];
+        let r = self.a.shape[0];
+        add_rows(
+            rows,
+            first_row,
+            inputs,
+            (&self.b.data, &self.a.data, r),
+            self.scale,
+            &mut delta,
+        );
+    }
+
     fn check_weight_shape(&self, weight: &HostTensor) -> Result<()> {
+        self.check_shape(&weight.shape)
+    }
+
+    /// Whether this module fits a base weight of `shape` (and its A and B share a rank).
+    pub fn check_shape(&self, shape: &[usize]) -> Result<()> {
         // The fields are public, so a hand-built module is re-checked before indexing with it.
         ensure!(
             self.a.shape.len() == 2
@@ -80,14 +105,14 @@ impl LoraModule {
             self.b.shape
         );
         ensure!(
-            weight.shape == self.weight_shape(),
+            shape == self.weight_shape(),
             "adapter module `{}` (lora_B {:?}, lora_A {:?}) needs a base weight of shape {:?}, but {} has shape {:?}",
             self.key,
             self.b.shape,
             self.a.shape,
             self.weight_shape(),
             self.target,
-            weight.shape
+            shape
         );
         Ok(())
     }
@@ -227,9 +252,78 @@ impl LoraAdapter {
             .with_context(|| format!("merging LoRA adapter {}", self.dir.display()))
     }
 
+    /// Reads `snapshot`'s text weights with every text module merged into its Linear as the
+    /// Linear is decoded (one pass over the weights instead of two): the same values as
+    /// [`Snapshot::load_text_weights`] then [`merge_into_text`](Self::merge_into_text) (or
+    /// [`merge_into_text_only`](Self::merge_into_text_only) with `text_only`, which refuses an
+    /// adapter that targets the vision tower before anything is read), and the same errors.
+    pub fn read_merged_into_text(
+        &self,
+        snapshot: &Snapshot,
+        text_only: bool,
+    ) -> Result<(TextWeights, MergeReport)> {
+        if text_only {
+            self.refuse_vision()?;
+        }
+        let text: HashMap<(usize, TextLinear), &LoraModule> = self
+            .modules
+            .iter()
+            .filter_map(|m| match m.target {
+                LoraTarget::Text { layer, linear } => Some(((layer, linear), m)),
+                LoraTarget::Vision(_) => None,
+            })
+            .collect();
+        let text_count = self.modules.len() - self.vision_modules().count();
+        if text.len() != text_count {
+            // Two keys on one Linear: merged one after the other, as the separate merge does.
+            let mut weights = snapshot.load_text_weights()?;
+            let report = self.merge_into_text(&mut weights)?;
+            return Ok((weights, report));
+        }
+        let merged = Cell::new(0usize);
+        let lookup = |layer, linear| {
+            let module = text.get(&(layer, linear)).copied();
+            merged.set(merged.get() + usize::from(module.is_some()));
+            module
+        };
+        let mut weights = snapshot
+            .load_text_weights_merging(&lookup)
+            .with_context(|| format!("merging LoRA adapter {}", self.dir.display()))?;
+        if merged.get() != text.len() {
+            // A module whose Linear the model lacks: the error the separate merge gives.
+            for (module, layer, linear) in self.text_modules() {
+                text_weight_mut(&mut weights, layer, linear)
+                    .with_context(|| format!("adapter module `{}`", module.key))
+                    .with_context(|| format!("merging LoRA adapter {}", self.dir.display()))?;
+            }
+            bail!(
+                "internal: {} of {} adapter modules merged",
+                merged.get(),
+                text.len()
+            );
+        }
+        let report = MergeReport {
+            merged: self.text_modules().map(|(m, _, _)| m.target).collect(),
+            vision: self.vision_modules().cloned().collect(),
+        };
+        Ok((weights, report))
+    }
+
+    fn text_modules(&self) -> impl Iterator<Item = (&LoraModule, usize, TextLinear)> {
+        self.modules.iter().filter_map(|m| match m.target {
+            LoraTarget::Text { layer, linear } => Some((m, layer, linear)),
+            LoraTarget::Vision(_) => None,
+        })
+    }
+
     /// As [`merge_into_text`](Self::merge_into_text), for a server without a vision tower: an
     /// adapter that also targets the vision tower is refused before anything is merged.
     pub fn merge_into_text_only(&self, weights: &mut TextWeights) -> Result<MergeReport> {
+        self.refuse_vision()?;
+        self.merge_into_text(weights)
+    }
+
+    fn refuse_vision(&self) -> Result<()> {
         let vision: Vec<String> = self
             .vision_modules()
             .map(|m| m.target.to_string())
@@ -241,24 +335,18 @@ impl LoraAdapter {
             vision.len(),
             vision[0]
         );
-        self.merge_into_text(weights)
+        Ok(())
     }
 
     fn merge_inner(&self, weights: &mut TextWeights) -> Result<MergeReport> {
-        let text_modules = || {
-            self.modules.iter().filter_map(|m| match m.target {
-                LoraTarget::Text { layer, linear } => Some((m, layer, linear)),
-                LoraTarget::Vision(_) => None,
-            })
-        };
         // Validate everything first so a bad key leaves the weights as they were.
-        for (module, layer, linear) in text_modules() {
+        for (module, layer, linear) in self.text_modules() {
             let weight = text_weight_mut(weights, layer, linear)
                 .with_context(|| format!("adapter module `{}`", module.key))?;
             module.check_weight_shape(weight)?;
         }
         let mut merged = Vec::new();
-        for (module, layer, linear) in text_modules() {
+        for (module, layer, linear) in self.text_modules() {
             module.merge_into(text_weight_mut(weights, layer, linear)?)?;
             merged.push(module.target);
         }
@@ -359,20 +447,34 @@ fn add_scaled_product(
             let first_row = chunk_index * rows_per_chunk;
             scope.spawn(move || {
                 let mut delta = vec![0f32; inputs];
-                for (row_offset, w_row) in w_chunk.chunks_exact_mut(inputs).enumerate() {
-                    let b_row = &b[(first_row + row_offset) * r..][..r];
-                    delta.fill(0.0);
-                    for (k, &b_ok) in b_row.iter().enumerate() {
-                        let a_row = &a[k * inputs..][..inputs];
-                        for (d, &a_ki) in delta.iter_mut().zip(a_row) {
-                            *d += b_ok * a_ki;
-                        }
-                    }
-                    for (w_oi, d) in w_row.iter_mut().zip(&delta) {
-                        *w_oi += scale * d;
-                    }
-                }
+                add_rows(w_chunk, first_row, inputs, (b, a, r), scale, &mut delta);
             });
         }
     });
+}
+
+/// `w_rows` (whole rows of `inputs` values, the first being row `first_row`) += `scale · B · A`
+/// for those rows, with `(b, a, r)` = B `[out, r]`, A `[r, in]`, the rank. Each row's product is
+/// summed over the rank in order into `delta`, then added: the one order every merge uses.
+fn add_rows(
+    w_rows: &mut [f32],
+    first_row: usize,
+    inputs: usize,
+    (b, a, r): (&[f32], &[f32], usize),
+    scale: f32,
+    delta: &mut [f32],
+) {
+    for (row_offset, w_row) in w_rows.chunks_exact_mut(inputs).enumerate() {
+        let b_row = &b[(first_row + row_offset) * r..][..r];
+        delta.fill(0.0);
+        for (k, &b_ok) in b_row.iter().enumerate() {
+            let a_row = &a[k * inputs..][..inputs];
+            for (d, &a_ki) in delta.iter_mut().zip(a_row) {
+                *d += b_ok * a_ki;
+            }
+        }
+        for (w_oi, d) in w_row.iter_mut().zip(delta.iter()) {
+            *w_oi += scale * d;
+        }
+    }
 }

@@ -213,6 +213,31 @@ impl TensorStore {
 
     /// Reads a tensor that must have exactly `expected` as its shape.
     pub fn read_f32_expect(&self, name: &str, expected: &[usize]) -> Result<HostTensor> {
+        self.check_shape(name, expected)?;
+        self.read_f32(name)
+    }
+
+    /// As [`read_f32_expect`](Self::read_f32_expect), calling `then(first_row, rows)` on each run
+    /// of whole rows (a row: the values of one index of the first axis) right after it is
+    /// decoded, while it is still in cache: a change to every value costs no second pass over
+    /// memory.
+    pub fn read_f32_expect_then(
+        &self,
+        name: &str,
+        expected: &[usize],
+        then: &OnRows,
+    ) -> Result<HostTensor> {
+        self.check_shape(name, expected)?;
+        let entry = &self.tensors[name];
+        let file = &self.files[entry.file];
+        let bytes = &file.mmap[file.data_start + entry.begin..file.data_start + entry.end];
+        let row_len = expected.iter().skip(1).product::<usize>();
+        let data = to_f32_rows(bytes, entry.dtype, row_len, Some(then))
+            .with_context(|| format!("tensor `{name}` in {}", file.path.display()))?;
+        Ok(HostTensor::new(entry.shape.clone(), data))
+    }
+
+    fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
         let Some(found) = self.shape(name) else {
             bail!("tensor `{name}` is missing (expected shape {expected:?})");
         };
@@ -220,7 +245,7 @@ impl TensorStore {
             found == expected,
             "tensor `{name}` has shape {found:?}, expected {expected:?}"
         );
-        self.read_f32(name)
+        Ok(())
     }
 }
 
@@ -234,6 +259,10 @@ fn ensure_plain_relative(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// What [`TensorStore::read_f32_expect_then`] calls on each decoded run of whole rows: the index
+/// of its first row, and the run.
+pub type OnRows<'a> = dyn Fn(usize, &mut [f32]) + Sync + 'a;
+
 /// Values each parallel decoding task converts.
 const DECODE_CHUNK: usize = 1 << 20;
 
@@ -243,6 +272,17 @@ const DECODE_CHUNK: usize = 1 << 20;
 /// back to bf16 at upload, this is most of the host work of loading a snapshot (4.2 G values for
 /// the 4B model).
 fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
+    to_f32_rows(bytes, dtype, 1, None)
+}
+
+/// As [`to_f32`], with each task a run of whole rows of `row_len` values, handed to `then` (with
+/// the index of its first row) once decoded.
+fn to_f32_rows(
+    bytes: &[u8],
+    dtype: Dtype,
+    row_len: usize,
+    then: Option<&OnRows>,
+) -> Result<Vec<f32>> {
     let (width, decode): (usize, fn(&[u8]) -> f32) = match dtype {
         Dtype::F32 => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         Dtype::BF16 => (2, |c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
@@ -256,11 +296,18 @@ fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
     };
     let mut out = vec![0f32; bytes.len() / width];
     advise_huge_pages(&out);
-    out.par_chunks_mut(DECODE_CHUNK)
-        .zip(bytes.par_chunks(DECODE_CHUNK * width))
-        .for_each(|(dst, src)| {
+    let row_len = row_len.max(1);
+    let rows_per_task = (DECODE_CHUNK / row_len).max(1);
+    let task = rows_per_task * row_len;
+    out.par_chunks_mut(task)
+        .zip(bytes.par_chunks(task * width))
+        .enumerate()
+        .for_each(|(t, (dst, src))| {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(width)) {
                 *d = decode(c);
+            }
+            if let Some(then) = then {
+                then(t * rows_per_task, dst);
             }
         });
     Ok(out)
@@ -293,6 +340,42 @@ fn advise_huge_pages(buf: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With whole rows a task, each run reaches `then` once, with the index of its first row,
+    /// after it is decoded; the runs cover the tensor.
+    #[test]
+    fn runs_of_whole_rows_reach_then_decoded_with_their_first_row() {
+        let row_len = 1000;
+        let rows = 2 * DECODE_CHUNK / row_len + 7;
+        // Integers up to 256: exact in bf16.
+        let values: Vec<f32> = (0..rows * row_len).map(|i| (i % 251) as f32).collect();
+        let bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let then = |first_row: usize, run: &mut [f32]| {
+            assert_eq!(run.len() % row_len, 0, "whole rows");
+            // Decoded already: the run holds the tensor's values from its first row on.
+            assert_eq!(run[0], values[first_row * row_len]);
+            run[0] = -1.0;
+            seen.lock().unwrap().push((first_row, run.len() / row_len));
+        };
+        let out = to_f32_rows(&bytes, Dtype::BF16, row_len, Some(&then)).unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort_unstable();
+        assert!(seen.len() > 2, "several runs: {seen:?}");
+        let mut next = 0;
+        for &(first, count) in &seen {
+            assert_eq!(
+                first, next,
+                "runs in order, none missing or twice: {seen:?}"
+            );
+            assert_eq!(out[first * row_len], -1.0, "then's change kept");
+            next += count;
+        }
+        assert_eq!(next, rows);
+    }
 
     /// Tensors larger than one decoding task split over several; every value lands in its place.
     #[test]

@@ -527,3 +527,130 @@ fn pickled_adapter_is_refused() {
     let err = message(LoraAdapter::open(dir.path()).unwrap_err());
     assert!(err.contains("adapter_model.bin"), "{err}");
 }
+
+/// A snapshot written for the test (kept while the returned directory lives).
+fn base_snapshot(seed: u64) -> (TempDir, Snapshot) {
+    let dir = TempDir::new().unwrap();
+    write_single_file_snapshot(
+        dir.path(),
+        &multimodal_config_json(true),
+        &text_tensors(CG_PREFIX, seed),
+    );
+    let snapshot = Snapshot::open(dir.path()).unwrap();
+    (dir, snapshot)
+}
+
+fn same_bits(a: &TextWeights, b: &TextWeights) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+/// Merging each Linear as it is decoded gives the weights and the report of reading, then
+/// merging, bit for bit: for the text adapter (text only) and the multimodal one (its vision
+/// modules handed back).
+#[test]
+fn merging_while_reading_equals_reading_then_merging() {
+    let (_snap_dir, snapshot) = base_snapshot(21);
+    for (config, tensors, text_only) in [
+        (
+            plain_config(4, 8.0),
+            cua_text_adapter(CAUSAL_KEYS, 4, 22),
+            true,
+        ),
+        (multimodal_config(), multimodal_adapter(23), false),
+    ] {
+        let (_dir, adapter) = open_adapter(&config, &tensors);
+        let adapter = adapter.unwrap();
+        let mut then = snapshot.load_text_weights().unwrap();
+        let report = if text_only {
+            adapter.merge_into_text_only(&mut then).unwrap()
+        } else {
+            adapter.merge_into_text(&mut then).unwrap()
+        };
+        let (fused, fused_report) = adapter.read_merged_into_text(&snapshot, text_only).unwrap();
+        assert!(same_bits(&fused, &then), "text_only {text_only}");
+        assert!(!same_bits(&fused, &snapshot.load_text_weights().unwrap()));
+        assert_eq!(fused_report.merged, report.merged);
+        let targets = |r: &instinct_model::lora::MergeReport| -> Vec<LoraTarget> {
+            r.vision.iter().map(|m| m.target).collect()
+        };
+        assert_eq!(targets(&fused_report), targets(&report));
+    }
+}
+
+/// The errors of merging while reading are those of the separate merge.
+#[test]
+fn merging_while_reading_refuses_what_the_separate_merge_refuses() {
+    let (_snap_dir, snapshot) = base_snapshot(24);
+    let mut rng = StdRng::seed_from_u64(25);
+    // An attention key on a DeltaNet layer, a layer beyond the model, a wrong shape.
+    let on_deltanet = format!("{CAUSAL_KEYS}0.self_attn.q_proj");
+    let beyond = format!("{CAUSAL_KEYS}{LAYERS}.mlp.up_proj");
+    let wrong_shape = format!("{CAUSAL_KEYS}1.mlp.down_proj");
+    let cases: [(&str, usize, usize, &str); 3] = [
+        (
+            &on_deltanet,
+            2 * HEADS * HEAD_DIM,
+            HIDDEN,
+            "linear_attention (Gated DeltaNet)",
+        ),
+        (&beyond, INTER, HIDDEN, "does not exist"),
+        (&wrong_shape, INTER, HIDDEN, "needs a base weight of shape"),
+    ];
+    for (key, out, inputs, why) in cases {
+        let mut tensors = cua_text_adapter(CAUSAL_KEYS, 4, 26);
+        tensors.retain(|name, _| !name.starts_with(&format!("{key}.")));
+        add_lora_pair(&mut tensors, &mut rng, key, 4, out, inputs);
+        let (_dir, adapter) = open_adapter(&plain_config(4, 8.0), &tensors);
+        let adapter = adapter.unwrap();
+        let separate = message(
+            adapter
+                .merge_into_text(&mut snapshot.load_text_weights().unwrap())
+                .unwrap_err(),
+        );
+        let fused = message(adapter.read_merged_into_text(&snapshot, true).unwrap_err());
+        for err in [&separate, &fused] {
+            assert!(err.contains(key) && err.contains(why), "{err}");
+        }
+    }
+    let (_dir, vision) = open_adapter(&multimodal_config(), &multimodal_adapter(27));
+    let err = message(
+        vision
+            .unwrap()
+            .read_merged_into_text(&snapshot, true)
+            .unwrap_err(),
+    );
+    assert!(err.contains("targets the vision tower"), "{err}");
+}
+
+/// A weight merged in runs of rows (as the decoder hands them over) equals one merged whole, bit
+/// for bit, wherever the runs start.
+#[test]
+fn merging_in_runs_of_rows_equals_merging_whole() {
+    use instinct_model::lora::LoraModule;
+    let (out, inputs, r) = (37, 23, 5);
+    let values = |n: usize, seed: f32| -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + seed) * 0.731).sin()).collect()
+    };
+    let module = LoraModule {
+        key: "test".into(),
+        target: LoraTarget::Text {
+            layer: 0,
+            linear: TextLinear::DownProj,
+        },
+        a: HostTensor::new(vec![r, inputs], values(r * inputs, 1.0)),
+        b: HostTensor::new(vec![out, r], values(out * r, 2.0)),
+        scale: 1.75,
+    };
+    let w0 = HostTensor::new(vec![out, inputs], values(out * inputs, 3.0));
+    let mut whole = w0.clone();
+    module.merge_into(&mut whole).unwrap();
+    for cuts in [vec![0, out], vec![0, 1, out], vec![0, 10, 11, 30, out]] {
+        let mut parts = w0.clone();
+        for run in cuts.windows(2) {
+            let rows = &mut parts.data[run[0] * inputs..run[1] * inputs];
+            module.merge_into_rows(run[0], rows);
+        }
+        let bits = |t: &HostTensor| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&parts), bits(&whole), "runs {cuts:?}");
+    }
+}

@@ -72,7 +72,7 @@ impl TextLinear {
         }
     }
 
-    fn from_path(path: &str) -> Option<Self> {
+    pub(crate) fn from_path(path: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.path() == path)
     }
 }

@@ -11,9 +11,11 @@
 # and the first server start (~50 s: kernels compiled, GEMMs timed), so its cap is longer.
 # Start-up (issue 18: ready in <= 5 s on a warm cache): base is the machine's second server start
 # (kernel cache and GEMM picks stored by over's), so its serve log's phases (`text weights read`,
-# `engine loaded`, `ready load_ms`) compare with 0f185b2's base (read 2,474 ms, load 5,565 ms,
-# ready ~5.9 s) after 09a8778 (huge pages for the host weights, the backend started beside the
-# reading): grep them from /tmp/r/base/serve_chunked.log.
+# `engine loaded`, `ready load_ms`) compare with 0f185b2's base (read 2,474 ms + merge 1,139 ms,
+# load 5,565 ms, ready ~5.9 s) after 09a8778 (huge pages for the host weights, the backend
+# started beside the reading) and the merge done as each Linear is decoded (one phase now, "text
+# weights read ... and the adapter's language modules merged"): grep them from
+# /tmp/r/base/serve_chunked.log.
 # Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
 # stripped, `tar cf - bin | xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer,
 # .cache/fixtures. Returns runs.tgz (the device returns a bounded number of files).
