@@ -266,15 +266,10 @@ impl LoraAdapter {
             self.refuse_vision()?;
         }
         let text: HashMap<(usize, TextLinear), &LoraModule> = self
-            .modules
-            .iter()
-            .filter_map(|m| match m.target {
-                LoraTarget::Text { layer, linear } => Some(((layer, linear), m)),
-                LoraTarget::Vision(_) => None,
-            })
+            .text_modules()
+            .map(|(m, layer, linear)| ((layer, linear), m))
             .collect();
-        let text_count = self.modules.len() - self.vision_modules().count();
-        if text.len() != text_count {
+        if text.len() != self.text_modules().count() {
             // Two keys on one Linear: merged one after the other, as the separate merge does.
             let mut weights = snapshot.load_text_weights()?;
             let report = self.merge_into_text(&mut weights)?;

@@ -200,15 +200,7 @@ impl TensorStore {
 
     /// Reads a tensor with the shape it has in the file, converted to f32.
     pub fn read_f32(&self, name: &str) -> Result<HostTensor> {
-        let entry = self
-            .tensors
-            .get(name)
-            .with_context(|| format!("tensor `{name}` is missing"))?;
-        let file = &self.files[entry.file];
-        let bytes = &file.mmap[file.data_start + entry.begin..file.data_start + entry.end];
-        let data = to_f32(bytes, entry.dtype)
-            .with_context(|| format!("tensor `{name}` in {}", file.path.display()))?;
-        Ok(HostTensor::new(entry.shape.clone(), data))
+        self.read_rows(name, 1, None)
     }
 
     /// Reads a tensor that must have exactly `expected` as its shape.
@@ -228,11 +220,20 @@ impl TensorStore {
         then: &OnRows,
     ) -> Result<HostTensor> {
         self.check_shape(name, expected)?;
-        let entry = &self.tensors[name];
+        let row_len = expected.iter().skip(1).product::<usize>();
+        self.read_rows(name, row_len, Some(then))
+    }
+
+    /// Decodes tensor `name` to f32 in runs of whole rows of `row_len` values, each handed to
+    /// `then` (if any) once decoded.
+    fn read_rows(&self, name: &str, row_len: usize, then: Option<&OnRows>) -> Result<HostTensor> {
+        let entry = self
+            .tensors
+            .get(name)
+            .with_context(|| format!("tensor `{name}` is missing"))?;
         let file = &self.files[entry.file];
         let bytes = &file.mmap[file.data_start + entry.begin..file.data_start + entry.end];
-        let row_len = expected.iter().skip(1).product::<usize>();
-        let data = to_f32_rows(bytes, entry.dtype, row_len, Some(then))
+        let data = to_f32_rows(bytes, entry.dtype, row_len, then)
             .with_context(|| format!("tensor `{name}` in {}", file.path.display()))?;
         Ok(HostTensor::new(entry.shape.clone(), data))
     }
@@ -270,13 +271,8 @@ const DECODE_CHUNK: usize = 1 << 20;
 /// shape and dtype; byte-wise decoding avoids any alignment assumption on the mapping. Large
 /// tensors decode on every core, into memory that may be backed by huge pages: with the rounding
 /// back to bf16 at upload, this is most of the host work of loading a snapshot (4.2 G values for
-/// the 4B model).
-fn to_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
-    to_f32_rows(bytes, dtype, 1, None)
-}
-
-/// As [`to_f32`], with each task a run of whole rows of `row_len` values, handed to `then` (with
-/// the index of its first row) once decoded.
+/// the 4B model). Each task is a run of whole rows of `row_len` values, handed to `then` (with the
+/// index of its first row) once decoded.
 fn to_f32_rows(
     bytes: &[u8],
     dtype: Dtype,
@@ -390,14 +386,23 @@ mod tests {
             .iter()
             .map(|&v| half::bf16::from_f32(v).to_f32())
             .collect();
-        assert_eq!(to_f32(&bf16_bytes, Dtype::BF16).unwrap(), want);
+        assert_eq!(
+            to_f32_rows(&bf16_bytes, Dtype::BF16, 1, None).unwrap(),
+            want
+        );
         let f32_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(to_f32(&f32_bytes, Dtype::F32).unwrap(), values);
+        assert_eq!(
+            to_f32_rows(&f32_bytes, Dtype::F32, 1, None).unwrap(),
+            values
+        );
         let f64_bytes: Vec<u8> = values
             .iter()
             .flat_map(|&v| f64::from(v).to_le_bytes())
             .collect();
-        assert_eq!(to_f32(&f64_bytes, Dtype::F64).unwrap(), values);
-        assert!(to_f32(&[0u8; 4], Dtype::I32).is_err());
+        assert_eq!(
+            to_f32_rows(&f64_bytes, Dtype::F64, 1, None).unwrap(),
+            values
+        );
+        assert!(to_f32_rows(&[0u8; 4], Dtype::I32, 1, None).is_err());
     }
 }
