@@ -478,8 +478,14 @@ mod tests {
         let over = config(&["--max-chunk-tokens=512", "--chunk-over-tokens=4096"]).unwrap();
         assert_eq!(over.chunk_over_tokens, Some(4096));
         assert!(over.batch_capacity().is_ok());
-        assert_eq!(over.chunk_size_for(4096), None);
-        assert_eq!(over.chunk_size_for(4097), Some(512));
+        let question = |len: usize| instinct_scheduler::Question::text(vec![1; len], 2);
+        assert_eq!(over.chunk_size_for(&question(4096)), None);
+        assert_eq!(over.chunk_size_for(&question(4097)), Some(512));
+        let fixed = instinct_scheduler::Question {
+            resumable: false,
+            ..question(4097)
+        };
+        assert_eq!(over.chunk_size_for(&fixed), None, "never chunked");
         for bad in [
             &["--chunk-over-tokens=4096"][..],
             &["--max-chunk-tokens=512", "--chunk-over-tokens=256"][..],

@@ -114,21 +114,20 @@ impl Preparer {
         }
     }
 
-    /// Bytes the prefix states of `questions` may hold at once while they run as chunks of at
-    /// most `max_chunk` tokens: per chunked question, the state before its last chunk and the one
+    /// Bytes the prefix states of `questions` may hold at once while they run as chunks (of the
+    /// size `chunk_size_for` gives a question that runs in chunks): per chunked question, the state before its last chunk and the one
     /// before that (an engine holds both while it runs a chunk). 0 without chunking.
     pub fn chunk_state_bytes(
         &self,
         questions: &[Question],
-        chunk_size_for: impl Fn(usize) -> Option<usize>,
+        chunk_size_for: impl Fn(&Question) -> Option<usize>,
     ) -> usize {
         let Some(cost) = self.snapshot_cost else {
             return 0;
         };
         questions
             .iter()
-            .filter(|q| q.resumable)
-            .filter_map(|q| Some((q.ids.len(), chunk_size_for(q.ids.len())?)))
+            .filter_map(|q| Some((q.ids.len(), chunk_size_for(q)?)))
             .map(|(len, chunk)| {
                 // Tokens before the last chunk: whole chunks, at least one.
                 let before_last = (len - 1) / chunk * chunk;

@@ -513,7 +513,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     let ready = state.ready().expect("checked above");
     let chunk_states = ready
         .preparer
-        .chunk_state_bytes(&questions, |len| ready.scheduler.chunk_size_for(len));
+        .chunk_state_bytes(&questions, |q| ready.scheduler.chunk_size_for(q));
     let device_budget = ready
         .preparer
         .chunk_states_on_device()

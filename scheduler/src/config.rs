@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::outcome::Question;
+
 /// A batch shape: at most `tokens` tokens in at most `seqs` sequences.
 ///
 /// The scheduler plans every batch to fit at least one bucket and labels it with the smallest
@@ -114,10 +116,12 @@ pub(crate) struct Validated {
 }
 
 impl Config {
-    /// The chunk size a resumable question of `len` tokens runs in, where it runs in chunks.
-    pub fn chunk_size_for(&self, len: usize) -> Option<usize> {
+    /// The chunk size `question` runs in, where it runs in chunks (it is resumable and longer
+    /// than the threshold): what admission queues and what its chunk states are reserved by.
+    pub fn chunk_size_for(&self, question: &Question) -> Option<usize> {
         let chunk = self.max_chunk_tokens?;
-        (len > self.chunk_over_tokens.unwrap_or(chunk).max(chunk)).then_some(chunk)
+        let over = self.chunk_over_tokens.unwrap_or(chunk).max(chunk);
+        (question.resumable && question.ids.len() > over).then_some(chunk)
     }
 
     /// The largest batch the scheduler can hand an engine: the most tokens and the most sequences

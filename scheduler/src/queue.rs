@@ -278,7 +278,7 @@ impl QueueState {
         }
         let tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
         let c = &self.cfg.config;
-        let chunk_of = |q: &Question| q.resumable.then(|| c.chunk_size_for(q.ids.len())).flatten();
+        let chunk_of = |q: &Question| c.chunk_size_for(q);
         // The longest piece a batch must hold: a question, or a chunk of one.
         let longest = questions
             .iter()

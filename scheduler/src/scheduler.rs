@@ -117,10 +117,9 @@ impl Scheduler {
         self.shared.config.config.max_chunk_tokens
     }
 
-    /// The chunk size a resumable question of `len` tokens runs in, where it runs in chunks
-    /// ([`Config::max_chunk_tokens`], [`Config::chunk_over_tokens`]).
-    pub fn chunk_size_for(&self, len: usize) -> Option<usize> {
-        self.shared.config.config.chunk_size_for(len)
+    /// The chunk size `question` runs in, where it runs in chunks ([`Config::chunk_size_for`]).
+    pub fn chunk_size_for(&self, question: &Question) -> Option<usize> {
+        self.shared.config.config.chunk_size_for(question)
     }
 
     pub fn is_draining(&self) -> bool {
