@@ -278,11 +278,10 @@ impl QueueState {
         }
         let tokens: usize = questions.iter().map(|q| q.ids.len()).sum();
         let c = &self.cfg.config;
-        let chunk_of = |q: &Question| c.chunk_size_for(q);
         // The longest piece a batch must hold: a question, or a chunk of one.
         let longest = questions
             .iter()
-            .map(|q| chunk_of(q).unwrap_or(q.ids.len()))
+            .map(|q| c.chunk_size_for(q).unwrap_or(q.ids.len()))
             .max()
             .unwrap_or(0);
         if longest > self.cfg.capacity.tokens || tokens > c.max_queue_tokens {
@@ -301,7 +300,7 @@ impl QueueState {
         let (reply, receiver) = oneshot::channel();
         let n = questions.len();
         for (index, q) in questions.into_iter().enumerate() {
-            let chunk = chunk_of(&q).map(|max_chunk| Chunk {
+            let chunk = c.chunk_size_for(&q).map(|max_chunk| Chunk {
                 start: 0,
                 end: max_chunk,
                 carry: ChunkCarry::default(),
