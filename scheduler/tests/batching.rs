@@ -45,25 +45,13 @@ fn workload() -> Vec<Vec<Question>> {
     requests
 }
 
-/// Runs the workload with every request queued before the engine starts on it.
-fn run_queued(h: &Harness, requests: &[Vec<Question>]) -> Vec<Vec<Vec<f32>>> {
-    let blocker = h.block_engine();
-    let tickets: Vec<Ticket> = h.submit_all(requests);
-    h.gate.open();
-    wait(blocker, LONG).unwrap();
-    tickets
-        .into_iter()
-        .map(|t| wait(t, LONG).unwrap())
-        .collect()
-}
-
 #[test]
 fn batches_under_load_fit_the_buckets_and_requests_are_reassembled_in_order() {
     let config = bucketed_config();
     let buckets = config.buckets.clone();
     let h = Harness::new(config, 1, Duration::ZERO);
     let requests = workload();
-    let answers = run_queued(&h, &requests);
+    let answers = h.run_queued(&requests);
     for (q, a) in requests.iter().zip(&answers) {
         assert_eq!(a, &expected_answer(q));
     }
@@ -118,8 +106,8 @@ fn answers_do_not_depend_on_batch_composition() {
         Duration::ZERO,
     );
     let batched = Harness::new(bucketed_config(), 1, Duration::ZERO);
-    let alone = run_queued(&one_by_one, &requests);
-    let together = run_queued(&batched, &requests);
+    let alone = one_by_one.run_queued(&requests);
+    let together = batched.run_queued(&requests);
     assert!(one_by_one.batches().iter().all(|b| b.seqs.len() == 1));
     assert!(batched.batches().iter().any(|b| b.seqs.len() > 2));
     assert_eq!(alone, together);

@@ -89,19 +89,11 @@ fn a_long_question_runs_in_chunks_one_per_batch_and_answers_as_whole() {
     assert_settled(&h);
 }
 
-/// Submits `requests` while the engine is held, so all of them are queued when the first batch
-/// forms, then releases it; every answer is the expected one.
+/// Runs `requests` all queued before the first batch forms ([`Harness::run_queued`]); every
+/// answer is the expected one.
 fn run_queued_together(h: &Harness, requests: &[Vec<Question>]) {
-    let blocker = h.block_engine();
-    let tickets = h.submit_all(requests);
-    h.gate.open();
-    wait(blocker, LONG).unwrap();
-    for (q, t) in requests.iter().zip(tickets) {
-        assert_eq!(
-            wait(t, LONG).unwrap(),
-            expected_answer(q),
-            "nothing is lost"
-        );
+    for (q, answer) in requests.iter().zip(h.run_queued(requests)) {
+        assert_eq!(answer, expected_answer(q), "nothing is lost");
     }
 }
 

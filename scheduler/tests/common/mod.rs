@@ -292,6 +292,19 @@ impl Harness {
             .collect()
     }
 
+    /// Runs `requests` with every one queued before the engine starts on them (the engine held
+    /// while they are submitted): their answers, in order.
+    pub fn run_queued(&self, requests: &[Vec<Question>]) -> Vec<Vec<Vec<f32>>> {
+        let blocker = self.block_engine();
+        let tickets = self.submit_all(requests);
+        self.gate.open();
+        wait(blocker, LONG).unwrap();
+        tickets
+            .into_iter()
+            .map(|t| wait(t, LONG).unwrap())
+            .collect()
+    }
+
     /// Submits a one-question request that holds engine 0 until the gate opens, and returns once
     /// the engine is running it.
     pub fn block_engine(&self) -> Ticket {
