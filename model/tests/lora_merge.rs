@@ -16,16 +16,7 @@ const CAUSAL_KEYS: &str = "base_model.model.model.layers.";
 const CG_KEYS: &str = "base_model.model.model.language_model.layers.";
 
 fn base_weights(seed: u64) -> TextWeights {
-    let dir = TempDir::new().unwrap();
-    write_single_file_snapshot(
-        dir.path(),
-        &multimodal_config_json(true),
-        &text_tensors(CG_PREFIX, seed),
-    );
-    Snapshot::open(dir.path())
-        .unwrap()
-        .load_text_weights()
-        .unwrap()
+    base_snapshot(seed).1.load_text_weights().unwrap()
 }
 
 /// `W + scale · B · A` in f64, the textbook way.
