@@ -313,7 +313,8 @@ fn to_f32_rows(
 /// first written. A large zeroed `Vec` is fresh, untouched memory; written through 4 KiB pages, the
 /// 4B model's 16.8 GB of f32 weights take some four million page faults, which cost more than the
 /// decoding itself (1 G values: 1.6 s with 4 KiB pages, 0.55-0.75 s with huge pages, on two
-/// cores: docs/benchmarks/load-cpu). Advice only: without transparent huge pages it changes nothing.
+/// cores: docs/benchmarks/load-cpu). Advice only: without transparent huge pages it changes
+/// nothing.
 fn advise_huge_pages(buf: &[f32]) {
     #[cfg(target_os = "linux")]
     {
