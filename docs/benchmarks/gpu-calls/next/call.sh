@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The planned device call (~430 s on a fresh machine), at main's head: issue 19's long mix with
+# The planned device call (~450 s on a fresh machine), at main's head: issue 19's long mix with
 # --chunk-over-tokens, whose level beside the long questions did not run at 0f185b2 (the run's own
 # cap; gpu-calls/2026-12-07-0f185b2-h100), alternated with the default chunking in the same call:
 #   over  --max-chunk-tokens 512 --chunk-over-tokens 4096
 #   base  --max-chunk-tokens 1024
-#   over2 the first again, if time is left
-# then a screenshot server's warm start.
+# then text parity (bits against 4b846f2) and a screenshot server's warm start.
 # Each: gpu_prefix_bench.sh's bench stage with 60-s levels (the upstream mix at 19 req/s alone, then
 # beside 1 req/s of ~14,500-token questions). The first run also waits for the checkpoint (~60 s)
 # and the first server start (~50 s: kernels compiled, GEMMs timed), so its cap is longer.
@@ -18,15 +17,15 @@
 # /tmp/r/base/serve_chunked.log.
 # Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
 # stripped, `tar cf - bin | xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer,
-# .cache/fixtures. Returns runs.tgz (the device returns a bounded number of files).
+# .cache/fixtures. Returns runs.tgz, call.log and check.json (the device returns a bounded number
+# of files).
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call.sh
 set -uo pipefail
 REV=${REV:?set REV}
-tar xJf .carry/carry.tar.xz -C .carry
+# The call log, the carried binaries unpacked, parity and its bits (gpu_call.sh's helpers).
+source tools/reference/gpu_call.sh
 S=$(date +%s)
-for run in over base over2; do
-  el=$(( $(date +%s) - S ))
-  [[ $run == over2 ]] && (( el > 300 )) && break
+for run in over base; do
   cap=165; [[ $run == over ]] && cap=280
   fl="--chunk-over-tokens 4096"; ch=512
   [[ $run == base ]] && { fl=""; ch=1024; }
@@ -35,9 +34,13 @@ for run in over base over2; do
   echo "$run rc $? at $(( $(date +%s) - S )) s"
   grep -E "^long_chunked|chunks run|hardware" /tmp/r/$run/gpu_prefix_bench.log
 done
+# Text parity at this head (the weights now load with the adapter merged while decoding): the
+# verdict, and the answers' bits against 4b846f2's report (expected identical), into call.log.
+parity
+same_bits_as 2026-12-07-4b846f2-h100
 # A screenshot server's warm start (both copies; since this commit the screenshot copy is read beside
 # the text copy): its phases, from start to ready.
-if (( $(date +%s) - S < 390 )); then
+if (( $(date +%s) - S < 440 )); then
   INSTINCT_BIND=127.0.0.1:8000 .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text \
     --multimodal-adapter /tmp/real/adapter-multimodal --device cuda:0 > /tmp/r/vl_start.log 2>&1 &
   pid=$!
