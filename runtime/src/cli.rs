@@ -70,8 +70,9 @@ pub struct ServeArgs {
 
     /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
     /// of at most this many, one per batch, carrying its prefix state from chunk to chunk. Whole
-    /// questions go first; chunks take the room they leave, at most this many chunk tokens a
-    /// batch, so short questions never wait behind a long one. 0 (the default) runs every
+    /// questions go first; a batch that carries chunks holds at most this many tokens in all
+    /// (later chunks are cut to the room the whole questions leave), so short questions never
+    /// wait behind a long one. 0 (the default) runs every
     /// question whole. On a GPU it must be a multiple of 64 (the delta
     /// rule's chunk: chunks cut there compute what the whole prompt does). A chunked question's
     /// first chunk resumes from the longest cached prefix of its ids; its chunks are not shared
@@ -464,6 +465,14 @@ mod tests {
         let too_big = config(&["--max-batch-tokens=16384", "--max-chunk-tokens=20000"]).unwrap();
         let err = too_big.batch_capacity().unwrap_err().to_string();
         assert!(err.contains("max_chunk_tokens"), "{err}");
+        // Chunks start where the device's backend resumes a prompt exactly.
+        assert_eq!(chunked.chunk_grid, 1, "the CPU resumes anywhere");
+        let gpu = config(&["--device=cuda:0", "--max-chunk-tokens=512"]).unwrap();
+        assert_eq!(gpu.chunk_grid, 64);
+        assert!(gpu.batch_capacity().is_ok());
+        let off_grid = config(&["--device=cuda:0", "--max-chunk-tokens=500"]).unwrap();
+        let err = off_grid.batch_capacity().unwrap_err().to_string();
+        assert!(err.contains("multiple of chunk_grid 64"), "{err}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use instinct_model::image::preprocess;
 use instinct_model::mrope::{expand_image_placeholders, rope_index};
 use instinct_model::prefix::{PrefixState, SnapshotCost};
 use instinct_model::prompt::SYSTEM_PROMPT;
-use instinct_model::source::{Device, ModelSource};
+use instinct_model::source::{Device, Devices, ModelSource};
 use instinct_model::tokenizer::{EncodedPrefix, Tokenizer};
 use instinct_model::values::Values;
 use instinct_model::vision::VisionTower;
@@ -700,6 +700,15 @@ trait ServingBackend: VisionBackend + Sized + Send + Sync + 'static {
     fn default_prefix_cache_bytes(backend: &Self) -> usize;
     /// Device memory it allocated: (weights, activations and scratch); none on the host.
     fn device_bytes(&self) -> (u64, u64);
+}
+
+/// Where the backends serving `devices` resume a prompt exactly: the scheduler starts chunks
+/// only there ([`instinct_scheduler::Config::chunk_grid`]).
+pub fn resume_grid(devices: &Devices) -> usize {
+    match devices {
+        Devices::Cpu => CpuBackend::RESUME_GRID,
+        Devices::Cuda(_) | Devices::AllCuda => CudaBackend::RESUME_GRID,
+    }
 }
 
 /// The CPU backend's default prefix-cache budget.

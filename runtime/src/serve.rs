@@ -46,6 +46,7 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
             .collect(),
         max_wait: Duration::from_micros(args.batch_wait_us),
         max_chunk_tokens: max_chunk_tokens(args),
+        chunk_grid: engine::resume_grid(&args.device),
         chunk_over_tokens: (args.chunk_over_tokens > 0).then_some(args.chunk_over_tokens),
         ..Config::default()
     })

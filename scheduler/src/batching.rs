@@ -1,16 +1,19 @@
 //! Which queued questions form the next batch.
 //!
 //! Policy: whole questions first, oldest first, with first-fit backfill; then chunks of long
-//! questions (chunked prefill) in the room left, the question with the least left to run first,
-//! at most `chunk_budget` chunk tokens a batch. A candidate that does not fit is skipped and
-//! the ones after it may fill the space it left. Consequences:
+//! questions (chunked prefill) in the room left, the question with the least left first. A batch
+//! that carries a chunk holds at most the chunk budget in tokens, whole questions included: a
+//! chunk is cut (on the resume grid) to the room the whole questions leave, and gets none when
+//! they fill the budget. A candidate that does not fit is skipped and the ones after it may fill
+//! the space it left. Consequences:
 //! - the oldest queued whole question is in the next batch (admission refuses any piece larger
 //!   than the largest bucket) unless an overdue chunk took its room, so no whole question
 //!   starves, and short questions never wait behind a long one that did not fit;
-//! - a long question's chunks take only what the whole questions leave, so they do not make the
-//!   short questions' batches longer than one chunk's worth of tokens, however many long
-//!   questions are in flight (each of them would otherwise add a chunk to every batch);
-//! - a chunk left out of [`OVERDUE_AFTER`] batches in a row goes first, ahead of the whole
+//! - a long question's chunks never make a short question's batch longer than the budget (or
+//!   than the whole questions alone, when they pass it), however many long questions are in
+//!   flight: the long ones move in the room the short ones leave, and at the full budget when
+//!   nothing else is queued;
+//! - a chunk left out of [`OVERDUE_AFTER`] batches in a row goes first, whole, ahead of the whole
 //!   questions and of the budget, so a long question still moves under any load of short ones.
 
 use crate::config::Bucket;
@@ -27,6 +30,9 @@ pub(crate) struct Candidate {
     pub remaining: Option<usize>,
     /// For a chunk: the batches in a row it was left out of.
     pub passed_over: u32,
+    /// A question's first chunk: never cut, since it resumes from the longest cached prefix of
+    /// its own ids, which a cut would shorten.
+    pub first: bool,
 }
 
 impl Candidate {
@@ -35,6 +41,7 @@ impl Candidate {
             tokens,
             remaining: None,
             passed_over: 0,
+            first: false,
         }
     }
 
@@ -64,6 +71,32 @@ pub(crate) struct Plan {
     pub full: bool,
     /// Chunks this engine could have run that were left out (positions in the queue).
     pub passed_over: Vec<usize>,
+    /// Chunks picked but cut to the room left: (position in the queue, tokens it runs).
+    pub cuts: Vec<(usize, usize)>,
+}
+
+/// How chunks share a batch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkRoom {
+    /// Tokens a batch carrying a chunk (not an overdue one) holds at most, whole questions
+    /// included.
+    pub budget: usize,
+    /// A chunk cut to the room left runs a multiple of this many tokens (its question's chunks
+    /// then start on the backend's resume grid).
+    pub grid: usize,
+}
+
+impl ChunkRoom {
+    /// What `chunk` may run in a batch already holding `held` tokens: all of it, a cut on the
+    /// grid (not a first chunk), or nothing.
+    fn grant(&self, chunk: &Candidate, held: usize) -> Option<usize> {
+        let room = self.budget.saturating_sub(held);
+        if chunk.tokens <= room {
+            return Some(chunk.tokens);
+        }
+        let cut = room / self.grid * self.grid;
+        (cut > 0 && !chunk.first).then_some(cut)
+    }
 }
 
 fn fits(buckets: &[Bucket], tokens: usize, seqs: usize) -> bool {
@@ -78,7 +111,7 @@ pub(crate) fn plan(
     buckets: &[Bucket],
     max_seqs: usize,
     max_scan: usize,
-    chunk_budget: usize,
+    chunks: ChunkRoom,
 ) -> Option<Plan> {
     let queued = candidates.len();
     let mut order: Vec<(usize, Candidate)> = candidates
@@ -90,8 +123,8 @@ pub(crate) fn plan(
     order.sort_by_key(|(_, c)| c.rank());
     let mut picked = Vec::new();
     let mut passed_over = Vec::new();
+    let mut cuts = Vec::new();
     let mut tokens = 0usize;
-    let mut chunk_tokens = 0usize;
     let mut full = queued > max_scan;
     for (at, (i, c)) in order.iter().enumerate() {
         if picked.len() == max_seqs {
@@ -105,24 +138,31 @@ pub(crate) fn plan(
             break;
         }
         let is_chunk = c.remaining.is_some();
-        let within_budget = !is_chunk || c.overdue() || chunk_tokens + c.tokens <= chunk_budget;
-        if within_budget && fits(buckets, tokens + c.tokens, picked.len() + 1) {
+        let granted = if is_chunk && !c.overdue() {
+            chunks.grant(c, tokens)
+        } else {
+            Some(c.tokens)
+        };
+        if let Some(run) = granted.filter(|&run| fits(buckets, tokens + run, picked.len() + 1)) {
             picked.push(*i);
-            tokens += c.tokens;
-            if is_chunk {
-                chunk_tokens += c.tokens;
+            tokens += run;
+            if run < c.tokens {
+                // The budget is spent: waiting would not add to this batch.
+                cuts.push((*i, run));
+                full = true;
             }
             continue;
         }
-        // Left out for room (a chunk over the budget could still run beside more whole
-        // questions, so only room makes the batch full).
-        full |= within_budget;
+        // Left out for room (a chunk without room in the budget could still run beside fewer
+        // whole questions, so only room makes the batch full).
+        full |= granted.is_some();
         if is_chunk {
             passed_over.push(*i);
         }
     }
     picked.sort_unstable();
     passed_over.sort_unstable();
+    cuts.sort_unstable();
     let bucket = *buckets.iter().find(|b| b.holds(tokens, picked.len()))?;
     (!picked.is_empty()).then_some(Plan {
         picked,
@@ -130,6 +170,7 @@ pub(crate) fn plan(
         bucket,
         full,
         passed_over,
+        cuts,
     })
 }
 
@@ -141,58 +182,94 @@ mod tests {
         lengths.iter().map(|&l| Some(Candidate::whole(l)))
     }
 
+    /// No chunks queued: no budget.
+    const NO_CHUNKS: ChunkRoom = ChunkRoom {
+        budget: usize::MAX,
+        grid: 1,
+    };
+
     fn plan_of(lengths: &[usize], buckets: &[Bucket], max_seqs: usize) -> Option<Plan> {
-        plan(wholes(lengths), buckets, max_seqs, 1024, usize::MAX)
+        plan(wholes(lengths), buckets, max_seqs, 1024, NO_CHUNKS)
     }
 
+    /// A chunk budget of `budget` tokens, cuts on a grid of 4.
+    fn room(budget: usize) -> ChunkRoom {
+        ChunkRoom { budget, grid: 4 }
+    }
+
+    /// A chunk after its question's first.
     fn chunk(tokens: usize, remaining: usize, passed_over: u32) -> Option<Candidate> {
         Some(Candidate {
             tokens,
             remaining: Some(remaining),
             passed_over,
+            first: false,
         })
     }
 
     #[test]
-    fn chunks_take_the_room_whole_questions_leave_within_the_budget() {
-        let b = [Bucket::new(100, 8)];
-        // Two long questions' chunks (the oldest entries), then short whole questions.
+    fn a_chunk_takes_the_room_whole_questions_leave_up_to_the_budget() {
+        let b = [Bucket::new(200, 8)];
+        // Two long questions' chunks (the oldest entries), then two short whole questions.
         let queue = [
-            chunk(20, 200, 0),
-            chunk(20, 150, 0),
+            chunk(40, 200, 0),
+            chunk(40, 150, 0),
             Some(Candidate::whole(30)),
             Some(Candidate::whole(30)),
         ];
-        let p = plan(queue.into_iter(), &b, 8, 1024, 20).unwrap();
-        // Both short ones, then one chunk: the one with less left, within the budget of 20.
+        let with = |budget| plan(queue.into_iter(), &b, 8, 1024, room(budget)).unwrap();
+        // Room for one chunk beside the short ones: the one with less left.
+        let p = with(100);
         assert_eq!(p.picked, vec![1, 2, 3]);
-        assert_eq!(p.tokens, 80);
+        assert_eq!(p.tokens, 100);
         assert_eq!(p.passed_over, vec![0]);
-        assert!(
-            !p.full,
-            "a chunk over the budget does not make the batch full"
-        );
-        // Without short ones, still one chunk's worth.
-        let p = plan(
-            [chunk(20, 200, 0), chunk(20, 150, 0)].into_iter(),
-            &b,
-            8,
-            1024,
-            20,
-        )
-        .unwrap();
+        assert!(p.cuts.is_empty());
+        assert!(!p.full, "a chunk without room does not make the batch full");
+        // Less room: the chunk is cut to it, on the grid, and the budget is spent.
+        let p = with(90);
+        assert_eq!(p.picked, vec![1, 2, 3]);
+        assert_eq!(p.cuts, vec![(1, 28)]);
+        assert_eq!(p.tokens, 88);
+        assert_eq!(p.passed_over, vec![0]);
+        assert!(p.full);
+        // Room under one grid step, or none: the short ones run alone.
+        for budget in [63, 60, 20] {
+            let p = with(budget);
+            assert_eq!(p.picked, vec![2, 3], "budget {budget}");
+            assert_eq!(p.passed_over, vec![0, 1]);
+            assert!(p.cuts.is_empty());
+        }
+        // Without short ones the chunks take the whole budget.
+        let chunks = [chunk(40, 200, 0), chunk(40, 150, 0)];
+        let alone = |budget| plan(chunks.into_iter(), &b, 8, 1024, room(budget)).unwrap();
+        let p = alone(40);
         assert_eq!(p.picked, vec![1]);
-        // A budget of two chunks takes both.
-        let p = plan(
-            [chunk(20, 200, 0), chunk(20, 150, 0)].into_iter(),
-            &b,
-            8,
-            1024,
-            40,
-        )
-        .unwrap();
+        assert_eq!(p.passed_over, vec![0]);
+        let p = alone(60);
         assert_eq!(p.picked, vec![0, 1]);
-        assert!(p.passed_over.is_empty());
+        assert_eq!(p.cuts, vec![(0, 20)]);
+        let p = alone(80);
+        assert_eq!(p.picked, vec![0, 1]);
+        assert!(p.passed_over.is_empty() && p.cuts.is_empty());
+    }
+
+    #[test]
+    fn a_first_chunk_runs_whole_or_waits() {
+        let b = [Bucket::new(200, 8)];
+        let first = Some(Candidate {
+            first: true,
+            ..chunk(40, 200, 0).unwrap()
+        });
+        let queue = [first, Some(Candidate::whole(30))];
+        let with = |budget| plan(queue.into_iter(), &b, 8, 1024, room(budget)).unwrap();
+        let p = with(70);
+        assert_eq!(p.picked, vec![0, 1]);
+        assert!(p.cuts.is_empty());
+        // Room for 36 of its 40 tokens: not cut, left for a later batch.
+        let p = with(66);
+        assert_eq!(p.picked, vec![1]);
+        assert_eq!(p.passed_over, vec![0]);
+        assert!(!p.full);
     }
 
     #[test]
@@ -203,14 +280,14 @@ mod tests {
             Some(Candidate::whole(40)),
             Some(Candidate::whole(24)),
         ];
-        let p = plan(queue.into_iter(), &b, 8, 1024, 32).unwrap();
+        let p = plan(queue.into_iter(), &b, 8, 1024, room(100)).unwrap();
         assert_eq!(p.picked, vec![1, 2]);
         assert_eq!(p.passed_over, vec![0]);
         assert!(p.full, "the chunk was left out for room");
     }
 
     #[test]
-    fn an_overdue_chunk_goes_first_whatever_the_budget() {
+    fn an_overdue_chunk_goes_first_whole_whatever_the_budget() {
         let b = [Bucket::new(64, 8)];
         // A whole question, a chunk passed over `passed` times, a chunk with little left, another
         // whole question.
@@ -222,15 +299,17 @@ mod tests {
                 Some(Candidate::whole(8)),
             ]
         };
-        let p = plan(queue(OVERDUE_AFTER).into_iter(), &b, 8, 1024, 16).unwrap();
-        // The overdue chunk, then the whole questions that fit (40 does not), then the other
-        // chunk: over the budget the overdue one used.
+        let p = plan(queue(OVERDUE_AFTER).into_iter(), &b, 8, 1024, room(24)).unwrap();
+        // The overdue chunk, uncut over the budget of 24; then the whole questions that fit (40
+        // does not); the other chunk has no room left in the budget.
         assert_eq!(p.picked, vec![1, 3]);
+        assert_eq!(p.tokens, 40);
         assert_eq!(p.passed_over, vec![2]);
+        assert!(p.cuts.is_empty());
         assert!(p.full);
-        let p = plan(queue(OVERDUE_AFTER - 1).into_iter(), &b, 8, 1024, 16).unwrap();
-        assert_eq!(p.picked, vec![0, 2, 3]);
-        assert_eq!(p.passed_over, vec![1]);
+        let p = plan(queue(OVERDUE_AFTER - 1).into_iter(), &b, 8, 1024, room(24)).unwrap();
+        assert_eq!(p.picked, vec![0, 3]);
+        assert_eq!(p.passed_over, vec![1, 2]);
     }
 
     #[test]
@@ -241,7 +320,7 @@ mod tests {
             Some(Candidate::whole(5)),
             Some(Candidate::whole(5)),
         ];
-        let p = plan(queue.into_iter(), &b, 2, 1024, 8).unwrap();
+        let p = plan(queue.into_iter(), &b, 2, 1024, room(100)).unwrap();
         assert_eq!(p.picked, vec![1, 2]);
         assert_eq!(p.passed_over, vec![0]);
         assert!(p.full);
@@ -256,14 +335,11 @@ mod tests {
             None,
             Some(Candidate::whole(20)),
         ];
-        let p = plan(queue.into_iter(), &b, 4, 1024, usize::MAX).unwrap();
+        let p = plan(queue.into_iter(), &b, 4, 1024, NO_CHUNKS).unwrap();
         assert_eq!(p.picked, vec![1, 3]);
         assert_eq!(p.tokens, 50);
         assert!(!p.full, "waiting could still fill it");
-        assert_eq!(
-            plan([None, None].into_iter(), &b, 4, 1024, usize::MAX),
-            None
-        );
+        assert_eq!(plan([None, None].into_iter(), &b, 4, 1024, NO_CHUNKS), None);
     }
 
     #[test]
@@ -364,7 +440,7 @@ mod tests {
     fn scan_limit_bounds_the_work_and_counts_as_full() {
         let b = [Bucket::new(1000, 100)];
         let lengths = [1usize; 10];
-        let p = plan(wholes(&lengths), &b, 100, 4, usize::MAX).unwrap();
+        let p = plan(wholes(&lengths), &b, 100, 4, NO_CHUNKS).unwrap();
         assert_eq!(p.picked, vec![0, 1, 2, 3]);
         assert!(p.full);
     }

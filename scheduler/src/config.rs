@@ -52,12 +52,17 @@ pub struct Config {
     /// How often an idle engine thread wakes to refresh its heartbeat.
     pub heartbeat_interval: Duration,
     /// Chunked prefill: a resumable question longer than this runs as consecutive chunks of at
-    /// most this many tokens, one per batch. Whole questions go first; chunks take the room they
-    /// leave, at most this many chunk tokens a batch (the question with the least left first;
-    /// one passed over by 8 batches in a row goes first), so however many long questions are in
-    /// flight, a short question's batch holds at most one chunk's worth of theirs. `None`: every
-    /// question runs whole (and none may exceed the largest bucket).
+    /// most this many tokens, one per batch. Whole questions go first; a batch that carries a
+    /// chunk holds at most this many tokens in all, so chunks are cut to the room the whole
+    /// questions leave (the question with the least left first; one passed over by 8 batches in
+    /// a row goes first, whole). However many long questions are in flight, a short question's
+    /// batch is no longer than this (or than its whole questions alone). `None`: every question
+    /// runs whole (and none may exceed the largest bucket).
     pub max_chunk_tokens: Option<usize>,
+    /// Chunks start only at multiples of this many tokens (`max_chunk_tokens` is one; a chunk
+    /// cut to the room left runs one): where the backend resumes a prompt exactly (the GPU's
+    /// delta rule: 64; the CPU: anywhere, 1).
+    pub chunk_grid: usize,
     /// With `max_chunk_tokens`: only questions longer than this run in chunks (`None`: those
     /// longer than `max_chunk_tokens`). Questions of moderate length then run whole, in one pass,
     /// while long ones still run in small chunks. At least `max_chunk_tokens`, at most the largest
@@ -85,6 +90,7 @@ impl Default for Config {
             max_scan: 1_024,
             heartbeat_interval: Duration::from_millis(100),
             max_chunk_tokens: None,
+            chunk_grid: 1,
             chunk_over_tokens: None,
             drain_rate_window: Duration::from_secs(10),
             retry_after_default: Duration::from_secs(1),
@@ -171,12 +177,22 @@ impl Config {
             buckets.iter().map(|b| b.tokens).max().unwrap_or(0),
             buckets.iter().map(|b| b.seqs).max().unwrap_or(0),
         );
+        if self.chunk_grid == 0 {
+            return bad("chunk_grid must be positive".into());
+        }
         if let Some(chunk) = self.max_chunk_tokens {
             if chunk == 0 || chunk > capacity.tokens {
                 return bad(format!(
                     "max_chunk_tokens {chunk} must be positive and fit the largest bucket ({} \
                      tokens)",
                     capacity.tokens
+                ));
+            }
+            if !chunk.is_multiple_of(self.chunk_grid) {
+                return bad(format!(
+                    "max_chunk_tokens {chunk} must be a multiple of chunk_grid {} (where the \
+                     backend resumes a prompt exactly)",
+                    self.chunk_grid
                 ));
             }
         }
@@ -234,5 +250,22 @@ mod tests {
             ..cfg
         };
         assert!(matches!(zero.validate(), Err(StartError::Config(_))));
+    }
+
+    #[test]
+    fn chunks_keep_to_the_grid() {
+        let chunked = |chunk, grid| Config {
+            max_chunk_tokens: Some(chunk),
+            chunk_grid: grid,
+            ..Config::default()
+        };
+        assert!(chunked(1024, 64).validate().is_ok());
+        assert!(chunked(1000, 1).validate().is_ok());
+        let off = chunked(1000, 64).validate().unwrap_err().to_string();
+        assert!(off.contains("multiple of chunk_grid 64"), "{off}");
+        assert!(matches!(
+            chunked(1024, 0).validate(),
+            Err(StartError::Config(_))
+        ));
     }
 }

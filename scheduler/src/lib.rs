@@ -28,8 +28,9 @@
 //! batches and engines; answers are reassembled in order. With `max_chunk_tokens`, a resumable
 //! question longer than it (or than `chunk_over_tokens`) is queued as consecutive chunks: the next
 //! chunk is queued only when the one before it has completed, and the engine carries its state
-//! between them ([`ChunkInput`]). Chunks take the room whole questions leave, at most
-//! `max_chunk_tokens` of them a batch. Only the engine that ran a chunk takes the next one (the state
+//! between them ([`ChunkInput`]). Chunks take the room whole questions leave: a batch that
+//! carries one holds at most `max_chunk_tokens` tokens in all, later chunks cut to the room on
+//! `chunk_grid`. Only the engine that ran a chunk takes the next one (the state
 //! may be in its device's memory); a carry whose request goes while its next chunk is queued is
 //! dropped by that engine's thread between batches, never by the thread that cancelled (a device
 //! free from another thread could land inside a CUDA graph capture).

@@ -76,6 +76,7 @@ impl QueuedSeq {
                 tokens,
                 remaining: Some(self.question.ids.len() - c.start),
                 passed_over: c.passed_over,
+                first: c.start == 0,
             },
             None => batching::Candidate::whole(tokens),
         }
@@ -432,7 +433,10 @@ impl QueueState {
             &self.cfg.buckets,
             self.cfg.capacity.seqs,
             self.cfg.config.max_scan,
-            self.cfg.config.max_chunk_tokens.unwrap_or(usize::MAX),
+            batching::ChunkRoom {
+                budget: self.cfg.config.max_chunk_tokens.unwrap_or(usize::MAX),
+                grid: self.cfg.config.chunk_grid,
+            },
         ) else {
             // Unreachable through `admit`, which refuses questions larger than every bucket; kept
             // so such a question could never wedge the queue (TEI #723).
@@ -456,6 +460,12 @@ impl QueueState {
         for &i in &plan.passed_over {
             if let Some(c) = self.pending.get_mut(i).and_then(|s| s.chunk.as_mut()) {
                 c.passed_over += 1;
+            }
+        }
+        for &(i, run) in &plan.cuts {
+            if let Some(c) = self.pending.get_mut(i).and_then(|s| s.chunk.as_mut()) {
+                // The rest of the chunk is the start of the next one.
+                c.end = c.start + run;
             }
         }
         let scanned = plan.picked.last().map_or(0, |&i| i + 1);
@@ -722,12 +732,35 @@ mod tests {
     }
 
     #[test]
-    fn a_chunk_runs_beside_short_questions_in_arrival_order() {
+    fn a_first_chunk_waits_for_its_whole_room_and_a_later_one_is_cut_to_it() {
         let mut state = chunking_queue();
         let t0 = Instant::now();
         let _replies = long_then_short(&mut state, t0);
+        // The short question leaves 5 of the 8 tokens a batch with a chunk holds: the first chunk
+        // is not cut, it runs next.
         let batch = taken(state.next_batch(t0, 0));
-        assert_eq!(chunk_starts(&batch), [Some(0), None]);
+        assert_eq!(chunk_starts(&batch), [None]);
+        complete_chunks(&mut state, 0, batch);
+        let first = taken(state.next_batch(t0, 0));
+        assert_eq!(chunk_starts(&first), [Some(0)]);
+        // Another short question queues while it runs: the second chunk is cut to the room left
+        // (8..13), and the third starts where the cut ended.
+        let short = Question::text(vec![4, 5, 6], 2);
+        let _reply = state.admit(vec![short], None, t0).unwrap();
+        complete_chunks(&mut state, 0, first);
+        let beside = taken(state.next_batch(t0, 0));
+        assert_eq!(chunk_starts(&beside), [None, Some(8)]);
+        assert_eq!(beside.seqs[1].ids(), (8..13).collect::<Vec<u32>>());
+        assert_eq!(beside.tokens, 8);
+        assert_eq!(state.queued_tokens, 7, "the cut's rest is still queued");
+        complete_chunks(&mut state, 0, beside);
+        let last = taken(state.next_batch(t0, 0));
+        assert_eq!(chunk_starts(&last), [Some(13)]);
+        assert_eq!(last.seqs[0].ids(), (13..20).collect::<Vec<u32>>());
+        assert!(last.seqs[0].answers());
+        complete_chunks(&mut state, 0, last);
+        assert_eq!(state.queued_tokens, 0);
+        assert!(state.pending.is_empty());
     }
 
     fn taken(next: Next) -> TakenBatch {

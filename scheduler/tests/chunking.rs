@@ -1,8 +1,8 @@
 //! Chunked prefill: a resumable question longer than `max_chunk_tokens` runs as consecutive
 //! chunks, one per batch, each after the previous one completed, with the engine's state carried
-//! between them; whole questions go first and chunks take the room they leave, at most one
-//! chunk's worth a batch; nothing is lost or left counted when a
-//! chunked request is cancelled, expires or fails. The mock engine resumes its hash of the ids
+//! between them; whole questions go first and chunks take the room they leave (cut to it) in a
+//! batch of at most one chunk's worth; nothing is lost or left counted when a chunked request is
+//! cancelled, expires or fails. The mock engine resumes its hash of the ids
 //! from the carry, so a chunked answer equals the whole question's only if every chunk ran once,
 //! in order.
 
@@ -99,42 +99,74 @@ fn run_queued_together(h: &Harness, requests: &[Vec<Question>]) {
 
 #[test]
 fn short_questions_go_before_a_long_questions_chunks() {
-    let h = Harness::new(config(32, Some(16)), 1, Duration::ZERO);
-    // A long question (4 chunks), then short ones.
+    let h = Harness::new(config(32, Some(24)), 1, Duration::ZERO);
+    // A long question (chunks of at most 24), then short ones.
     let long = question(1, 64, 2);
     let shorts: Vec<Question> = (10..16).map(|t| question(t, 8, 2)).collect();
     let mut requests = vec![vec![long.clone()]];
     requests.extend(shorts.iter().map(|q| vec![q.clone()]));
     run_queued_together(&h, &requests);
-    let chunks = chunks_of(&h, &long);
-    assert_eq!(chunks.len(), 4);
-    // Whole questions go first (four fill the first batch); the long question's first chunk
-    // takes the room the last two leave, and its later chunks follow one per batch.
-    let first_chunk_batch = chunks[0].0;
+    // Whole questions go first (four fill the first batch, two the second); the long question's
+    // first chunk is never cut (it would shorten the cached prefix it may resume from), so it
+    // waits for a batch with room for all 24 of its tokens; then one chunk per batch.
     let short_batches: Vec<usize> = shorts
         .iter()
         .map(|q| h.batch_of(q.ids[0]).unwrap())
         .collect();
-    assert!(
-        short_batches.iter().all(|&b| b <= first_chunk_batch),
-        "a short question waited behind the long one's chunk: {short_batches:?}, first chunk in \
-         batch {first_chunk_batch}"
-    );
-    assert!(
-        short_batches.contains(&first_chunk_batch),
-        "the chunk ran beside short questions: {short_batches:?}"
-    );
-    for (i, c) in chunks.iter().enumerate() {
-        assert_eq!(c.0, first_chunk_batch + i, "chunk {i} in batch {}", c.0);
-    }
+    assert_eq!(short_batches, vec![0, 0, 0, 0, 1, 1]);
+    let chunks = chunks_of(&h, &long);
+    let at: Vec<(usize, usize)> = chunks.iter().map(|c| (c.0, c.1)).collect();
+    assert_eq!(at, vec![(2, 0), (3, 24), (4, 48)]);
     assert_settled(&h);
 }
 
 #[test]
-fn a_batch_carries_one_chunks_worth_however_many_long_questions_wait() {
-    // Three long questions (3 chunks of 16 each) and a budget of one chunk a batch: a batch never
-    // holds more than 16 chunk tokens; all three still finish; the one with the least left runs
-    // first, and none is passed over more than OVERDUE_AFTER (8) batches in a row.
+fn a_later_chunk_is_cut_to_the_room_short_questions_leave() {
+    let h = Harness::new(config(32, Some(24)), 1, Duration::ZERO);
+    // A long question whose first chunk holds the engine (it starts with the gate's mark) while
+    // two short ones queue.
+    let long = question(GATE_MARK, 64, 2);
+    let long_ticket = h.scheduler.submit(vec![long.clone()], None).unwrap();
+    let until = Instant::now() + LONG;
+    while h.scheduler.stats().engines[0].busy_since.is_none() {
+        assert!(Instant::now() < until, "the first chunk never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let shorts: Vec<Vec<Question>> = (10..12).map(|t| vec![question(t, 8, 2)]).collect();
+    let tickets = h.submit_all(&shorts);
+    h.gate.open();
+    assert_eq!(
+        wait(long_ticket, LONG).unwrap(),
+        expected_answer(std::slice::from_ref(&long)),
+        "the cut chunks still compute the whole question"
+    );
+    for (q, t) in shorts.iter().zip(tickets) {
+        assert_eq!(wait(t, LONG).unwrap(), expected_answer(q));
+    }
+    // The second chunk runs beside the short ones, cut to the 8 tokens of 24 they leave; the
+    // rest follows in chunks of 24 from there.
+    let log = h.log.lock().clone();
+    let shapes: Vec<(Vec<Option<usize>>, usize)> = log
+        .iter()
+        .map(|r| (r.chunk_starts.clone(), r.tokens))
+        .collect();
+    assert_eq!(
+        shapes,
+        vec![
+            (vec![Some(0)], 24),
+            (vec![Some(24), None, None], 24),
+            (vec![Some(32)], 24),
+            (vec![Some(56)], 8),
+        ]
+    );
+    assert_settled(&h);
+}
+
+#[test]
+fn a_batch_with_chunks_holds_one_chunks_worth_however_many_long_questions_wait() {
+    // Three long questions (chunks of at most 16): a batch never holds more than 16 tokens; all
+    // three still finish; the one with the least left runs first, and none is passed over more
+    // than OVERDUE_AFTER (8) batches in a row.
     let h = Harness::new(config(64, Some(16)), 1, Duration::ZERO);
     let longs: Vec<Question> = [(1, 48), (2, 40), (3, 48)]
         .iter()
@@ -143,24 +175,14 @@ fn a_batch_carries_one_chunks_worth_however_many_long_questions_wait() {
     let requests: Vec<Vec<Question>> = longs.iter().map(|q| vec![q.clone()]).collect();
     run_queued_together(&h, &requests);
     for record in h.batches() {
-        let chunk_tokens: usize = record
-            .seqs
-            .iter()
-            .zip(&record.chunk_starts)
-            .filter(|(_, start)| start.is_some())
-            .map(|(ids, _)| ids.len())
-            .sum();
-        assert!(
-            chunk_tokens <= 16,
-            "{chunk_tokens} chunk tokens in one batch"
-        );
+        let tokens: usize = record.seqs.iter().map(Vec::len).sum();
+        assert!(tokens <= 16, "{tokens} tokens in one batch");
     }
     let batches_of = |q: &Question| chunks_of(&h, q).iter().map(|c| c.0).collect::<Vec<_>>();
     // The 40-token question has the least left from the start: its 3 chunks run first.
     assert_eq!(batches_of(&longs[1]), vec![0, 1, 2]);
     for q in &longs {
         let batches = batches_of(q);
-        assert_eq!(batches.len(), 3);
         for w in batches.windows(2) {
             assert!(w[1] - w[0] <= 9, "passed over too long: {batches:?}");
         }
