@@ -68,24 +68,25 @@ pub struct ServeArgs {
     #[arg(long, env = "INSTINCT_PREFIX_CACHE_MIB")]
     pub prefix_cache_mib: Option<usize>,
 
-    /// Chunked prefill: a text question longer than this many tokens runs as consecutive chunks
-    /// of at most this many, one per batch, carrying its prefix state from chunk to chunk. Whole
-    /// questions go first; a batch that carries chunks holds at most this many tokens in all
-    /// (later chunks are cut to the room the whole questions leave), so short questions never
-    /// wait behind a long one. 0 (the default) runs every
-    /// question whole. On a GPU it must be a multiple of 64 (the delta
-    /// rule's chunk: chunks cut there compute what the whole prompt does). A chunked question's
-    /// first chunk resumes from the longest cached prefix of its ids; its chunks are not shared
-    /// with the request's other questions.
-    #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 0)]
+    /// Chunked prefill: a text question longer than this many tokens (and than
+    /// --chunk-over-tokens) runs as consecutive chunks of at most this many, one per batch,
+    /// carrying its prefix state from chunk to chunk. Whole questions go first; a batch that
+    /// carries chunks holds at most this many tokens in all (later chunks are cut to the room
+    /// the whole questions leave), so short questions never wait behind a long one. 0 runs every
+    /// question whole. On a GPU it must be a multiple of 64 (the delta rule's chunk: chunks cut
+    /// there compute what the whole prompt does). A chunked question's first chunk resumes from
+    /// the longest cached prefix of its ids; its chunks are not shared with the request's other
+    /// questions.
+    #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 1024)]
     pub max_chunk_tokens: usize,
 
-    /// With --max-chunk-tokens: only questions longer than this many tokens run in chunks, so
-    /// questions of moderate length run whole, in one pass, while long ones still run in small
-    /// chunks. 0 (the default): those longer than --max-chunk-tokens. At least
-    /// --max-chunk-tokens, at most --max-batch-tokens.
-    #[arg(long, env = "INSTINCT_CHUNK_OVER_TOKENS", default_value_t = 0)]
-    pub chunk_over_tokens: usize,
+    /// With --max-chunk-tokens N: only questions longer than this many tokens run in chunks, so
+    /// questions of moderate length run whole, in one pass (a first chunk is never cut, so a
+    /// chunked question waits for a batch with room for N tokens), while long ones move in the
+    /// room short ones leave. Default: 4096, or N if larger, or the largest bucket if smaller.
+    /// 0: every question longer than N. When set, at least N and at most the largest bucket.
+    #[arg(long, env = "INSTINCT_CHUNK_OVER_TOKENS")]
+    pub chunk_over_tokens: Option<usize>,
 
     /// Largest screenshot request body, in bytes (upstream: 8 MiB); text requests keep
     /// --max-body-bytes.
@@ -452,9 +453,10 @@ mod tests {
     }
 
     #[test]
-    fn chunked_prefill_is_off_by_default_and_must_fit_a_batch() {
+    fn chunked_prefill_is_on_by_default_and_must_fit_a_batch() {
         let config = |flags: &[&str]| crate::serve::scheduler_config(&serve_args(flags).unwrap());
-        assert_eq!(config(&[]).unwrap().max_chunk_tokens, None);
+        assert_eq!(config(&[]).unwrap().max_chunk_tokens, Some(1024));
+        assert!(config(&[]).unwrap().batch_capacity().is_ok());
         assert_eq!(
             config(&["--max-chunk-tokens=0"]).unwrap().max_chunk_tokens,
             None
@@ -476,33 +478,43 @@ mod tests {
     }
 
     #[test]
-    fn chunking_only_long_questions_needs_a_chunk_size_at_most_the_threshold() {
+    fn only_questions_over_the_threshold_run_in_chunks() {
         let config = |flags: &[&str]| crate::serve::scheduler_config(&serve_args(flags).unwrap());
+        let over = |flags: &[&str]| config(flags).unwrap().chunk_over_tokens;
+        // The default threshold, kept within the chunk size and the largest bucket.
+        assert_eq!(over(&[]), Some(4096));
+        assert_eq!(over(&["--max-chunk-tokens=8192"]), Some(8192));
         assert_eq!(
-            config(&["--max-chunk-tokens=512"])
-                .unwrap()
-                .chunk_over_tokens,
-            None
+            over(&["--max-batch-tokens=2048", "--max-prompt-tokens=2048"]),
+            Some(2048)
         );
-        let over = config(&["--max-chunk-tokens=512", "--chunk-over-tokens=4096"]).unwrap();
-        assert_eq!(over.chunk_over_tokens, Some(4096));
-        assert!(over.batch_capacity().is_ok());
+        assert_eq!(over(&["--buckets=1024:8,3072:4"]), Some(3072));
+        for flags in [
+            &["--max-batch-tokens=2048", "--max-prompt-tokens=2048"][..],
+            &["--max-chunk-tokens=8192"][..],
+            &["--buckets=1024:8,3072:4"][..],
+        ] {
+            assert!(config(flags).unwrap().batch_capacity().is_ok(), "{flags:?}");
+        }
+        // 0: every question over the chunk size; no chunking, no threshold.
+        assert_eq!(over(&["--chunk-over-tokens=0"]), None);
+        assert_eq!(over(&["--max-chunk-tokens=0"]), None);
+        let set = config(&["--max-chunk-tokens=512", "--chunk-over-tokens=2000"]).unwrap();
+        assert_eq!(set.chunk_over_tokens, Some(2000));
+        assert!(set.batch_capacity().is_ok());
         let question = |len: usize| instinct_scheduler::Question::text(vec![1; len], 2);
-        assert_eq!(over.chunk_size_for(&question(4096)), None);
-        assert_eq!(over.chunk_size_for(&question(4097)), Some(512));
+        assert_eq!(set.chunk_size_for(&question(2000)), None);
+        assert_eq!(set.chunk_size_for(&question(2001)), Some(512));
         let fixed = instinct_scheduler::Question {
             resumable: false,
-            ..question(4097)
+            ..question(2001)
         };
-        assert_eq!(over.chunk_size_for(&fixed), None, "never chunked");
+        assert_eq!(set.chunk_size_for(&fixed), None, "never chunked");
+        // A threshold set by hand is checked, not adjusted.
         for bad in [
-            &["--chunk-over-tokens=4096"][..],
+            &["--max-chunk-tokens=0", "--chunk-over-tokens=4096"][..],
             &["--max-chunk-tokens=512", "--chunk-over-tokens=256"][..],
-            &[
-                "--max-batch-tokens=16384",
-                "--max-chunk-tokens=512",
-                "--chunk-over-tokens=20000",
-            ][..],
+            &["--max-batch-tokens=16384", "--chunk-over-tokens=20000"][..],
         ] {
             let err = config(bad)
                 .unwrap()

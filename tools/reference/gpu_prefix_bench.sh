@@ -2,9 +2,10 @@
 # One GPU call for issue 19: prefix reuse and chunked prefill on `instinct serve --device cuda:0`
 # (the seeded real-shape checkpoint), their exactness against the same server with both off, and
 # the issue's three benchmarks. Three servers, one after another:
-#   off      --prefix-cache-mib 0                   (every question whole: the baseline)
-#   reuse    --prefix-cache-mib $CACHE_MIB          (prefix reuse on)
-#   chunked  reuse + --max-chunk-tokens $CHUNK      (and chunked prefill)
+#   off      --prefix-cache-mib 0 --max-chunk-tokens 0          (every question whole: the baseline)
+#   reuse    --prefix-cache-mib $CACHE_MIB --max-chunk-tokens 0 (prefix reuse on)
+#   chunked  reuse + --max-chunk-tokens $CHUNK $CHUNK_FLAGS     (and chunked prefill; the
+#            server's default threshold, --chunk-over-tokens, unless CHUNK_FLAGS sets one)
 # Each answers, one request at a time (answers_diff.py post), the 60 real fixtures, 8 requests of
 # 8 goal-less questions over a ~2,000-token tree and 2 questions of ~$LONG_TOKENS tokens; the
 # answers of reuse and chunked are compared with off's (answers_diff.py compare, tolerance 2e-3);
@@ -113,7 +114,7 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
 }
 
 if runs off; then
-  serve_real off 120 --prefix-cache-mib 0 || exit 1
+  serve_real off 120 --prefix-cache-mib 0 --max-chunk-tokens 0 || exit 1
   answers off
   if has bench; then
     timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
@@ -123,7 +124,7 @@ if runs off; then
 fi
 
 if runs reuse; then
-  serve_real reuse 120 --prefix-cache-mib "$CACHE_MIB" || exit 1
+  serve_real reuse 120 --prefix-cache-mib "$CACHE_MIB" --max-chunk-tokens 0 || exit 1
   answers reuse
   if has bench; then
     timeout 90 "${LT[@]}" --goal-less --questions 8 --prompt-tokens 2000 --synthetic-count 64 --seed 7 \
@@ -149,9 +150,12 @@ if runs chunked; then
   stop_server
 fi
 
-if has parity && runs off && runs reuse && runs chunked; then
+# Against off's answers: those of this run, or of an earlier run into the same $OUT (SERVERS=off
+# STAGES=parity, then SERVERS=chunked).
+if has parity && [[ -f $OUT/answers_off_fixtures.jsonl ]]; then
   stamp "exactness against off (|Δp| ≤ 2e-3, choices unchanged)"
   for name in reuse chunked; do
+    runs "$name" || continue
     for w in fixtures goal_less long; do
       echo -n "$name $w: "
       python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_${name}_$w.jsonl" --tol 2e-3 \
@@ -160,7 +164,7 @@ if has parity && runs off && runs reuse && runs chunked; then
   done
   # Beside the mix, a chunked question's chunks share their batches with other questions (and
   # wait behind whole ones), and must still answer as the whole question does.
-  for w in fixtures long; do
+  runs chunked && for w in fixtures long; do
     echo -n "chunked beside the mix $w: "
     python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_chunked_loaded_$w.jsonl" --tol 2e-3 \
       | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
