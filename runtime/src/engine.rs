@@ -1213,6 +1213,24 @@ mod tests {
         // The chunk did resume from its predecessor: without it the tail answers otherwise.
         let alone = run_one(engine, &[seq(&long[64..], None)]).remove(0);
         assert!(!close(&alone, &whole_long));
+        // A chunk cut short to the room the short question leaves (the CPU resumes at any
+        // token): 0..64, 64..101 beside it, then 101..150, still the whole question's answer.
+        let cut_carry = ChunkCarry::default();
+        let cut = |start, last| {
+            Some(ChunkInput {
+                start,
+                last,
+                carry: &cut_carry,
+            })
+        };
+        run_one(engine, &[seq(&long[..64], cut(0, false))]);
+        let beside = run_one(
+            engine,
+            &[seq(&short, None), seq(&long[64..101], cut(64, false))],
+        );
+        assert!(close(&beside[0], &whole_short));
+        let rest = run_one(engine, &[seq(&long[101..], cut(101, true))]).remove(0);
+        assert!(close(&rest, &whole_long), "{rest:?} {whole_long:?}");
     }
 
     #[test]
