@@ -1145,6 +1145,11 @@ mod tests {
         assert!(e.to_string().contains("does not fit its bucket"), "{e}");
     }
 
+    /// The chunk of a question carrying its state in `carry`, from `start`.
+    fn chunk_of(carry: &ChunkCarry, start: usize, last: bool) -> Option<ChunkInput<'_>> {
+        Some(ChunkInput { start, last, carry })
+    }
+
     /// A batch holding a long question's chunk and a short question runs one pass: the chunk
     /// rides in the question's; both answer as they do whole (within 1e-5).
     #[test]
@@ -1178,13 +1183,7 @@ mod tests {
         let whole_long = run_one(engine, &[seq(&long, None)]).remove(0);
         let whole_short = run_one(engine, &[seq(&short, None)]).remove(0);
         let carry = ChunkCarry::default();
-        let chunk = |start, last| {
-            Some(ChunkInput {
-                start,
-                last,
-                carry: &carry,
-            })
-        };
+        let chunk = |start, last| chunk_of(&carry, start, last);
         let before = reuse.stats();
         let first = run_one(
             engine,
@@ -1216,13 +1215,7 @@ mod tests {
         // A chunk cut short to the room the short question leaves (the CPU resumes at any
         // token): 0..64, 64..101 beside it, then 101..150, still the whole question's answer.
         let cut_carry = ChunkCarry::default();
-        let cut = |start, last| {
-            Some(ChunkInput {
-                start,
-                last,
-                carry: &cut_carry,
-            })
-        };
+        let cut = |start, last| chunk_of(&cut_carry, start, last);
         run_one(engine, &[seq(&long[..64], cut(0, false))]);
         let beside = run_one(
             engine,
