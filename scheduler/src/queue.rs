@@ -514,6 +514,13 @@ impl QueueState {
         let chunks = seqs.iter().filter(|s| s.chunk.is_some()).count();
         if chunks > 0 {
             counter!(names::PREFILL_CHUNKS_TOTAL).increment(chunks as u64);
+            let overdue = seqs
+                .iter()
+                .filter_map(|s| s.chunk.as_ref())
+                .filter(|c| c.passed_over >= batching::OVERDUE_AFTER)
+                .count();
+            counter!(names::PREFILL_CHUNKS_CUT_TOTAL).increment(plan.cuts.len() as u64);
+            counter!(names::PREFILL_CHUNKS_OVERDUE_TOTAL).increment(overdue as u64);
         }
         histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
         histogram!(names::BATCH_TOKENS).record(tokens as f64);

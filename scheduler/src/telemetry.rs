@@ -30,6 +30,11 @@ pub const DEADLINE_EXCEEDED_TOTAL: &str = "instinct_deadline_exceeded_total";
 pub const BATCH_FAILURES_TOTAL: &str = "instinct_batch_failures_total";
 /// Counter: chunks of long questions taken into batches (chunked prefill).
 pub const PREFILL_CHUNKS_TOTAL: &str = "instinct_prefill_chunks_total";
+/// Counter: of those, chunks cut to the room the batch's whole questions left.
+pub const PREFILL_CHUNKS_CUT_TOTAL: &str = "instinct_prefill_chunks_cut_total";
+/// Counter: of those, chunks that went first, whole, after being left out of 8 batches in a row
+/// (long questions held back by a steady load of short ones).
+pub const PREFILL_CHUNKS_OVERDUE_TOTAL: &str = "instinct_prefill_chunks_overdue_total";
 
 /// Counter, labels `kind`, `engine`, `device`: engine calls that failed, by how (`error`,
 /// `panic`, `shape`: a result of the wrong shape, `fatal`: the device is lost). One per failed
@@ -108,7 +113,15 @@ pub fn describe() {
     describe_counter!(BATCH_FAILURES_TOTAL, "Batches whose engine call failed");
     describe_counter!(
         PREFILL_CHUNKS_TOTAL,
-        "Chunks of questions longer than --max-chunk-tokens taken into batches"
+        "Chunks of questions longer than --chunk-over-tokens taken into batches"
+    );
+    describe_counter!(
+        PREFILL_CHUNKS_CUT_TOTAL,
+        "Chunks cut to the room the whole questions of their batch left"
+    );
+    describe_counter!(
+        PREFILL_CHUNKS_OVERDUE_TOTAL,
+        "Chunks that went first, whole, after being left out of 8 batches in a row"
     );
     describe_counter!(
         ENGINE_FAILURES_TOTAL,
