@@ -98,8 +98,9 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   has bench || return 0
   timeout $(( LONG_LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --duration "$LONG_LEVEL_S" --rate "$MIX_RATE" \
     --json "$OUT/long_${1}_alone.json" || echo "long $1 alone FAILED"
-  local chunks0 passes0 decisions0
+  local chunks0 cut0 overdue0 passes0 decisions0
   chunks0=$(metric instinct_prefill_chunks_total)
+  cut0=$(metric instinct_prefill_chunks_cut_total); overdue0=$(metric instinct_prefill_chunks_overdue_total)
   passes0=$(metric instinct_forward_passes_total); decisions0=$(metric instinct_decisions_total)
   timeout $(( LONG_LEVEL_S + 75 )) "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
     --rate "$LONG_RATE" --duration "$LONG_LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
@@ -109,7 +110,7 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   wait $beside || echo "long $1 beside FAILED"
   # Whether the long questions ran in chunks at all (a request whose chunk states do not fit its
   # budget runs whole).
-  echo "long $1: chunks run beside the mix $(( $(metric instinct_prefill_chunks_total) - chunks0 )), forward passes $(( $(metric instinct_forward_passes_total) - passes0 )) for $(( $(metric instinct_decisions_total) - decisions0 )) decisions" | tee -a "$OUT/tokens.txt"
+  echo "long $1: chunks run beside the mix $(( $(metric instinct_prefill_chunks_total) - chunks0 )) (cut $(( $(metric instinct_prefill_chunks_cut_total) - cut0 )), overdue $(( $(metric instinct_prefill_chunks_overdue_total) - overdue0 ))), forward passes $(( $(metric instinct_forward_passes_total) - passes0 )) for $(( $(metric instinct_decisions_total) - decisions0 )) decisions" | tee -a "$OUT/tokens.txt"
   stamp "long $1 done"
 }
 
