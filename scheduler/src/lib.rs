@@ -35,8 +35,9 @@
 //! dropped by that engine's thread between batches, never by the thread that cancelled (a device
 //! free from another thread could land inside a CUDA graph capture).
 //!
-//! **Failures**: a deadline passing while any question of the request is queued fails it with
-//! `DeadlineExceeded` (its queued questions never run); an engine error or panic fails exactly
+//! **Failures**: a deadline passing while any question of the request has not started fails it
+//! with `DeadlineExceeded` (its queued questions and chunks never run); a chunked question has
+//! started with its first chunk, and then runs on as a whole question does; an engine error or panic fails exactly
 //! the requests of that batch (counted by kind in `instinct_engine_failures_total`). An engine
 //! that returns a [`FatalEngineError`] (its device is lost) also takes no more batches, and the
 //! requests whose next chunk needs the state it held fail; once every

@@ -4,8 +4,8 @@
 //!
 //! Invariants: a request is in `requests` from admission until it is answered, failed or
 //! cancelled, and is replied to exactly once, when it leaves; a queued question's request is
-//! always in `requests`; `deadlines` holds exactly the requests that have a deadline and still
-//! have queued questions.
+//! always in `requests`; `deadlines` holds exactly the requests that have a deadline and a
+//! question not started yet (a chunked question starts with its first chunk).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
@@ -131,6 +131,8 @@ struct RequestEntry {
     results: Vec<Option<Vec<f32>>>,
     unanswered: usize,
     queued_seqs: usize,
+    /// Questions not started yet: while there is one, the deadline applies.
+    unstarted_seqs: usize,
     queued_tokens: usize,
     deadline: Option<Instant>,
     reply: Reply,
@@ -324,6 +326,7 @@ impl QueueState {
                 results: vec![None; n],
                 unanswered: n,
                 queued_seqs: n,
+                unstarted_seqs: n,
                 queued_tokens: tokens,
                 deadline,
                 reply,
@@ -391,8 +394,9 @@ impl QueueState {
         }
     }
 
-    /// Fails every request whose deadline is at or before `now` and that still has queued
-    /// questions. Returns how many.
+    /// Fails every request whose deadline is at or before `now` and that still has a question
+    /// not started (a chunked question that started runs on, as a whole one does). Returns how
+    /// many.
     pub fn expire_overdue(&mut self, now: Instant) -> usize {
         let mut expired = 0;
         while let Some(&(d, id)) = self.deadlines.first() {
@@ -493,14 +497,20 @@ impl QueueState {
             if let Some(entry) = self.requests.get_mut(&seq.request) {
                 entry.first_start.get_or_insert(now);
                 entry.queued_tokens -= len;
+                // Its deadline applies until every question has reached the model.
+                if seq.chunk.as_ref().is_none_or(|c| c.start == 0) {
+                    entry.unstarted_seqs -= 1;
+                    if entry.unstarted_seqs == 0 {
+                        if let Some(d) = entry.deadline {
+                            self.deadlines.remove(&(d, seq.request));
+                        }
+                    }
+                }
                 // A question stays queued until its last chunk is taken.
                 if seq.answers() {
                     entry.queued_seqs -= 1;
                     if entry.queued_seqs == 0 {
                         self.queued_requests -= 1;
-                        if let Some(d) = entry.deadline {
-                            self.deadlines.remove(&(d, seq.request));
-                        }
                     }
                 }
             }

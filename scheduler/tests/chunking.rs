@@ -273,19 +273,42 @@ fn a_cancelled_chunked_question_runs_no_more_chunks() {
 }
 
 #[test]
-fn a_deadline_passing_between_chunks_fails_the_request_and_stops_its_chunks() {
-    let h = Harness::new(config(32, Some(8)), 1, Duration::from_millis(20));
+fn a_deadline_passing_after_every_question_started_lets_the_chunks_run_on() {
+    let h = Harness::new(config(32, Some(8)), 1, Duration::from_millis(30));
+    // 10 chunks of 30 ms; the deadline passes during the third.
     let long = question(1, 80, 2);
-    let deadline = Instant::now() + Duration::from_millis(50);
+    let deadline = Instant::now() + Duration::from_millis(80);
     let ticket = h
         .scheduler
         .submit(vec![long.clone()], Some(deadline))
         .unwrap();
+    assert_eq!(
+        wait(ticket, LONG).unwrap(),
+        expected_answer(std::slice::from_ref(&long)),
+        "it reached the model with its first chunk"
+    );
+    assert_eq!(chunks_of(&h, &long).len(), 10);
+    assert_settled(&h);
+}
+
+#[test]
+fn a_deadline_passing_before_a_question_started_fails_the_request_and_stops_its_chunks() {
+    // A batch carrying chunks holds 8 tokens: one chunk a batch. The request's second question
+    // waits (the first has less left once started, and its first chunk is not overdue before 8
+    // batches of 20 ms), so the deadline finds it not started.
+    let h = Harness::new(config(32, Some(8)), 1, Duration::from_millis(20));
+    let (first, second) = (question(1, 80, 2), question(2, 80, 2));
+    let deadline = Instant::now() + Duration::from_millis(50);
+    let ticket = h
+        .scheduler
+        .submit(vec![first.clone(), second.clone()], Some(deadline))
+        .unwrap();
     assert_eq!(wait(ticket, LONG), Err(Failure::DeadlineExceeded));
     h.scheduler.drain();
     assert!(h.scheduler.wait_drained(LONG), "no batch left running");
-    let ran = chunks_of(&h, &long).len();
+    let ran = chunks_of(&h, &first).len();
     assert!(ran < 10, "all {ran} chunks ran");
+    assert!(chunks_of(&h, &second).is_empty());
     assert_settled(&h);
     assert_carries_dropped_on_engine_threads(&h);
 }
@@ -317,8 +340,9 @@ fn a_failed_chunk_fails_its_request_and_the_rest_never_runs() {
 
 /// A long question's second chunk waits in the queue, with the first chunk's carry, while the
 /// engine is held: batches hold one sequence and take 50 ms, and a gated question queued while the
-/// first chunk runs goes next (whole questions go before chunks). Returns once the gated question
-/// runs, with the long question's ticket and the gated one's.
+/// first chunk runs goes next (whole questions go before chunks). The request's second question
+/// has not started (so a deadline still applies). Returns once the gated question runs, with the
+/// long question's ticket and the gated one's.
 fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, Ticket, Ticket) {
     let one_per_batch = Config {
         max_batch_seqs: 1,
@@ -326,9 +350,13 @@ fn hold_a_chunk_in_the_queue(deadline: Option<Instant>) -> (Harness, Question, T
     };
     let h = Harness::new(one_per_batch, 1, Duration::from_millis(50));
     let long = question(1, 40, 2);
-    let ticket = h.scheduler.submit(vec![long.clone()], deadline).unwrap();
+    let unstarted = question(2, 40, 2);
+    let ticket = h
+        .scheduler
+        .submit(vec![long.clone(), unstarted], deadline)
+        .unwrap();
     let until = Instant::now() + LONG;
-    while h.scheduler.stats().queued_tokens != 32 {
+    while h.scheduler.stats().queued_tokens != 72 {
         assert!(Instant::now() < until, "the first chunk never started");
         std::thread::sleep(Duration::from_millis(1));
     }
