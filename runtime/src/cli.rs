@@ -149,7 +149,8 @@ pub struct ServeArgs {
     pub batch_wait_us: u64,
 
     /// Longest a request may wait in the queue before it is answered 503, in milliseconds
-    /// (0: no limit).
+    /// (0: no limit): until each of its questions has reached the model (a chunked question
+    /// reaches it with its first chunk, then runs on).
     #[arg(long, env = "INSTINCT_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
     pub request_timeout_ms: u64,
 
