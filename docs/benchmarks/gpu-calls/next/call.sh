@@ -11,7 +11,11 @@
 #   n512     SERVERS=chunked STAGES=bench, --max-chunk-tokens 512 (the default threshold): a batch
 #            carrying chunks holds 512 tokens, so a short question's batch is shorter while a
 #            long question is in flight, and the long ones move more slowly
-# Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
+#   vl       if 120 s are left: the multimodal adapter (real_vl_goldens.py --adapter only), then a
+#            screenshot server (both copies) started twice; the second start is warm (issue 18's
+#            start-up with both language copies and the tower, never timed: the text copy alone
+#            is ready in 3.3 s, gpu-calls/2026-12-07-b74d5d8-h100)
+# ~520 s with vl. Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
 # stripped, `tar cf - bin | xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer,
 # .cache/fixtures. Returns runs.tgz and call.log.
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call.sh
@@ -30,6 +34,23 @@ if (( $(left) > 150 )); then
     timeout 145 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
   t "n512 rc $?"
   grep -E "^long_chunked|chunks run|hardware" /tmp/r/n512/gpu_prefix_bench.log >> "$CALL_LOG"
+fi
+if (( $(left) > 120 )); then
+  (cd tools/reference && timeout 60 python3 real_vl_goldens.py --model /tmp/real --adapter only > /tmp/r/adapter.log 2>&1)
+  t "adapter rc $?"
+  for start in cold warm; do
+    INSTINCT_BIND=127.0.0.1:8000 .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text \
+      --multimodal-adapter /tmp/real/adapter-multimodal --device cuda:0 > /tmp/r/vl_$start.log 2>&1 &
+    pid=$!
+    # Ready, or stopped in time for the results to come back.
+    limit=$(( $(left) - 15 ))
+    for _ in $(seq $(( limit < 100 ? limit : 100 ))); do
+      curl -sf http://127.0.0.1:8000/readyz > /dev/null && break; sleep 1
+    done
+    kill $pid; wait $pid
+    t "vl $start"
+    sed 's/\x1b\[[0-9;]*m//g' /tmp/r/vl_$start.log | grep -E "listening|weights|merged|loaded|ready" | cut -c1-200 >> "$CALL_LOG"
+  done
 fi
 rm -rf /tmp/r/*/workloads
 tar czf "$OUT/runs.tgz" -C /tmp r
