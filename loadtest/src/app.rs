@@ -13,12 +13,13 @@ use crate::client::Client;
 use crate::prometheus::{self, HistogramSnapshot};
 use crate::report::{render_text, LevelReport, Report, ServerMetrics, WorkloadInfo};
 use crate::runner::{run_measured, warm_up, LoadMode, RunLimits};
+use crate::samples::SampleWriter;
 use crate::schedule::Arrival;
 use crate::target::Target;
 use crate::workload::synthetic::{self, ScreenshotMix, SyntheticConfig};
 use crate::workload::{fixtures, Workload};
 
-/// Runs the load test described by `args`, writes `--json` and `--svg-dir` outputs, and returns
+/// Runs the load test described by `args`, writes `--json`, `--samples` and `--svg-dir` outputs, and returns
 /// the report (the binary prints its text form).
 pub async fn run(args: &Args) -> Result<Report> {
     let target = Target::parse(&args.target).await?;
@@ -45,6 +46,11 @@ pub async fn run(args: &Args) -> Result<Report> {
         seed: args.seed,
     };
     let client = Client::new(target.clone(), limits.timeout);
+    let mut samples = args
+        .samples
+        .as_deref()
+        .map(SampleWriter::create)
+        .transpose()?;
     let slo = args.slo_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));
 
     let mut levels = Vec::with_capacity(modes.len());
@@ -77,6 +83,9 @@ pub async fn run(args: &Args) -> Result<Report> {
                 phases: Default::default(),
             },
         };
+        if let Some(samples) = &mut samples {
+            samples.write_level(i, &run.records)?;
+        }
         levels.push(LevelReport::from_run(&run, slo, server_metrics));
     }
 

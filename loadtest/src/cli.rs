@@ -145,6 +145,12 @@ pub struct Args {
     #[arg(long, env = "INSTINCT_LOADTEST_JSON")]
     pub json: Option<PathBuf>,
 
+    /// Write every measured request to this file, one JSON line each: level, at_unix_ms (the
+    /// scheduled send in open loop), latency_ms, send_lag_ms, outcome, kind, decisions,
+    /// input_tokens, server_ms (Server-Timing phases), request_id.
+    #[arg(long, env = "INSTINCT_LOADTEST_SAMPLES")]
+    pub samples: Option<PathBuf>,
+
     /// Write SVG charts (latency_vs_load.svg, latency_cdf.svg) into this directory.
     #[arg(long, env = "INSTINCT_LOADTEST_SVG_DIR")]
     pub svg_dir: Option<PathBuf>,

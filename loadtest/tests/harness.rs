@@ -295,6 +295,92 @@ async fn an_unreachable_server_is_a_clear_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_hold_every_measured_request_on_the_wall_clock() {
+    let server = start(MockConfig {
+        delay: Duration::from_millis(2),
+        reject_one_in: 5,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("samples.jsonl");
+    let a = args(
+        &server.url,
+        &[
+            "--rate",
+            "200,400",
+            "--requests",
+            "20",
+            "--warmup",
+            "2",
+            "--samples",
+            path.to_str().unwrap(),
+        ],
+    );
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            * 1e3
+    };
+    let before = unix_ms();
+    let report = app::run(&a).await.unwrap();
+    let after = unix_ms();
+    let lines: Vec<Value> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Every measured request of both levels, none of the warm-ups.
+    assert_eq!(lines.len(), 40);
+    for (level, report_level) in report.levels.iter().enumerate() {
+        let of_level: Vec<&Value> = lines.iter().filter(|l| l["level"] == level).collect();
+        assert_eq!(of_level.len() as u64, report_level.sent);
+        let rejected = of_level.iter().filter(|l| l["outcome"] == "503").count();
+        assert_eq!(rejected as u64, report_level.rejected_503);
+        let ok = of_level.iter().filter(|l| l["outcome"] == "ok").count();
+        assert_eq!(ok as u64, report_level.completed);
+    }
+    for l in &lines {
+        let at = l["at_unix_ms"].as_f64().unwrap();
+        assert!(before <= at && at <= after, "{at} not in {before}..{after}");
+        assert!(l["latency_ms"].as_f64().unwrap() > 0.0);
+        assert!(l["send_lag_ms"].as_f64().unwrap() >= 0.0);
+        assert_eq!(l["kind"], "text");
+        if l["outcome"] == "ok" {
+            assert!(l["decisions"].as_u64().unwrap() > 0);
+            assert!(l["server_ms"].as_object().is_some_and(|m| !m.is_empty()));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_samples_file_that_cannot_be_written_fails_before_anything_is_sent() {
+    let server = start(MockConfig::default()).await;
+    let a = args(
+        &server.url,
+        &[
+            "--rate",
+            "10",
+            "--requests",
+            "3",
+            "--samples",
+            "/nonexistent/dir/s.jsonl",
+        ],
+    );
+    let err = app::run(&a).await.unwrap_err();
+    assert!(format!("{err:#}").contains("samples file"), "{err:#}");
+    assert_eq!(
+        server
+            .counters
+            .received
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_report_has_the_documented_fields() {
     let server = start(MockConfig {
         delay: Duration::from_millis(1),

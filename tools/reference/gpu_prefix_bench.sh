@@ -103,10 +103,11 @@ long_pair() {  # long_pair NAME: the mix alone, then beside the long questions
   cut0=$(metric instinct_prefill_chunks_cut_total); overdue0=$(metric instinct_prefill_chunks_overdue_total)
   passes0=$(metric instinct_forward_passes_total); decisions0=$(metric instinct_decisions_total)
   timeout $(( LONG_LEVEL_S + 75 )) "${LT[@]}" --questions 1 --prompt-tokens "$LONG_TOKENS" --synthetic-count 20 --seed 6 --warmup 0 \
-    --rate "$LONG_RATE" --duration "$LONG_LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" > "$OUT/long_${1}_beside.txt" 2>&1 &
+    --rate "$LONG_RATE" --duration "$LONG_LEVEL_S" --requests 100 --json "$OUT/long_${1}_beside.json" \
+    --samples "$OUT/long_${1}_beside.samples.jsonl" > "$OUT/long_${1}_beside.txt" 2>&1 &
   local beside=$!
   timeout $(( LONG_LEVEL_S + 45 )) "${LT[@]}" "${mix[@]}" --duration "$LONG_LEVEL_S" --rate "$MIX_RATE" \
-    --json "$OUT/long_${1}_with.json" || echo "long $1 with FAILED"
+    --json "$OUT/long_${1}_with.json" --samples "$OUT/long_${1}_with.samples.jsonl" || echo "long $1 with FAILED"
   wait $beside || echo "long $1 beside FAILED"
   # Whether the long questions ran in chunks at all (a request whose chunk states do not fit its
   # budget runs whole).
