@@ -29,6 +29,8 @@ OUT=$R REVISION=$REV-default SERVERS=chunked STAGES=parity,bench CHUNK=1024 LONG
   timeout 200 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
 t "default rc $?"
 grep -E "^long_chunked|chunks run|hardware|PASS|FAIL" $R/gpu_prefix_bench.log >> "$CALL_LOG"
+# The mix's slowest 1% against the long questions in flight when they were sent.
+python3 tools/reference/tail_beside.py $R/long_chunked_with.samples.jsonl $R/long_chunked_beside.samples.jsonl >> "$CALL_LOG" 2>&1
 if (( $(left) > 150 )); then
   OUT=/tmp/r/n512 REVISION=$REV-n512 SERVERS=chunked STAGES=bench CHUNK=512 LONG_LEVEL_S=60 \
     timeout 145 bash tools/reference/gpu_prefix_bench.sh > /dev/null 2>&1
