@@ -114,9 +114,11 @@ impl Preparer {
         }
     }
 
-    /// Bytes the prefix states of `questions` may hold at once while they run as chunks (of the
-    /// size `chunk_size_for` gives a question that runs in chunks): per chunked question, the state before its last chunk and the one
-    /// before that (an engine holds both while it runs a chunk). 0 without chunking.
+    /// Bytes the prefix states of `questions` may hold at once while they run as chunks (those
+    /// `chunk_size_for` gives a chunk size): per chunked question, the state before its last
+    /// chunk and the one before that (an engine holds both while it runs a chunk), each of at
+    /// most all but its last token (the scheduler cuts chunks to the room a batch leaves, so a
+    /// boundary may fall anywhere before it). 0 without chunking.
     pub fn chunk_state_bytes(
         &self,
         questions: &[Question],
@@ -127,12 +129,8 @@ impl Preparer {
         };
         questions
             .iter()
-            .filter_map(|q| Some((q.ids.len(), chunk_size_for(q)?)))
-            .map(|(len, chunk)| {
-                // Tokens before the last chunk: whole chunks, at least one.
-                let before_last = (len - 1) / chunk * chunk;
-                cost.bytes(before_last) + cost.bytes(before_last - chunk)
-            })
+            .filter(|q| chunk_size_for(q).is_some())
+            .map(|q| 2 * cost.bytes(q.ids.len() - 1))
             .sum()
     }
 
