@@ -76,7 +76,8 @@ pub struct ServeArgs {
     /// question whole. On a GPU it must be a multiple of 64 (the delta rule's chunk: chunks cut
     /// there compute what the whole prompt does). A chunked question's first chunk resumes from
     /// the longest cached prefix of its ids; its chunks are not shared with the request's other
-    /// questions.
+    /// questions, so with prefix reuse on, a question sharing more than half of its prompt with
+    /// another of its request runs whole (their shared prefix then runs once).
     #[arg(long, env = "INSTINCT_MAX_CHUNK_TOKENS", default_value_t = 1024)]
     pub max_chunk_tokens: usize,
 

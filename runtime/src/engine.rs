@@ -46,6 +46,9 @@ pub struct Preparer {
     snapshot_cost: Option<SnapshotCost>,
     /// Whether the engines keep prefix states in device memory (else in host memory).
     states_on_device: bool,
+    /// Whether prefix reuse runs the prefix a request's questions share once (see
+    /// [`Preparer::keep_shared_prompts_whole`]).
+    shares_prefixes: bool,
 }
 
 /// Encodes one preprocessed screenshot into the language model's image features: the vision
@@ -75,6 +78,24 @@ pub struct VisionSide {
     image_token_id: u32,
     merge: u32,
     cache: ImageCache,
+}
+
+/// For each question, the longest prefix of ids it shares with another question of the slice.
+/// (Sorted, each question's longest shared prefix is with a neighbour.)
+fn longest_shared_prefixes(questions: &[Question]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..questions.len()).collect();
+    order.sort_by(|&a, &b| questions[a].ids.cmp(&questions[b].ids));
+    let common = |a: usize, b: usize| {
+        let (a, b) = (&questions[a].ids, &questions[b].ids);
+        a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    };
+    let mut shared = vec![0; questions.len()];
+    for pair in order.windows(2) {
+        let n = common(pair[0], pair[1]);
+        shared[pair[0]] = shared[pair[0]].max(n);
+        shared[pair[1]] = shared[pair[1]].max(n);
+    }
+    shared
 }
 
 /// A screenshot request's questions, ready for the scheduler, and whether the image was cached.
@@ -111,6 +132,31 @@ impl Preparer {
             vision,
             snapshot_cost,
             states_on_device,
+            shares_prefixes: false,
+        }
+    }
+
+    /// Sets whether prefix reuse runs a request's shared prefix once.
+    fn sharing_prefixes(self, shares_prefixes: bool) -> Self {
+        Self {
+            shares_prefixes,
+            ..self
+        }
+    }
+
+    /// Where prefix reuse is on, marks the questions that share more than half of their prompt
+    /// with another question of the request (goal-less questions over one state) as not to be
+    /// run in chunks: whole, in one batch, their shared prefix is computed once, while in chunks
+    /// each question would compute it again.
+    pub fn keep_shared_prompts_whole(&self, questions: &mut [Question]) {
+        if !self.shares_prefixes {
+            return;
+        }
+        let shared = longest_shared_prefixes(questions);
+        for (q, shared) in questions.iter_mut().zip(shared) {
+            if 2 * shared > q.ids.len() {
+                q.resumable = false;
+            }
         }
     }
 
@@ -967,13 +1013,16 @@ fn load_engines<B: ServingBackend>(
         };
         // Every engine loads the same files; one preparer (tokenizer, template, tower) serves all.
         if preparer.is_none() {
-            preparer = Some(Preparer::new(
-                text.tokenizer,
-                text.chat,
-                vision,
-                Some(text.decider.snapshot_cost()),
-                B::STATES_ON_DEVICE,
-            ));
+            preparer = Some(
+                Preparer::new(
+                    text.tokenizer,
+                    text.chat,
+                    vision,
+                    Some(text.decider.snapshot_cost()),
+                    B::STATES_ON_DEVICE,
+                )
+                .sharing_prefixes(reuse.enabled()),
+            );
         }
         engines.push(DeciderEngine {
             decider: text.decider,
@@ -1141,6 +1190,23 @@ mod tests {
         let ids = vec![vec![1; 10], vec![2; 10]];
         let e = run(engine, &ids, Bucket::new(16, 2)).unwrap_err();
         assert!(e.to_string().contains("does not fit its bucket"), "{e}");
+    }
+
+    #[test]
+    fn each_question_shares_its_longest_prefix_with_a_neighbour_in_order() {
+        let q = |ids: &[u32]| Question::text(ids.to_vec(), 2);
+        let questions = [
+            q(&[1, 2, 3, 4]),
+            q(&[1, 2, 3, 5]),
+            q(&[1, 9]),
+            q(&[1, 2, 3, 4, 6]),
+            q(&[7]),
+        ];
+        assert_eq!(longest_shared_prefixes(&questions), [4, 3, 1, 4, 0]);
+        assert_eq!(longest_shared_prefixes(&questions[..1]), [0]);
+        assert!(longest_shared_prefixes(&[]).is_empty());
+        // Two equal prompts share all of it.
+        assert_eq!(longest_shared_prefixes(&[q(&[5, 6]), q(&[5, 6])]), [2, 2]);
     }
 
     /// The chunk of a question carrying its state in `carry`, from `start`.

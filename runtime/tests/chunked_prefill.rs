@@ -2,7 +2,8 @@
 //! as consecutive chunks carrying their prefix state, and answer as they do whole (within 1e-5
 //! per probability), with prefix reuse off and on; the chunks are counted in /metrics; their
 //! states are reserved in the in-flight byte budget, and a request whose states do not fit runs
-//! whole instead; with reuse on, a question's first chunk resumes from the cached system turn.
+//! whole instead; with reuse on, a question's first chunk resumes from the cached system turn, and
+//! goal-less questions over one state run whole so that they share it.
 
 mod common;
 
@@ -24,6 +25,21 @@ fn request(tag: usize, words: usize, n: usize) -> String {
                 r#""q{i}":{{"type":"choice","instructions":"pick {i}","criteria":{{"a":"Open {i}","b":"Close","c":"Wait"}}}}"#
             )
         })
+        .collect();
+    format!(
+        r#"{{"state":"{tree}","questions":{{{}}}}}"#,
+        questions.join(",")
+    )
+}
+
+/// A request of `n` goal-less questions (no `instructions`: the state is most of each prompt)
+/// over one accessibility tree of `words` words.
+fn goal_less(tag: usize, words: usize, n: usize) -> String {
+    let tree: String = (0..words)
+        .map(|i| format!("- Button w{} ", (i * 7 + tag) % 101))
+        .collect();
+    let questions: Vec<String> = (0..n)
+        .map(|i| format!(r#""q{i}":{{"type":"choice","instructions":null,"criteria":{{"a":"Open {i}","b":"Close"}}}}"#))
         .collect();
     format!(
         r#"{{"state":"{tree}","questions":{{{}}}}}"#,
@@ -188,4 +204,32 @@ async fn chunked_questions_answer_as_whole_ones() {
     assert_eq!(chunks_counted(tight).await, before, "it ran whole");
     assert!(tight_state.inflight.peak() <= 512 << 10);
     assert_eq!(tight_state.inflight.used(), 0, "everything was given back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goal_less_questions_over_one_state_run_whole_and_compute_it_once() {
+    let whole = server(None, 0).await;
+    let body = goal_less(4, 60, 3);
+    let (want, tokens) = answers(&post(whole, &body).await);
+    for (budget, shared) in [(256 << 20, true), (0, false)] {
+        let (ready, reuse) = demo_ready_with_prefix(chunking(Some(64)), 1, budget);
+        let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
+        state.set_ready(ready);
+        let chunked = serve_state(state.clone()).await;
+        let before = reuse.stats();
+        let (got, got_tokens) = answers(&post(chunked, &body).await);
+        assert_eq!(got_tokens, tokens);
+        assert_close(&got, &want, "goal-less");
+        if shared {
+            // Whole, in one batch: the tree ran once, then each question's options.
+            let computed = reuse.stats().computed_tokens - before.computed_tokens;
+            assert!(
+                2 * computed < tokens,
+                "{computed} of {tokens} tokens computed: the state was not shared"
+            );
+        } else {
+            // Without reuse nothing is shared: they run in chunks (their states were reserved).
+            assert!(state.inflight.peak() > 1 << 20, "{}", state.inflight.peak());
+        }
+    }
 }
