@@ -146,15 +146,16 @@ impl Preparer {
 
     /// Where prefix reuse is on, marks the questions that share more than half of their prompt
     /// with another question of the request (goal-less questions over one state) as not to be
-    /// run in chunks: whole, in one batch, their shared prefix is computed once, while in chunks
-    /// each question would compute it again.
-    pub fn keep_shared_prompts_whole(&self, questions: &mut [Question]) {
+    /// run in chunks, if they can run whole (at most `longest_whole` tokens): whole, in one
+    /// batch, their shared prefix is computed once, while in chunks each question would compute
+    /// it again.
+    pub fn keep_shared_prompts_whole(&self, questions: &mut [Question], longest_whole: usize) {
         if !self.shares_prefixes {
             return;
         }
         let shared = longest_shared_prefixes(questions);
         for (q, shared) in questions.iter_mut().zip(shared) {
-            if 2 * shared > q.ids.len() {
+            if 2 * shared > q.ids.len() && q.ids.len() <= longest_whole {
                 q.resumable = false;
             }
         }

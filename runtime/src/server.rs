@@ -511,7 +511,9 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     // being refused.
     let holding = body_bytes + crate::engine::held_bytes(&questions);
     let ready = state.ready().expect("checked above");
-    ready.preparer.keep_shared_prompts_whole(&mut questions);
+    ready
+        .preparer
+        .keep_shared_prompts_whole(&mut questions, ready.scheduler.longest_whole_question());
     let chunk_states = ready
         .preparer
         .chunk_state_bytes(&questions, |q| ready.scheduler.chunk_size_for(q));

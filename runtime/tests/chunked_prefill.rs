@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use instinct::server::{AppState, Settings};
-use instinct_scheduler::Config;
+use instinct_scheduler::{Bucket, Config};
 
 /// A request of `n` goal-less questions over one accessibility tree of `words` words.
 fn request(tag: usize, words: usize, n: usize) -> String {
@@ -232,4 +232,28 @@ async fn goal_less_questions_over_one_state_run_whole_and_compute_it_once() {
             assert!(state.inflight.peak() > 1 << 20, "{}", state.inflight.peak());
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goal_less_questions_longer_than_every_bucket_still_run_in_chunks() {
+    let whole = server(None, 0).await;
+    let body = goal_less(5, 60, 2);
+    let (want, tokens) = answers(&post(whole, &body).await);
+    // Batches of at most 256 tokens: these questions (over 256 each) can only run in chunks.
+    let small = Config {
+        max_batch_tokens: 256,
+        buckets: vec![Bucket::new(256, 16)],
+        ..chunking(Some(64))
+    };
+    let (ready, _reuse) = demo_ready_with_prefix(small, 1, 256 << 20);
+    let state = Arc::new(AppState::new(Settings::new(SERVED, MODEL_ID)));
+    state.set_ready(ready);
+    let chunked = serve_state(state).await;
+    let (got, got_tokens) = answers(&post(chunked, &body).await);
+    assert!(
+        got_tokens / 2 > 256,
+        "{got_tokens} tokens: not over the bucket"
+    );
+    assert_eq!(got_tokens, tokens);
+    assert_close(&got, &want, "over every bucket");
 }

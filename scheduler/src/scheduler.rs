@@ -117,6 +117,11 @@ impl Scheduler {
         self.shared.config.config.max_chunk_tokens
     }
 
+    /// The most tokens a question run whole may have: the largest bucket's.
+    pub fn longest_whole_question(&self) -> usize {
+        self.shared.config.capacity.tokens
+    }
+
     /// The chunk size `question` runs in, where it runs in chunks ([`Config::chunk_size_for`]).
     pub fn chunk_size_for(&self, question: &Question) -> Option<usize> {
         self.shared.config.config.chunk_size_for(question)
