@@ -73,6 +73,8 @@ pub(crate) struct Plan {
     pub passed_over: Vec<usize>,
     /// Chunks picked but cut to the room left: (position in the queue, tokens it runs).
     pub cuts: Vec<(usize, usize)>,
+    /// Chunks picked because they were overdue.
+    pub overdue: usize,
 }
 
 /// How chunks share a batch.
@@ -124,6 +126,7 @@ pub(crate) fn plan(
     let mut picked = Vec::new();
     let mut passed_over = Vec::new();
     let mut cuts = Vec::new();
+    let mut overdue = 0;
     let mut tokens = 0usize;
     let mut full = queued > max_scan;
     for (at, (i, c)) in order.iter().enumerate() {
@@ -146,6 +149,7 @@ pub(crate) fn plan(
         if let Some(run) = granted.filter(|&run| fits(buckets, tokens + run, picked.len() + 1)) {
             picked.push(*i);
             tokens += run;
+            overdue += usize::from(c.overdue());
             if run < c.tokens {
                 // The budget is spent: waiting would not add to this batch.
                 cuts.push((*i, run));
@@ -171,6 +175,7 @@ pub(crate) fn plan(
         full,
         passed_over,
         cuts,
+        overdue,
     })
 }
 
@@ -306,10 +311,12 @@ mod tests {
         assert_eq!(p.tokens, 40);
         assert_eq!(p.passed_over, vec![2]);
         assert!(p.cuts.is_empty());
+        assert_eq!(p.overdue, 1);
         assert!(p.full);
         let p = plan(queue(OVERDUE_AFTER - 1).into_iter(), &b, 8, 1024, room(24)).unwrap();
         assert_eq!(p.picked, vec![0, 3]);
         assert_eq!(p.passed_over, vec![1, 2]);
+        assert_eq!(p.overdue, 0);
     }
 
     #[test]

@@ -76,10 +76,15 @@ impl QueuedSeq {
                 tokens,
                 remaining: Some(self.question.ids.len() - c.start),
                 passed_over: c.passed_over,
-                first: c.start == 0,
+                first: self.starts_question(),
             },
             None => batching::Candidate::whole(tokens),
         }
+    }
+
+    /// Whether taking this entry starts its question (it is whole, or its first chunk).
+    fn starts_question(&self) -> bool {
+        self.chunk.as_ref().is_none_or(|c| c.start == 0)
     }
 
     /// Whether running this entry answers the question (it is whole, or its last chunk).
@@ -498,7 +503,7 @@ impl QueueState {
                 entry.first_start.get_or_insert(now);
                 entry.queued_tokens -= len;
                 // Its deadline applies until every question has reached the model.
-                if seq.chunk.as_ref().is_none_or(|c| c.start == 0) {
+                if seq.starts_question() {
                     entry.unstarted_seqs -= 1;
                     if entry.unstarted_seqs == 0 {
                         if let Some(d) = entry.deadline {
@@ -515,7 +520,7 @@ impl QueueState {
                 }
             }
             // A question's wait ends when its first chunk starts (later chunks keep its time).
-            if seq.chunk.as_ref().is_none_or(|c| c.start == 0) {
+            if seq.starts_question() {
                 histogram!(names::QUEUE_WAIT_SECONDS)
                     .record(now.saturating_duration_since(seq.enqueued).as_secs_f64());
             }
@@ -524,13 +529,8 @@ impl QueueState {
         let chunks = seqs.iter().filter(|s| s.chunk.is_some()).count();
         if chunks > 0 {
             counter!(names::PREFILL_CHUNKS_TOTAL).increment(chunks as u64);
-            let overdue = seqs
-                .iter()
-                .filter_map(|s| s.chunk.as_ref())
-                .filter(|c| c.passed_over >= batching::OVERDUE_AFTER)
-                .count();
             counter!(names::PREFILL_CHUNKS_CUT_TOTAL).increment(plan.cuts.len() as u64);
-            counter!(names::PREFILL_CHUNKS_OVERDUE_TOTAL).increment(overdue as u64);
+            counter!(names::PREFILL_CHUNKS_OVERDUE_TOTAL).increment(plan.overdue as u64);
         }
         histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
         histogram!(names::BATCH_TOKENS).record(tokens as f64);
