@@ -33,7 +33,7 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
             args.max_prompt_tokens
         );
     }
-    Ok(Config {
+    let config = Config {
         max_queue_requests: args.max_queue_requests,
         max_queue_tokens: args.max_queue_tokens,
         max_batch_tokens: args.max_batch_tokens,
@@ -47,8 +47,11 @@ pub fn scheduler_config(args: &ServeArgs) -> anyhow::Result<Config> {
         max_wait: Duration::from_micros(args.batch_wait_us),
         max_chunk_tokens: max_chunk_tokens(args),
         chunk_grid: engine::resume_grid(&args.device),
-        chunk_over_tokens: chunk_over_tokens(args),
         ..Config::default()
+    };
+    Ok(Config {
+        chunk_over_tokens: chunk_over_tokens(args, &config),
+        ..config
     })
 }
 
@@ -95,23 +98,18 @@ fn max_chunk_tokens(args: &ServeArgs) -> Option<usize> {
 /// 97-112 ms with it and 196 ms without (docs/benchmarks/gpu-calls/2026-12-07-1cc0dff-h100).
 const DEFAULT_CHUNK_OVER_TOKENS: usize = 4096;
 
-/// `--chunk-over-tokens` as the scheduler takes it: 0 means `--max-chunk-tokens`; unset, the
-/// default within `--max-chunk-tokens` and the largest bucket. A value set without chunking is
-/// passed on for the scheduler to refuse.
-fn chunk_over_tokens(args: &ServeArgs) -> Option<usize> {
-    match (max_chunk_tokens(args), args.chunk_over_tokens) {
+/// `--chunk-over-tokens` as the scheduler takes it, for `config` (the other flags): 0 means
+/// `--max-chunk-tokens`; unset, the default within `--max-chunk-tokens` and the largest bucket. A
+/// value set without chunking is passed on for the scheduler to refuse.
+fn chunk_over_tokens(args: &ServeArgs, config: &Config) -> Option<usize> {
+    match (config.max_chunk_tokens, args.chunk_over_tokens) {
         (_, Some(0)) | (None, None) => None,
         (_, Some(over)) => Some(over),
-        (Some(chunk), None) => {
-            let largest_bucket = args
-                .buckets
-                .0
-                .iter()
-                .map(|&(tokens, _)| tokens)
-                .max()
-                .unwrap_or(args.max_batch_tokens);
-            Some(DEFAULT_CHUNK_OVER_TOKENS.min(largest_bucket).max(chunk))
-        }
+        (Some(chunk), None) => Some(
+            DEFAULT_CHUNK_OVER_TOKENS
+                .min(config.largest_bucket_tokens())
+                .max(chunk),
+        ),
     }
 }
 

@@ -130,6 +130,16 @@ impl Config {
         (question.resumable && question.ids.len() > over).then_some(chunk)
     }
 
+    /// The tokens of the largest bucket (`max_batch_tokens` without buckets): the longest
+    /// question a batch can hold whole. Not checked: see [`batch_capacity`](Self::batch_capacity).
+    pub fn largest_bucket_tokens(&self) -> usize {
+        self.buckets
+            .iter()
+            .map(|b| b.tokens)
+            .max()
+            .unwrap_or(self.max_batch_tokens)
+    }
+
     /// The largest batch the scheduler can hand an engine: the most tokens and the most sequences
     /// over all buckets (each reached by some bucket, not necessarily the same one). Engines
     /// allocate for it. Fails as [`Scheduler::start`](crate::Scheduler::start) would on a bad
@@ -174,7 +184,7 @@ impl Config {
         buckets.sort();
         buckets.dedup();
         let capacity = Bucket::new(
-            buckets.iter().map(|b| b.tokens).max().unwrap_or(0),
+            self.largest_bucket_tokens(),
             buckets.iter().map(|b| b.seqs).max().unwrap_or(0),
         );
         if self.chunk_grid == 0 {
