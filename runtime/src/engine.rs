@@ -161,22 +161,22 @@ impl Preparer {
         }
     }
 
-    /// Bytes the prefix states of `questions` may hold at once while they run as chunks (those
-    /// `chunk_size_for` gives a chunk size): per chunked question, the state before its last
+    /// Bytes the prefix states of `questions` may hold at once while those for which
+    /// `runs_in_chunks` holds run as chunks: per chunked question, the state before its last
     /// chunk and the one before that (an engine holds both while it runs a chunk), each of at
     /// most all but its last token (the scheduler cuts chunks to the room a batch leaves, so a
     /// boundary may fall anywhere before it). 0 without chunking.
     pub fn chunk_state_bytes(
         &self,
         questions: &[Question],
-        chunk_size_for: impl Fn(&Question) -> Option<usize>,
+        runs_in_chunks: impl Fn(&Question) -> bool,
     ) -> usize {
         let Some(cost) = self.snapshot_cost else {
             return 0;
         };
         questions
             .iter()
-            .filter(|q| chunk_size_for(q).is_some())
+            .filter(|q| runs_in_chunks(q))
             .map(|q| 2 * cost.bytes(q.ids.len() - 1))
             .sum()
     }

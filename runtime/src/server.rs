@@ -516,7 +516,7 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         .keep_shared_prompts_whole(&mut questions, ready.scheduler.longest_whole_question());
     let chunk_states = ready
         .preparer
-        .chunk_state_bytes(&questions, |q| ready.scheduler.chunk_size_for(q));
+        .chunk_state_bytes(&questions, |q| ready.scheduler.chunk_size_for(q).is_some());
     let device_budget = ready
         .preparer
         .chunk_states_on_device()
