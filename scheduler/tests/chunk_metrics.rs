@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use instinct_scheduler::{telemetry as names, Config};
@@ -79,12 +79,7 @@ fn chunks_are_counted_cut_and_overdue_apart_and_a_chunked_question_waits_once() 
     // short question queues: the second chunk is cut to the 6 tokens it leaves of 16.
     let h = Harness::new(chunking(), 1, Duration::ZERO);
     let long = question(GATE_MARK, 40, 2);
-    let held = h.scheduler.submit(vec![long.clone()], None).unwrap();
-    let until = Instant::now() + LONG;
-    while h.scheduler.stats().engines[0].busy_since.is_none() {
-        assert!(Instant::now() < until, "the first chunk never started");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let held = h.hold_engine_with(long.clone());
     let short = vec![question(3, 10, 2)];
     let beside = h.submit_all(std::slice::from_ref(&short)).remove(0);
     h.gate.open();

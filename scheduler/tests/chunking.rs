@@ -126,12 +126,7 @@ fn a_later_chunk_is_cut_to_the_room_short_questions_leave() {
     // A long question whose first chunk holds the engine (it starts with the gate's mark) while
     // two short ones queue.
     let long = question(GATE_MARK, 64, 2);
-    let long_ticket = h.scheduler.submit(vec![long.clone()], None).unwrap();
-    let until = Instant::now() + LONG;
-    while h.scheduler.stats().engines[0].busy_since.is_none() {
-        assert!(Instant::now() < until, "the first chunk never started");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let long_ticket = h.hold_engine_with(long.clone());
     let shorts: Vec<Vec<Question>> = (10..12).map(|t| vec![question(t, 8, 2)]).collect();
     let tickets = h.submit_all(&shorts);
     h.gate.open();

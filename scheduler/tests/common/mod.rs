@@ -308,13 +308,23 @@ impl Harness {
     /// Submits a one-question request that holds engine 0 until the gate opens, and returns once
     /// the engine is running it.
     pub fn block_engine(&self) -> Ticket {
+        self.hold_engine_with(question(GATE_MARK, 4, 2))
+    }
+
+    /// Submits `gated` (its first id the gate's mark: the batch that runs it, or its first
+    /// chunk, waits for the gate) alone, and returns once engine 0 is running it.
+    pub fn hold_engine_with(&self, gated: Question) -> Ticket {
+        assert_eq!(gated.ids[0], GATE_MARK);
         let ticket = self
             .scheduler
-            .submit(vec![question(GATE_MARK, 4, 2)], None)
-            .expect("blocker admitted");
+            .submit(vec![gated], None)
+            .expect("the gated request admitted");
         let until = Instant::now() + Duration::from_secs(5);
         while self.scheduler.stats().engines[0].busy_since.is_none() {
-            assert!(Instant::now() < until, "engine never started the blocker");
+            assert!(
+                Instant::now() < until,
+                "engine never started the gated request"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         ticket
