@@ -492,8 +492,13 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
         return inflight_full(body_bytes);
     }
     let prepared = tokio::task::spawn_blocking(move || {
-        let preparer = &prep_state.ready().expect("checked above").preparer;
-        prepare(&prep_state.settings, preparer, &body)
+        let ready = prep_state.ready().expect("checked above");
+        let (request, mut questions) = prepare(&prep_state.settings, &ready.preparer, &body)?;
+        // Comparing the questions' ids is CPU work too.
+        ready
+            .preparer
+            .keep_shared_prompts_whole(&mut questions, ready.scheduler.longest_whole_question());
+        Ok((request, questions))
     })
     .await;
     let (request, mut questions) = match prepared {
@@ -511,9 +516,6 @@ async fn systemone(state: &Arc<AppState>, req: Request<Incoming>) -> Response<Bo
     // being refused.
     let holding = body_bytes + crate::engine::held_bytes(&questions);
     let ready = state.ready().expect("checked above");
-    ready
-        .preparer
-        .keep_shared_prompts_whole(&mut questions, ready.scheduler.longest_whole_question());
     let chunk_states = ready
         .preparer
         .chunk_state_bytes(&questions, |q| ready.scheduler.chunk_size_for(q).is_some());
