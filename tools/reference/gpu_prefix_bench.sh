@@ -164,8 +164,9 @@ if has parity && [[ -f $OUT/answers_off_fixtures.jsonl ]]; then
         | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
     done
   done
-  # Beside the mix, a chunked question's chunks share their batches with other questions (and
-  # wait behind whole ones), and must still answer as the whole question does.
+  # Beside the mix, a chunked question's later chunks are cut to the room whole questions leave
+  # (other lengths, on the 64-token grid, than alone), and must still answer as the whole
+  # question does.
   runs chunked && for w in fixtures long; do
     echo -n "chunked beside the mix $w: "
     python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_chunked_loaded_$w.jsonl" --tol 2e-3 \
