@@ -10,7 +10,7 @@ use instinct_kernels::Backend;
 
 use crate::chat::ChatTemplate;
 use crate::checkpoint::Snapshot;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, TextConfig};
 use crate::forward::{BatchLimits, EmbeddingOverride, Segment, SequenceInput, TextModel};
 use crate::lora::{LoraAdapter, LoraModule, LoraTarget, MergeReport};
 use crate::prefix::PrefixState;
@@ -315,11 +315,11 @@ enum Merge {
     LanguageAndVision,
 }
 
-/// What both paths read before their own parts: the snapshot, its language weights with an
-/// adapter merged, the tokenizer, and the letter readout. Written once so that the text and the
+/// What both paths read before their own parts: the snapshot's language weights with an adapter
+/// merged, the tokenizer, and the letter readout. Written once so that the text and the
 /// screenshot paths open, merge and read out the same way.
 struct Language {
-    snapshot: Snapshot,
+    config: TextConfig,
     weights: TextWeights,
     tokenizer: Tokenizer,
     readout: LetterReadout,
@@ -330,7 +330,11 @@ struct Language {
 impl Language {
     // Each phase is logged with its time: loading is slow enough (seconds) that an operator
     // should see where it goes.
-    fn read(snapshot: Snapshot, model_dir: &Path, adapter: Option<(&Path, Merge)>) -> Result<Self> {
+    fn read(
+        snapshot: &Snapshot,
+        model_dir: &Path,
+        adapter: Option<(&Path, Merge)>,
+    ) -> Result<Self> {
         // The tokenizer (0.5-0.8 s of parsing and table building on an H100 host) loads beside the
         // weights.
         std::thread::scope(|scope| {
@@ -340,14 +344,14 @@ impl Language {
                 tracing::info!(ms = ms_since(t0), "tokenizer loaded");
                 tokenizer
             });
-            let (weights, report) = Self::read_weights(&snapshot, adapter)?;
+            let (weights, report) = Self::read_weights(snapshot, adapter)?;
             let tokenizer = tokenizer
                 .join()
                 .map_err(|_| anyhow!("loading the tokenizer panicked"))??;
             let letter_ids = tokenizer.letter_ids(MAX_LETTERS)?;
             let readout = LetterReadout::from_embedding(&weights.embed_tokens, letter_ids)?;
             Ok(Self {
-                snapshot,
+                config: snapshot.config().text.clone(),
                 weights,
                 tokenizer,
                 readout,
@@ -391,7 +395,7 @@ impl Language {
     fn decider<B: Backend>(&self, backend: B, limits: BatchLimits) -> Result<Decider<B>> {
         let t0 = Instant::now();
         let backend_name = backend.name();
-        let model = TextModel::new(backend, &self.snapshot.config().text, &self.weights, limits)?;
+        let model = TextModel::new(backend, &self.config, &self.weights, limits)?;
         tracing::info!(
             backend = backend_name,
             ms = ms_since(t0),
@@ -433,7 +437,7 @@ pub fn load_text_starting<B: Backend + Send>(
 
 fn read_text_language(model_dir: &Path, text_adapter: Option<&Path>) -> Result<Language> {
     Language::read(
-        open_snapshot(model_dir)?,
+        &open_snapshot(model_dir)?,
         model_dir,
         text_adapter.map(|dir| (dir, Merge::TextOnly)),
     )
@@ -477,19 +481,20 @@ fn vision_json(config: &ModelConfig) -> Result<&serde_json::Value> {
         .context("the snapshot has no vision_config: it cannot answer screenshot questions")
 }
 
-/// Reads the vision weights and merges `modules` (vision modules only) into them. Shared by the
-/// screenshot path and the tower alone.
-fn read_vision(
-    snapshot: &Snapshot,
-    config: &VisionConfig,
-    modules: &[LoraModule],
-) -> Result<VisionWeights> {
+/// Reads the vision weights (f32 on the host).
+fn read_vision(snapshot: &Snapshot, config: &VisionConfig) -> Result<VisionWeights> {
     let t0 = Instant::now();
-    let mut weights = VisionWeights::load(snapshot, config)?;
+    let weights = VisionWeights::load(snapshot, config)?;
     tracing::info!(ms = ms_since(t0), "vision weights read (f32 on the host)");
+    Ok(weights)
+}
+
+/// Merges `modules` (vision modules only) into the vision weights. Shared by the screenshot path
+/// and the tower alone.
+fn merge_vision(weights: &mut VisionWeights, modules: &[LoraModule]) -> Result<()> {
     let merged_vision = weights.merge_lora(modules)?;
     tracing::info!(vision = merged_vision, "adapter's vision modules merged");
-    Ok(weights)
+    Ok(())
 }
 
 /// Uploads the vision weights to `backend`.
@@ -539,7 +544,8 @@ pub fn load_vision_tower<B: VisionBackend>(
         }
         None => Vec::new(),
     };
-    let weights = read_vision(&snapshot, &config, &modules)?;
+    let mut weights = read_vision(&snapshot, &config)?;
+    merge_vision(&mut weights, &modules)?;
     upload_tower(backend, &config, &weights)
 }
 
@@ -576,13 +582,23 @@ pub fn read_multimodal(model_dir: &Path, adapter_dir: &Path) -> Result<Multimoda
         .image_token_id
         .context("config.json has no image_token_id")?;
     let vision_config = VisionConfig::from_json(vision_json)?;
-    let mut language = Language::read(
-        snapshot,
-        model_dir,
-        Some((adapter_dir, Merge::LanguageAndVision)),
-    )?;
+    // The tower's weights are read beside the language model's (0.7 s on an H100 host that
+    // start-up would otherwise wait for after them); the adapter's vision modules, which the
+    // language read hands back, are merged into them after.
+    let (mut language, mut vision) = std::thread::scope(|scope| {
+        let vision = scope.spawn(|| read_vision(&snapshot, &vision_config));
+        let language = Language::read(
+            &snapshot,
+            model_dir,
+            Some((adapter_dir, Merge::LanguageAndVision)),
+        );
+        let vision = vision
+            .join()
+            .map_err(|_| anyhow!("reading the vision weights panicked"))?;
+        anyhow::Ok((language?, vision?))
+    })?;
     let vision_modules = language.report.take().map(|r| r.vision).unwrap_or_default();
-    let vision = read_vision(&language.snapshot, &vision_config, &vision_modules)?;
+    merge_vision(&mut vision, &vision_modules)?;
     Ok(MultimodalHost {
         language,
         vision,
