@@ -917,11 +917,16 @@ struct Starts<T, S> {
 /// on every device.
 fn load_engines<B: ServingBackend>(
     device: Device,
-    starts: Starts<impl Fn() -> anyhow::Result<B> + Sync, impl Fn() -> anyhow::Result<B>>,
+    starts: Starts<impl Fn() -> anyhow::Result<B> + Sync, impl Fn() -> anyhow::Result<B> + Sync>,
     options: LoadOptions,
     source: &ModelSource,
     limits: BatchLimits,
-) -> anyhow::Result<EngineParts<B>> {
+) -> anyhow::Result<EngineParts<B>>
+where
+    // The screenshot path is loaded on a thread of its own.
+    B::Buf: Send,
+    B::Idx: Send,
+{
     ensure!(options.cpu_engines >= 1, "at least one engine is needed");
     check_chunk_size::<B>(device, options)?;
     let mut engines = Vec::with_capacity(options.cpu_engines);
@@ -930,35 +935,33 @@ fn load_engines<B: ServingBackend>(
     let mut weights_bytes = 0;
     let mut tower_bytes = (0, 0);
     for _ in 0..options.cpu_engines {
-        // The screenshot copy's weights are read and merged on the host beside the text copy's
-        // load (two reads of the snapshot at once, not one after the other), then uploaded.
-        let (mut text, host) = std::thread::scope(|scope| {
-            let host = source
-                .multimodal_adapter
-                .as_deref()
-                .map(|dir| scope.spawn(|| read_multimodal(&source.model_dir, dir)));
+        // The screenshot copy's weights are read, merged and uploaded beside the text copy's
+        // (two reads of the snapshot and two uploads at once, not one after the other).
+        let (mut text, path) = std::thread::scope(|scope| {
+            let path = source.multimodal_adapter.as_deref().map(|dir| {
+                scope.spawn(|| {
+                    let host = read_multimodal(&source.model_dir, dir)?;
+                    screenshot_path(&starts.screenshots, host, limits)
+                })
+            });
             let text = load_text_starting(
                 &starts.text,
                 &source.model_dir,
                 source.text_adapter.as_deref(),
                 limits,
             );
-            let host = host
+            let path = path
                 .map(|h| {
                     h.join()
-                        .map_err(|_| anyhow!("reading the screenshot path panicked"))?
+                        .map_err(|_| anyhow!("loading the screenshot path panicked"))?
                 })
                 .transpose();
-            anyhow::Ok((text?, host?))
+            anyhow::Ok((text?, path?))
         })?;
         weights_bytes += text.weights_bytes;
-        let path = match host {
-            Some(host) => {
-                weights_bytes += text.weights_bytes;
-                Some(screenshot_path(&starts.screenshots, host, limits)?)
-            }
-            None => None,
-        };
+        if path.is_some() {
+            weights_bytes += text.weights_bytes;
+        }
         let (mut multimodal, vision) = match path {
             Some(p) => {
                 tower_bytes.0 += p.tower_bytes.0;
