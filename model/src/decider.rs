@@ -698,6 +698,32 @@ mod tests {
         assert!(loaded.vision.config().spatial_merge_size > 0);
     }
 
+    /// The tower's weights are read beside the language copy's: a tower that cannot be read still
+    /// fails the screenshot path with its reason.
+    #[test]
+    fn a_tower_that_cannot_be_read_fails_the_screenshot_path_with_its_reason() {
+        let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&demo.model_dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+            }
+        }
+        // One block more than the snapshot holds.
+        let config_path = dir.path().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        let depth = config["vision_config"]["depth"].as_u64().unwrap();
+        config["vision_config"]["depth"] = (depth + 1).into();
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let err = read_multimodal(dir.path(), &demo.multimodal_adapter_dir)
+            .err()
+            .expect("a missing vision block fails the read");
+        let err = format!("{err:#}");
+        assert!(err.contains(&format!("blocks.{depth}.")), "{err}");
+    }
+
     #[test]
     fn the_tower_alone_is_the_screenshot_paths_tower() {
         let demo = crate::demo::materialize(&std::env::temp_dir()).unwrap();
