@@ -158,21 +158,22 @@ fi
 # STAGES=parity, then SERVERS=chunked).
 if has parity && [[ -f $OUT/answers_off_fixtures.jsonl ]]; then
   stamp "exactness against off (|Δp| ≤ 2e-3, choices unchanged)"
+  against_off() {  # against_off LABEL WORKLOAD ANSWERS: one line of verdict, the comparison into exactness.jsonl
+    echo -n "$1: "
+    python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$2.jsonl" "$3" --tol 2e-3 \
+      | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
+  }
   for name in reuse chunked; do
     runs "$name" || continue
     for w in fixtures goal_less long; do
-      echo -n "$name $w: "
-      python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_${name}_$w.jsonl" --tol 2e-3 \
-        | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
+      against_off "$name $w" "$w" "$OUT/answers_${name}_$w.jsonl"
     done
   done
   # Beside the mix, a chunked question's later chunks are cut to the room whole questions leave
   # (other lengths, on the 64-token grid, than alone), and must still answer as the whole
   # question does.
   runs chunked && for w in fixtures long; do
-    echo -n "chunked beside the mix $w: "
-    python3 tools/reference/answers_diff.py compare "$OUT/answers_off_$w.jsonl" "$OUT/answers_chunked_loaded_$w.jsonl" --tol 2e-3 \
-      | tee -a "$OUT/exactness.jsonl" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(("PASS" if s["pass"] else "FAIL"), s["questions"], "questions, max |dp|", s["max_abs_dp"], "changed", len(s["choices_changed"]), "missing", len(s["missing"]))'
+    against_off "chunked beside the mix $w" "$w" "$OUT/answers_chunked_loaded_$w.jsonl"
   done
 fi
 if has bench; then
