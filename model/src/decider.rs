@@ -171,6 +171,11 @@ impl<B: Backend> Decider<B> {
         self.model.reserve_carry_arena_for(prefix_rows)
     }
 
+    /// The prefix rows the carry arena was reserved for, if it was.
+    pub fn carry_arena_prefix_rows(&self) -> Option<usize> {
+        self.model.carry_arena_prefix_rows()
+    }
+
     /// What a prefix-state snapshot of its model costs.
     pub fn snapshot_cost(&self) -> crate::prefix::SnapshotCost {
         self.model.snapshot_cost()

@@ -807,6 +807,11 @@ impl<B: Backend> TextModel<B> {
         Ok(bytes)
     }
 
+    /// The prefix rows the carry arena was reserved for, if it was.
+    pub fn carry_arena_prefix_rows(&self) -> Option<usize> {
+        self.arena.as_ref().map(|a| a.prefix_rows)
+    }
+
     /// The batch limits the buffers were sized for.
     pub fn limits(&self) -> BatchLimits {
         self.limits

@@ -581,7 +581,13 @@ pub struct LoadOptions {
     pub cuda_pool_keep_bytes: Option<u64>,
     /// `--carry-arena-prefix-tokens`: the prefix rows a captured pass may resume from (GPUs).
     pub carry_arena_prefix_tokens: usize,
+    /// `--screenshot-carry-arena-prefix-tokens`: the same for the screenshot copy.
+    pub screenshot_carry_arena_prefix_tokens: usize,
 }
+
+/// `--screenshot-carry-arena-prefix-tokens`' default: four questions about one 1024×1024
+/// screenshot resume from 4 × 1,088 prefix rows, which a power-of-two arena holds from 8,192.
+pub const SCREENSHOT_CARRY_ARENA_PREFIX_TOKENS: usize = 8192;
 
 impl Default for LoadOptions {
     /// `instinct serve`'s defaults, but with no image cache (a loader's caller sizes it).
@@ -597,6 +603,7 @@ impl Default for LoadOptions {
             snapshots_within: None,
             cuda_pool_keep_bytes: None,
             carry_arena_prefix_tokens: instinct_kernels::backend::CAPTURED_MAX_PREFIX_ROWS,
+            screenshot_carry_arena_prefix_tokens: SCREENSHOT_CARRY_ARENA_PREFIX_TOKENS,
         }
     }
 }
@@ -996,7 +1003,7 @@ where
         }
         if let (true, Some(m)) = (reuse_asked, &mut multimodal) {
             reserved += m
-                .reserve_carry_arena_for(options.carry_arena_prefix_tokens)
+                .reserve_carry_arena_for(options.screenshot_carry_arena_prefix_tokens)
                 .context("the screenshot copy")?;
         }
         if reserved > 0 {
@@ -1080,8 +1087,42 @@ mod tests {
     }
 
     /// The demo model (both adapters) on a CPU backend that pads passes as captured ones are:
-    /// whether each language copy's carry arena is reserved under `options` (`reserve` is 0
-    /// where the loader already reserved it).
+    /// the prefix rows each language copy's carry arena was reserved for under `options`.
+    fn arena_rows(options: LoadOptions) -> (Option<usize>, Option<usize>) {
+        let source = ModelSource::resolve(None, None, None).unwrap();
+        let start = || Ok(CpuBackend::padding_passes());
+        let starts = Starts {
+            text: start,
+            screenshots: start,
+        };
+        let limits = BatchLimits::new(64, 2);
+        let parts = load_engines(Device::Cpu, starts, options, &source, limits).unwrap();
+        let engine = &parts.engines[0];
+        let multimodal = engine
+            .multimodal
+            .as_ref()
+            .expect("the demo's screenshot copy");
+        (
+            engine.decider.carry_arena_prefix_rows(),
+            multimodal.carry_arena_prefix_rows(),
+        )
+    }
+
+    /// The text copy's arena holds 2,048 prefix rows and the screenshot copy's 8,192 unless told
+    /// otherwise: four questions about a 1024×1024 screenshot resume from 4 × 1,088.
+    #[test]
+    fn each_language_copy_gets_the_arena_its_flag_sizes() {
+        assert_eq!(arena_rows(LoadOptions::default()), (Some(2048), Some(8192)));
+        let options = LoadOptions {
+            carry_arena_prefix_tokens: 4096,
+            screenshot_carry_arena_prefix_tokens: 1024,
+            ..LoadOptions::default()
+        };
+        assert_eq!(arena_rows(options), (Some(4096), Some(1024)));
+    }
+
+    /// As [`arena_rows`]: whether each language copy's carry arena is reserved under `options`
+    /// (`reserve` is 0 where the loader already reserved it).
     fn arenas_reserved(options: LoadOptions) -> (bool, bool) {
         let source = ModelSource::resolve(None, None, None).unwrap();
         let start = || Ok(CpuBackend::padding_passes());

@@ -126,6 +126,7 @@ pub fn load_options(args: &ServeArgs) -> LoadOptions {
         snapshots_within: args.snapshots_within,
         cuda_pool_keep_bytes: args.cuda_pool_keep_mib.map(|mib| mib << 20),
         carry_arena_prefix_tokens: args.carry_arena_prefix_tokens,
+        screenshot_carry_arena_prefix_tokens: args.screenshot_carry_arena_prefix_tokens,
     }
 }
 
