@@ -13,6 +13,12 @@ t() { echo "=== [$(( $(date +%s) - CALL_T0 )) s] $*" >> "$CALL_LOG"; }
 # left: seconds left of the call (CALL_S, 590 unless set: the device's limit is 600).
 left() { echo $(( ${CALL_S:-590} - ($(date +%s) - CALL_T0) )); }
 
+# R: where a call gathers its results; pack: them into $OUT/results.tgz (the device hands back at
+# most 8 files: a folder of reports left loose in $OUT does not come back).
+R=/tmp/results
+mkdir -p "$R"
+pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
+
 # The binaries may travel xz-packed (.carry/carry.tar.xz: stripped, they pass the 64 MiB carry
 # limit with the working tree).
 [[ -f .carry/carry.tar.xz ]] && tar xJf .carry/carry.tar.xz -C .carry

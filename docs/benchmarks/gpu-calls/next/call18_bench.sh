@@ -9,12 +9,12 @@
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-OUT=/tmp/results/bench REVISION=$REV timeout $(( $(left) - 100 )) bash tools/reference/gpu_bench.sh > /dev/null 2>&1
+OUT=$R/bench REVISION=$REV timeout $(( $(left) - 100 )) bash tools/reference/gpu_bench.sh > /dev/null 2>&1
 t "bench exit $?"
-grep -E "^\[bench\]|FAILED|done" "/tmp/results/bench/gpu_bench.log" >> "$CALL_LOG"
+grep -E "^\[bench\]|FAILED|done" "$R/bench/gpu_bench.log" >> "$CALL_LOG"
 for n in 139 712; do
-  (( $(left) > 45 )) && ncu_profile forward-$n /tmp/results "" --text-adapter /tmp/real/adapter-text --lengths $n \
+  (( $(left) > 45 )) && ncu_profile forward-$n "$R" "" --text-adapter /tmp/real/adapter-text --lengths $n \
     --batch-sizes 1 --batch-prompt-tokens $n --runs 1 --batch-runs 1 --warmup 1 --cuda-graphs off
 done
-tar czf "$OUT/results.tgz" -C /tmp results
+pack
 cat "$CALL_LOG"

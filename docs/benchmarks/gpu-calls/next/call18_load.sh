@@ -8,9 +8,9 @@
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-OUT=/tmp/results/load REVISION=$REV TOTAL_S=$(( $(left) - 12 )) timeout $(( $(left) - 5 )) \
+OUT=$R/load REVISION=$REV TOTAL_S=$(( $(left) - 12 )) timeout $(( $(left) - 5 )) \
   bash tools/reference/gpu_load.sh > /dev/null 2>&1
 t "load exit $?"
-python3 -c "import json; d=json.load(open('/tmp/results/load/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
-tar czf "$OUT/results.tgz" -C /tmp results
+python3 -c "import json; d=json.load(open('$R/load/summary.json')); print(json.dumps({k: v for k, v in d.items() if k not in ('closed', 'open', 'fixtures')}))" >> "$CALL_LOG" 2>&1
+pack
 cat "$CALL_LOG"

@@ -14,9 +14,6 @@ set -uo pipefail
 REV=${REV:?set REV}
 LEVEL_S=${LEVEL_S:-8}
 source tools/reference/gpu_call.sh
-R=/tmp/results
-mkdir -p $R
-pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
 start_checkpoint
 wait_checkpoint
 mkdir -p /tmp/oldbin && cp .carry/old/instinct /tmp/oldbin/ && ln -sf "$PWD/.carry/bin/instinct-loadtest" /tmp/oldbin/

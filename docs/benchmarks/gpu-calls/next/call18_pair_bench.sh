@@ -10,10 +10,6 @@
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-# Results travel as one archive: the device hands back at most 8 files.
-R=/tmp/results
-mkdir -p $R
-pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
 OUT=$R/bench_before INSTINCT=$PWD/.carry/old/instinct REVISION=4ae7f98 REUSE_CHECKPOINT=1 TORCH_S=0 FLA_S=0 TOTAL_S=170 \
   timeout 175 bash tools/reference/gpu_bench.sh > /dev/null 2>&1
 t "bench before (4ae7f98) exit $? (its peer stages skipped)"

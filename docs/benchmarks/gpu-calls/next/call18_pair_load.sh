@@ -12,10 +12,6 @@
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
-# Results travel as one archive: the device hands back at most 8 files.
-R=/tmp/results
-mkdir -p $R
-pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
 keep=$([[ -n ${VL_REF:-} ]] && echo 130 || echo 0)
 start_checkpoint
 wait_checkpoint
