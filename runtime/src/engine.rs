@@ -1121,24 +1121,10 @@ mod tests {
         assert_eq!(arena_rows(options), (Some(4096), Some(1024)));
     }
 
-    /// As [`arena_rows`]: whether each language copy's carry arena is reserved under `options`
-    /// (`reserve` is 0 where the loader already reserved it).
+    /// Whether each language copy's carry arena is reserved under `options`.
     fn arenas_reserved(options: LoadOptions) -> (bool, bool) {
-        let source = ModelSource::resolve(None, None, None).unwrap();
-        let start = || Ok(CpuBackend::padding_passes());
-        let starts = Starts {
-            text: start,
-            screenshots: start,
-        };
-        let limits = BatchLimits::new(64, 2);
-        let mut parts = load_engines(Device::Cpu, starts, options, &source, limits).unwrap();
-        let engine = &mut parts.engines[0];
-        let text = engine.decider.reserve_carry_arena().unwrap() == 0;
-        let multimodal = engine
-            .multimodal
-            .as_mut()
-            .expect("the demo's screenshot copy");
-        (text, multimodal.reserve_carry_arena().unwrap() == 0)
+        let (text, multimodal) = arena_rows(options);
+        (text.is_some(), multimodal.is_some())
     }
 
     #[test]
