@@ -1878,3 +1878,57 @@ fn delta_rule_both_forms_match_cpu_with_and_without_carried_state() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn index_writes_arrive_whole_and_in_order_through_the_pinned_halves() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(18);
+    // Many writes without a synchronization between them: small ones (a half holds thousands),
+    // some longer than a half at first (it is replaced by a larger one), a write of nothing.
+    let mut bufs: Vec<_> = (0..8).map(|_| gpu.alloc_idx(150_000).unwrap()).collect();
+    let mut want = vec![Vec::new(); bufs.len()];
+    for step in 0..400 {
+        let n = match step {
+            100 => 70_000,
+            250 => 150_000,
+            _ if step % 37 == 0 => 0,
+            _ => rng.gen_range(1..5_000),
+        };
+        let data: Vec<u32> = (0..n).map(|_| rng.gen()).collect();
+        let b = step % bufs.len();
+        gpu.write_idx(&mut bufs[b], &data).unwrap();
+        // A shorter write leaves the rest of what was there.
+        let held = &mut want[b];
+        if held.len() < n {
+            held.resize(n, 0);
+        }
+        held[..n].copy_from_slice(&data);
+    }
+    for (b, (buf, want)) in bufs.iter().zip(&want).enumerate() {
+        assert_eq!(gpu.read_idx(buf, want.len()).unwrap(), *want, "buffer {b}");
+    }
+
+    // A kernel queued between two writes of one buffer reads the first: the second copy runs
+    // after it on the stream, although the host returned at once from both.
+    let (vocab, dim, rows) = (64, 2, 700);
+    let table: Vec<f32> = (0..vocab * dim).map(|i| (i / dim) as f32).collect();
+    let table_d = gpu.upload(&table).unwrap();
+    let mut ids_d = gpu.alloc_idx(rows).unwrap();
+    let firsts: Vec<u32> = (0..rows).map(|_| rng.gen_range(0..vocab as u32)).collect();
+    let seconds: Vec<u32> = firsts.iter().map(|&i| (i + 1) % vocab as u32).collect();
+    let mut outs = [
+        gpu.alloc(rows * dim).unwrap(),
+        gpu.alloc(rows * dim).unwrap(),
+    ];
+    for (ids, out) in [&firsts, &seconds].into_iter().zip(&mut outs) {
+        gpu.write_idx(&mut ids_d, ids).unwrap();
+        gpu.embedding(&table_d, vocab, &ids_d, rows, dim, out)
+            .unwrap();
+    }
+    for (ids, out) in [&firsts, &seconds].into_iter().zip(&outs) {
+        let got = gpu.read(out, rows * dim).unwrap();
+        let want: Vec<f32> = ids.iter().flat_map(|&i| [i as f32; 2]).collect();
+        assert_eq!(got, want);
+    }
+}

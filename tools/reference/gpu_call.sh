@@ -152,6 +152,24 @@ screenshot_check() {
   identical_rows "$dir/vl_parity.json" "$earlier" "screenshot answers ($label build) identical to those of $earlier"
 }
 
+# screenshot_server_start DIR: a screenshot server (both adapters, the tower) started twice on the
+# real-shape checkpoint (the random multimodal adapter made first if missing), the seconds to
+# /readyz and its start-up lines into the call log, each log into DIR.
+screenshot_server_start() {
+  local dir=$1 pid s
+  mkdir -p "$dir"
+  [[ -d /tmp/real/adapter-multimodal ]] || (cd tools/reference && timeout 60 python3 real_vl_goldens.py --model /tmp/real --adapter only > "$dir/adapter.log" 2>&1)
+  for s in first warm; do
+    INSTINCT_BIND=127.0.0.1:8000 .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text \
+      --multimodal-adapter /tmp/real/adapter-multimodal --device cuda:0 > "$dir/vl_start_$s.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do curl -sf http://127.0.0.1:8000/readyz > /dev/null && break; sleep 0.5; done
+    kill $pid; wait $pid
+    t "screenshot server start, $s"
+    sed 's/\x1b\[[0-9;]*m//g' "$dir/vl_start_$s.log" | grep -E "listening|weights|merged|loaded|ready" | cut -c1-200 >> "$CALL_LOG"
+  done
+}
+
 # load_stage: gpu_load.sh (1 and 8 clients, open loop at 25-40 req/s, the fixtures) in what is
 # left of the call, at most 90 s; its summary into the call log, load.tgz into $OUT.
 load_stage() {

@@ -22,7 +22,7 @@ use super::ops::{
     attention, conv, delta, delta_chunked, elementwise, flash_attention, gemm, norms, rope, vision,
 };
 use super::tuning::TuningFile;
-use super::upload::Staging;
+use super::upload::{IndexStaging, Staging};
 use super::workspace::Workspace;
 use crate::backend::{
     bias_rope_attention_apart, captured_shape, conv1d_silu_then_l2, delta_net_core_apart,
@@ -46,6 +46,8 @@ pub struct CudaBackend {
     weight_bytes: AtomicU64,
     /// The pinned buffer weights are uploaded through.
     staging: Staging,
+    /// The pinned halves each pass's ids, positions and offsets go up through.
+    index_staging: IndexStaging,
     /// Captured passes, with `cuda_graphs` on.
     graphs: Option<Graphs>,
     /// The device table of `copy_many`'s parts (grown as needed).
@@ -109,6 +111,7 @@ impl CudaBackend {
             ordinal: options.ordinal,
             weight_bytes: AtomicU64::new(0),
             staging: Staging::default(),
+            index_staging: IndexStaging::default(),
             copy_table: Mutex::new(None),
             patch_staging: Mutex::default(),
         })
@@ -117,6 +120,18 @@ impl CudaBackend {
     /// The architecture the kernels were compiled for.
     pub fn arch(&self) -> GpuArch {
         self.gpu.device.arch
+    }
+
+    /// The first `len` values of an index buffer, read back once everything queued has run (for
+    /// tests and diagnostics: a pass never reads its indices back).
+    pub fn read_idx(&self, src: &CudaSlice<u32>, len: usize) -> KernelResult<Vec<u32>> {
+        const OP: &str = "read_idx";
+        self.gpu.workspace.capture.refuse(OP)?;
+        idx(OP, "source", src, len)?;
+        let stream = &self.gpu.device.stream;
+        stream
+            .clone_dtoh(&src.slice(..len))
+            .map_err(|e| driver_err(OP, e))
     }
 
     /// GEMM shapes timed since start; shapes whose winner was in the tuning file (or timed
@@ -304,14 +319,9 @@ impl Backend for CudaBackend {
         const OP: &str = "write_idx";
         self.gpu.workspace.capture.refuse(OP)?;
         idx(OP, "destination", dst, data.len())?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.gpu
-            .device
-            .stream
-            .memcpy_htod(data, &mut dst.slice_mut(..data.len()))
-            .map_err(|e| driver_err(OP, e))
+        let device = &self.gpu.device;
+        self.index_staging
+            .write(&device.ctx, &device.stream, dst, data)
     }
 
     fn read(&self, src: &CudaBuf, len: usize) -> KernelResult<Vec<f32>> {

@@ -2,11 +2,12 @@
 //! staging buffer: each chunk of f32 host values is rounded to bf16 by all cores straight into
 //! pinned memory, then copied to the device from there. A copy from pageable memory goes through
 //! the driver's own bounce buffers at a fraction of the bus speed, and rounding a whole tensor into
-//! a fresh heap vector first costs a page fault per 4 KiB.
+//! a fresh heap vector first costs a page fault per 4 KiB. Each pass's indices go up through
+//! pinned memory too ([`IndexStaging`]), without waiting.
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -86,6 +87,89 @@ impl Staging {
             stream.synchronize().map_err(err)?;
             at += src.len();
         }
+        Ok(())
+    }
+}
+
+/// Values each half of [`IndexStaging`] holds at first (256 KiB: a batch of ~20k rows' ids,
+/// positions and offsets).
+const INDEX_HALF_VALUES: usize = 1 << 16;
+
+/// One half of [`IndexStaging`]: pinned memory, how much of it is written, and the event that
+/// marks the end of its last copy (recorded when the writes move to the other half).
+#[derive(Default)]
+struct IndexHalf {
+    host: Option<PinnedHostSlice<u32>>,
+    used: usize,
+    copied: Option<CudaEvent>,
+}
+
+/// Double-buffered pinned staging of the per-pass index uploads (token ids, positions, sequence
+/// offsets): each write copies its values into the current half of page-locked memory and queues
+/// an asynchronous copy from there, so the host never waits on the bus or the driver's bounce
+/// buffers, and the values may be dropped at once. Writes fill one half after the other; a half
+/// is rewritten only after the event recorded when the writes left it, i.e. after every copy
+/// from it has run: the host goes on preparing the next pass while the current one's copies
+/// and kernels run.
+#[derive(Default)]
+pub(super) struct IndexStaging {
+    halves: Mutex<([IndexHalf; 2], usize)>,
+}
+
+impl IndexStaging {
+    /// Queues the copy of `data` into the start of `dst` on `stream`; returns once queued.
+    pub fn write(
+        &self,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaSlice<u32>,
+        data: &[u32],
+    ) -> KernelResult<()> {
+        let err = |e| driver_err("write_idx", e);
+        let n = data.len();
+        debug_assert!(n <= dst.len(), "checked by the callers");
+        if n == 0 {
+            return Ok(());
+        }
+        let mut guard = crate::cuda::lock(&self.halves);
+        let (halves, current) = &mut *guard;
+        let room = |h: &IndexHalf| h.host.as_ref().map_or(0, |p| p.len()) - h.used;
+        if room(&halves[*current]) < n {
+            // Leave this half: its event marks the end of every copy queued from it.
+            let left = &mut halves[*current];
+            if left.used > 0 {
+                match &left.copied {
+                    Some(event) => event.record(stream).map_err(err)?,
+                    None => left.copied = Some(stream.record_event(None).map_err(err)?),
+                }
+            }
+            *current ^= 1;
+            let next = &mut halves[*current];
+            if let Some(event) = &next.copied {
+                event.synchronize().map_err(err)?;
+            }
+            next.used = 0;
+            if room(next) < n {
+                next.host = None;
+                let len = n.next_power_of_two().max(INDEX_HALF_VALUES);
+                // SAFETY: only values written below are ever copied from the buffer.
+                next.host = Some(unsafe { ctx.alloc_pinned::<u32>(len) }.map_err(err)?);
+            }
+        }
+        let half = &mut halves[*current];
+        let at = half.used;
+        let host = &mut half
+            .host
+            .as_mut()
+            .expect("room checked above")
+            .as_mut_slice()
+            .map_err(err)?[at..at + n];
+        host.copy_from_slice(data);
+        // From a plain slice of pinned memory the copy is asynchronous.
+        stream
+            .memcpy_htod(&*host, &mut dst.slice_mut(..n))
+            .map_err(err)?;
+        half.used += n;
         Ok(())
     }
 }

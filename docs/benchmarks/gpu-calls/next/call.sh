@@ -22,16 +22,7 @@ cp "$OUT/check.json" $R/
 screenshot_check $R docs/benchmarks/gpu-calls/2026-12-07-b4c153f-h100/results/vl_parity.json main
 pack
 if (( $(left) > 60 )); then
-  [[ -d /tmp/real/adapter-multimodal ]] || (cd tools/reference && timeout 60 python3 real_vl_goldens.py --model /tmp/real --adapter only > $R/adapter.log 2>&1)
-  for s in first warm; do
-    INSTINCT_BIND=127.0.0.1:8000 .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text \
-      --multimodal-adapter /tmp/real/adapter-multimodal --device cuda:0 > $R/vl_start_$s.log 2>&1 &
-    pid=$!
-    for _ in $(seq 120); do curl -sf http://127.0.0.1:8000/readyz > /dev/null && break; sleep 0.5; done
-    kill $pid; wait $pid
-    t "screenshot server start, $s"
-    sed 's/\x1b\[[0-9;]*m//g' $R/vl_start_$s.log | grep -E "listening|weights|merged|loaded|ready" | cut -c1-200 >> "$CALL_LOG"
-  done
+  screenshot_server_start $R
   pack
 fi
 cat "$CALL_LOG"
