@@ -19,6 +19,12 @@ R=/tmp/results
 mkdir -p "$R"
 pack() { tar czf "$OUT/results.tgz" -C /tmp results; }
 
+# Servers of a call: gpu_common.sh's serve_real and stop_server (every background job stopped on
+# exit), on the carried binary (BIN) and the checkpoint in /tmp/real; their stamps go to the log.
+BIN=${BIN:-.carry/bin} REAL=${REAL:-/tmp/real} PORT=${PORT:-8000}
+source tools/reference/gpu_common.sh
+stamp() { t "$@"; }
+
 # The binaries may travel xz-packed (.carry/carry.tar.xz: stripped, they pass the 64 MiB carry
 # limit with the working tree).
 [[ -f .carry/carry.tar.xz ]] && tar xJf .carry/carry.tar.xz -C .carry
@@ -156,17 +162,13 @@ screenshot_check() {
 # real-shape checkpoint (the random multimodal adapter made first if missing), the seconds to
 # /readyz and its start-up lines into the call log, each log into DIR.
 screenshot_server_start() {
-  local dir=$1 pid s
+  local dir=$1 s
   mkdir -p "$dir"
-  [[ -d /tmp/real/adapter-multimodal ]] || (cd tools/reference && timeout 60 python3 real_vl_goldens.py --model /tmp/real --adapter only > "$dir/adapter.log" 2>&1)
+  [[ -d $REAL/adapter-multimodal ]] || (cd tools/reference && timeout 60 python3 real_vl_goldens.py --model "$REAL" --adapter only > "$dir/adapter.log" 2>&1)
   for s in first warm; do
-    INSTINCT_BIND=127.0.0.1:8000 .carry/bin/instinct serve --model /tmp/real --text-adapter /tmp/real/adapter-text \
-      --multimodal-adapter /tmp/real/adapter-multimodal --device cuda:0 > "$dir/vl_start_$s.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 120); do curl -sf http://127.0.0.1:8000/readyz > /dev/null && break; sleep 0.5; done
-    kill $pid; wait $pid
-    t "screenshot server start, $s"
-    sed 's/\x1b\[[0-9;]*m//g' "$dir/vl_start_$s.log" | grep -E "listening|weights|merged|loaded|ready" | cut -c1-200 >> "$CALL_LOG"
+    OUT=$dir serve_real "vl_start_$s" 60 --multimodal-adapter "$REAL/adapter-multimodal"
+    stop_server
+    sed 's/\x1b\[[0-9;]*m//g' "$dir/serve_vl_start_$s.log" | grep -E "listening|weights|merged|loaded|ready" | cut -c1-200 >> "$CALL_LOG"
   done
 }
 

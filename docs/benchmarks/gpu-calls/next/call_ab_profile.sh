@@ -15,16 +15,13 @@ source tools/reference/gpu_call.sh
 [[ -f /tmp/real/config.json ]] || { start_checkpoint; wait_checkpoint; }
 for round in $(seq ${ROUNDS:-2}); do
   for side in prev head; do
-    bin=.carry/bin/instinct; [[ $side == prev ]] && bin=.carry/prev/instinct
-    $bin serve --model /tmp/real --text-adapter /tmp/real/adapter-text --device cuda:0 --bind 127.0.0.1:8000 \
-      > $R/serve_${side}_$round.log 2>&1 &
-    pid=$!
-    for _ in $(seq 120); do curl -sf http://127.0.0.1:8000/readyz > /dev/null && break; sleep 0.5; done
+    bin=.carry/bin; [[ $side == prev ]] && bin=.carry/prev
+    BIN=$bin OUT=$R serve_real "${side}_$round" 60 || continue
     timeout 40 .carry/bin/instinct-loadtest --target http://127.0.0.1:8000 --seed 78 --synthetic-count 1500 \
       --requests 1500 --duration 15 --slo-ms 100 --warmup 3 --quiet --concurrency 1 \
       --json $R/mix1_${side}_$round.json > /dev/null 2>&1
     t "mix, 1 client, $side round $round exit $?"
-    kill $pid; wait $pid
+    stop_server
     python3 -c "
 import json; r=json.load(open('$R/mix1_${side}_$round.json'))['levels'][0]; l=r['latency_ms']; s=r['server_timing_ms']
 print(f\"n {l['count']} dec/s {r['decision_throughput']:.1f} mean {l['mean']:.2f} p50 {l['p50']:.2f} p99 {l['p99']:.2f} infer {s['infer']['mean']:.2f} prepare {s['prepare']['mean']:.2f} queue {s['queue']['mean']:.3f}\")" >> "$CALL_LOG" 2>&1
